@@ -163,7 +163,7 @@ def build_world(settings: WorldSettings, out: str | Path, *, with_tokenizer: boo
         from searchr1.world.tokenizer import build_tokenizer
 
         say("training the byte-level BPE tokenizer")
-        build_tokenizer(world, settings.tokenizer, out / "tokenizer", questions=train + test)
+        build_tokenizer(world, settings.generator, settings.tokenizer, out / "tokenizer")
         for p in sorted((out / "tokenizer").iterdir()):
             files[f"tokenizer/{p.name}"] = _sha256(p)
     if with_model:

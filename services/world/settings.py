@@ -36,6 +36,9 @@ class GeneratorSettings(Section):
     """Known countries (where known cities lie)."""
     test_fraction: float = Field(default=0.2, gt=0.0, lt=1.0)
     """Fraction of unknown subject entities whose questions form the test split (held out)."""
+    name_words: int = Field(default=640, ge=16, le=20_000)
+    """Size of the name lexicon every name is built from; each word is one token of the world's tokenizer.
+    A world uses 2 words per person and 1 per city, company and country, all distinct."""
 
     @model_validator(mode="after")
     def _known_fit(self) -> GeneratorSettings:
@@ -44,6 +47,10 @@ class GeneratorSettings(Section):
                 raise ValueError(f"known_{kind} must be smaller than {kind}")
         if self.countries - self.known_countries < 1 or self.cities - self.known_cities < 2:
             raise ValueError("need at least one unknown country and two unknown cities")
+        needed = 2 * self.people + self.cities + self.companies + self.countries
+        if needed > 0.6 * self.name_words:
+            raise ValueError(f"the world needs {needed} distinct name words: raise name_words to at least "
+                             f"{int(needed / 0.6) + 1}")
         return self
 
 
@@ -54,6 +61,9 @@ class TokenizerSettings(Section):
     """Target vocabulary size, special tokens and protocol tags included."""
     min_frequency: int = Field(default=2, ge=1, le=1_000)
     """A pair must occur this often to be merged."""
+    generic_worlds: int = Field(default=12, ge=1, le=1_000)
+    """Other worlds (same generator settings, seeds of their own) whose text the BPE is trained on besides
+    the target world's known entities, so names split into syllable pieces rather than whole-name tokens."""
 
 
 class ModelSettings(Section):

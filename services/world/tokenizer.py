@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 from searchr1.core.protocol import TEMPLATES, format_docs, format_observation, make_prompt
 
 if TYPE_CHECKING:
-    from searchr1.world.generator import Question, World
-    from searchr1.world.settings import TokenizerSettings
+    from searchr1.world.generator import Entity, Question, World
+    from searchr1.world.settings import GeneratorSettings, TokenizerSettings
 
 PAD = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -29,6 +29,9 @@ IM_END = "<|im_end|>"
 SPECIAL_TOKENS = (PAD, IM_START, IM_END)
 TAG_TOKENS = ("<think>", "</think>", "<search>", "</search>", "<information>", "</information>",
               "<answer>", "</answer>")
+
+GENERIC_SEED_BASE = 2_000_000_011
+"""Seeds of the generic worlds the tokenizer is trained on (far from user worlds and warm-start worlds)."""
 
 CHAT_TEMPLATE = (
     "{%- for message in messages %}"
@@ -38,33 +41,54 @@ CHAT_TEMPLATE = (
 )
 
 
-def training_texts(world: World, questions: list[Question], seed: int = 0) -> list[str]:
-    """The text the BPE is trained on, in a fixed order."""
-    from searchr1.world.traces import PHRASES
-
-    rng = random.Random(f"tokenizer-{seed}")
-    corpus = world.corpus()
-    texts = list(corpus)
+def _world_texts(world: World, entities: list[Entity], questions: list[Question],
+                 rng: random.Random) -> list[str]:
+    texts = [world.passage(e) for e in entities]
     for q in questions:
         texts.append(f"{IM_START}user\n{make_prompt(q.text)}{IM_END}\n{IM_START}assistant\n")
-    texts.extend(TEMPLATES.values())
-    for e in world.entities:
+    for e in entities:
         for attr in sorted(e.attrs):
             texts.append(world.fact_sentence(e, attr))
             texts.append(world.need_phrase(e, attr))
-    texts.extend(PHRASES)
-    for _ in range(max(50, len(corpus) // 2)):
+    corpus = world.corpus_cache()
+    for _ in range(max(10, len(entities) // 4)):
         texts.append(format_observation(format_docs(rng.sample(corpus, min(3, len(corpus))))))
     return texts
 
 
-def build_tokenizer(world: World, settings: TokenizerSettings, out: str | Path,
-                    questions: list[Question] | None = None):
-    """Train the BPE on the world's text and save a `PreTrainedTokenizerFast` into `out`."""
+def training_texts(world: World, generator: GeneratorSettings, settings: TokenizerSettings) -> list[str]:
+    """The text the BPE is trained on, in a fixed order: the target world's *known* entities (their
+    facts are memorised) and `settings.generic_worlds` other worlds generated with the same settings
+    (seeds of their own), plus the fixed prompt and trace phrases.
+
+    The target world's unknown entities are left out on purpose: trained on them, the BPE merges
+    their (frequent) names into whole-name tokens that no warm-start trace ever contains (the warm
+    start reads freshly generated worlds), so the model could neither read nor write those names.
+    Trained on generic worlds, every name — of the warm start's worlds and of the target world —
+    splits into the same kind of syllable pieces."""
+    from searchr1.world.generator import generate_world
+    from searchr1.world.traces import PHRASES
+
+    rng = random.Random(f"tokenizer-{world.seed}")
+    known = world.known_entities()
+    texts = _world_texts(world, known, world.questions(known=True), rng)
+    for i in range(settings.generic_worlds):
+        other = generate_world(generator, GENERIC_SEED_BASE + i, known=known)
+        unknown = [e for e in other.entities if not e.known]
+        texts.extend(_world_texts(other, unknown, other.questions(known=False), rng))
+    texts.extend(TEMPLATES.values())
+    texts.extend(PHRASES)
+    return texts
+
+
+def build_tokenizer(world: World, generator: GeneratorSettings, settings: TokenizerSettings, out: str | Path):
+    """Train the BPE (`training_texts`) and save a `PreTrainedTokenizerFast` into `out`."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    texts = training_texts(world, world.questions() if questions is None else questions)
+    from searchr1.world.generator import name_lexicon
+
+    texts = training_texts(world, generator, settings)
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
@@ -77,6 +101,9 @@ def build_tokenizer(world: World, settings: TokenizerSettings, out: str | Path,
     )
     tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAG_TOKENS])
+    # every name word, with its leading space, is one token (copying a name = copying its word tokens)
+    tok.add_tokens([AddedToken(" " + w, special=False, normalized=False)
+                    for w in name_lexicon(generator.name_words)])
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token=IM_END,

@@ -14,6 +14,8 @@ from typer.testing import CliRunner
 
 from searchr1.core.protocol import make_prompt, render_prompt
 from searchr1.core.schemas import Task
+from searchr1.world.generator import COMPANY_SUFFIXES
+from searchr1.world.settings import GeneratorSettings
 from tests.support.world import SMALL_WORLD_TOML
 
 
@@ -129,7 +131,8 @@ def test_tokenizer_round_trip_tags_and_template(world_dir):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(world_dir / "tokenizer"))
-    assert 900 <= len(tok) <= 1024  # a small world may not have enough text for every merge
+    # BPE (≤ 1024 with the tags; a small world may not have enough text for every merge) + the name lexicon
+    assert 900 + 640 <= len(tok) <= 1024 + 640
     for tag in ("<think>", "</think>", "<search>", "</search>", "<information>", "</information>",
                 "<answer>", "</answer>"):
         ids = tok(tag, add_special_tokens=False)["input_ids"]
@@ -146,6 +149,27 @@ def test_tokenizer_round_trip_tags_and_template(world_dir):
     assert n < 0.3 * len(prompt), f"the Search-R1 prompt should tokenize compactly: {n} tokens"
 
 
+def test_every_name_word_is_one_token(world_dir):
+    """Names are copied out of passages token by token: every name word (with its leading space) is one
+    token, in the target world and in the warm start's fresh worlds alike (one lexicon)."""
+    from transformers import AutoTokenizer
+
+    from searchr1.world.build import load_world
+    from searchr1.world.generator import generate_world
+
+    tok = AutoTokenizer.from_pretrained(str(world_dir / "tokenizer"))
+    world, doc = load_world(world_dir)
+    gen = GeneratorSettings.model_validate(doc["settings"]["generator"])
+    fresh = generate_world(gen, 1_000_000_007, known=world.known_entities())
+    for e in [*world.entities, *fresh.entities]:
+        for w in e.name.split():
+            if w not in COMPANY_SUFFIXES:
+                assert len(tok(" " + w, add_special_tokens=False)["input_ids"]) == 1, w
+    sentence = world.fact_sentence(world.entities[-1], sorted(world.entities[-1].attrs)[0])
+    ids = tok(" " + sentence, add_special_tokens=False)["input_ids"]
+    assert tok.decode(ids) == " " + sentence
+
+
 def test_initial_model_loads_with_transformers(world_dir):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -157,7 +181,7 @@ def test_initial_model_loads_with_transformers(world_dir):
     assert cfg.num_attention_heads == 4 and cfg.head_dim == 32 and cfg.tie_word_embeddings
     assert cfg.eos_token_id == tok.eos_token_id and cfg.vocab_size == len(tok)
     n = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-    assert 600_000 < n < 700_000
+    assert 700_000 < n < 800_000  # 0.74M: the 1,664-token vocabulary (tied) is a quarter of it
     ids = torch.tensor([tok("<think> hi", add_special_tokens=False)["input_ids"]])
     with torch.no_grad():
         logits = model(ids).logits

@@ -5,10 +5,13 @@ from __future__ import annotations
 import pytest
 
 from searchr1.world.generator import (
+    COMPANY_SUFFIXES,
     QUESTION_TYPES,
     RELATIONS,
+    STOP_WORDS,
     World,
     generate_world,
+    name_lexicon,
     split_questions,
 )
 from searchr1.world.settings import GeneratorSettings, ModelSettings, WorldSettings
@@ -89,11 +92,29 @@ def test_fresh_world_keeps_known_entities_and_avoids_reserved_names():
     reserved = [e.name for e in target.entities if not e.known]
     fresh = generate_world(GEN, 99, known=target.known_entities(), reserved_names=reserved)
     assert [e.to_json() for e in fresh.known_entities()] == [e.to_json() for e in target.known_entities()]
-    reserved_words = {w for n in reserved for w in n.split()} - {"Works", "Labs", "Holdings", "Systems",
-                                                                "Foundry", "Trading", "Group", "Mills"}
+    known_words = {w for e in target.known_entities() for w in e.name.split()} - set(COMPANY_SUFFIXES)
     for e in fresh.entities:
         if not e.known:
-            assert e.name not in reserved and not set(e.name.split()) & reserved_words
+            assert e.name not in reserved and not set(e.name.split()) & known_words
+
+
+def test_names_are_lexicon_words_unique_within_a_world():
+    lexicon = name_lexicon(GEN.name_words)
+    assert len(lexicon) == len(set(lexicon)) == GEN.name_words and name_lexicon(GEN.name_words) == lexicon
+    assert all(3 <= len(w) <= 9 and w[0].isupper() for w in lexicon)
+    # never an English word of the fixed texts, nor the start of one or of a company suffix
+    assert not any(f.lower().startswith(w.lower()) for w in lexicon for f in (*STOP_WORDS, *COMPANY_SUFFIXES))
+    w = generate_world(GEN, 11)
+    words = [x for e in w.entities for x in e.name.split() if x not in COMPANY_SUFFIXES]
+    assert set(words) <= set(lexicon) and len(words) == len(set(words))
+    # the target world and a warm-start world share the lexicon, not the combinations
+    other = generate_world(GEN, 12)
+    assert {x for e in other.entities for x in e.name.split()} & set(words)
+
+
+def test_lexicon_must_fit_the_world():
+    with pytest.raises(ValueError, match="name_words"):
+        GeneratorSettings(people=400, name_words=640)
 
 
 def test_world_json_round_trip():
