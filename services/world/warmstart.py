@@ -5,7 +5,9 @@ policy that can act, but imperfectly.
 
 What it owns: trace sampling from fresh worlds, tokenisation with the loss mask, the training loop
 (torch, deliberate thread count, rich progress), the saved model directory and its `warmstart.json`,
-and a greedy self-check (`self_check`) that measures format validity and EM with HF `generate`.
+a greedy self-check (`self_check`) that measures format validity and EM with HF `generate`, and a
+teacher-forced reading probe (`reading_check`): how much of a fact restated from the observation the
+model predicts, on a world it never saw.
 
 Facts it follows (from a probe on this box, issue 6): every `refresh_steps` a freshly generated world
 supplies new unknown entities (same known ones), so memorising passages cannot work and the model must
@@ -295,6 +297,60 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "samples": [r["response"] for r in rows[:3]]}
 
 
+# --- reading probe (teacher-forced) --------------------------------------------------------------------
+READING_SEED = 3_000_000_019
+"""Seed of the world the reading probe uses (never a warm-start or tokenizer world)."""
+
+
+def value_token_positions(tokenizer, text: str, value: str) -> list[int]:
+    """Indices of the tokens of `text` that overlap the last occurrence of `value` before `</think>`
+    (the value restated in the final think)."""
+    end = text.rindex("</think>")
+    start = text.rindex(value, 0, end)
+    stop = start + len(value)
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    return [i for i, (a, b) in enumerate(enc["offset_mapping"]) if a < stop and b > start]
+
+
+def reading_check(model, tokenizer, world: World, n: int = 64, topk: int = 3, seed: int = 0) -> dict[str, Any]:
+    """How well the model *reads*: on `n` clean search traces about unknown entities of `world` (a world
+    the model never trained on), the share of the restated value's tokens (the fact copied out of the
+    observation in the final think) that the model predicts greedily with the trace as context
+    (teacher forcing), and the share of values it gets entirely right. One forward pass per trace: a
+    cheap, direct measure of the skill search depends on (EM also needs the query and the answer)."""
+    import torch
+
+    from searchr1.world.search import CorpusSearch
+
+    search = CorpusSearch(world.corpus_cache()).search
+    rates = TraceRates(p_guess=0.0, p_needless_search=0.0, p_noisy_query=0.0, p_wrong_copy=0.0, topk=topk)
+    rng = random.Random(f"reading-{seed}")
+    pool = world.questions(known=False)
+    right = total = whole = 0
+    model.eval()
+    for q in rng.sample(pool, min(n, len(pool))):
+        trace = make_trace(world, q, search, rates, rng)
+        ids, _ = encode_trace(tokenizer, trace)
+        final = trace.segments[-1].text
+        offset = len(ids) - len(tokenizer(final, add_special_tokens=False)["input_ids"])
+        positions = [offset + i for i in value_token_positions(tokenizer, final, trace.answer)]
+        with torch.no_grad():
+            pred = model(torch.tensor([ids])).logits[0].argmax(-1)
+        ok = [int(pred[p - 1]) == ids[p] for p in positions]
+        right += sum(ok)
+        total += len(ok)
+        whole += all(ok)
+    k = min(n, len(pool))
+    return {"traces": k, "value_token_accuracy": round(right / max(1, total), 4),
+            "value_exact": round(whole / max(1, k), 4), "topk": topk}
+
+
+def reading_world(generator: GeneratorSettings, target: World) -> World:
+    """The probe's world: the target's known entities, fresh unknown ones (target names reserved)."""
+    return generate_world(generator, READING_SEED, known=target.known_entities(),
+                          reserved_names=[e.name for e in target.entities if not e.known])
+
+
 # --- the command's body ---------------------------------------------------------------------------------
 def run_warmstart(world_dir: str | Path, out: str | Path, ws: WarmstartSettings, *,
                   model_settings: ModelSettings | None = None, show_progress: bool = True,
@@ -325,6 +381,7 @@ def run_warmstart(world_dir: str | Path, out: str | Path, ws: WarmstartSettings,
 
         model = AutoModelForCausalLM.from_pretrained(str(init), dtype=torch.float32)
     sampler = TraceSampler(gen, world.known_entities(), [e.name for e in world.entities if not e.known], ws)
+    probe_world = reading_world(gen, world)
 
     from rich.console import Console
     from rich.progress import (
@@ -357,12 +414,15 @@ def run_warmstart(world_dir: str | Path, out: str | Path, ws: WarmstartSettings,
             progress.update(task, completed=step)
             if ws.eval_every and test and step % ws.eval_every == 0 and step < ws.steps:
                 check = self_check(model, tokenizer, world, test[:32], observation="gold", topk=ws.topk)
+                reading = reading_check(model, tokenizer, probe_world, 32, ws.topk)
                 model.train()
                 curve.append({"step": step, "em": check["em"], "format_valid": check["format_valid"],
-                              "searches_per_question": check["searches_per_question"]})
+                              "searches_per_question": check["searches_per_question"],
+                              "value_token_accuracy": reading["value_token_accuracy"]})
                 progress.console.print(f"step {step}: self-check EM {check['em']:.3f}, format-valid "
                                        f"{check['format_valid']:.3f}, searches/question "
-                                       f"{check['searches_per_question']:.2f}")
+                                       f"{check['searches_per_question']:.2f}, reading (value tokens) "
+                                       f"{reading['value_token_accuracy']:.3f}")
 
         result = train(model, tokenizer, sampler, ws, on_log=on_log, on_step=on_step)
 
@@ -378,6 +438,9 @@ def run_warmstart(world_dir: str | Path, out: str | Path, ws: WarmstartSettings,
         console.print(f"self-check (greedy, gold passage supplied, {check['n']} test questions): "
                       f"EM {check['em']:.3f}, format-valid {check['format_valid']:.3f}, "
                       f"searches/question {check['searches_per_question']:.2f}")
+    reading = reading_check(model, tokenizer, probe_world, 64, ws.topk)
+    console.print(f"reading (teacher-forced, {reading['traces']} unseen traces): value tokens "
+                  f"{reading['value_token_accuracy']:.3f}, whole values {reading['value_exact']:.3f}")
     report = {
         "format": 1,
         "world": str(world_dir),
@@ -398,6 +461,7 @@ def run_warmstart(world_dir: str | Path, out: str | Path, ws: WarmstartSettings,
         "sha256": digest,
         "sha256_note": "searchr1.core.weights.snapshot_digest of the directory before warmstart.json was written",
         "self_check": check,
+        "reading": reading,
         "self_check_curve": curve,
     }
     report_path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")

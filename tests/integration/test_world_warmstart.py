@@ -151,3 +151,46 @@ def test_sampler_is_deterministic_and_refreshes_the_world(parts, world_dir):
         return {e.name for e in w.entities if not e.known}
     assert unknown(first.world) != unknown(last_world)
     assert not unknown(last_world) & {e.name for e in world.entities}
+
+
+class _Oracle:
+    """A stand-in 'model' whose greedy next token is the true one (or, with `wrong`, never is): the reading
+    probe must score it 1.0 (0.0), which pins its positions to the restated value, off-by-one included."""
+
+    def __init__(self, vocab: int, wrong: bool = False):
+        self.vocab, self.wrong = vocab, wrong
+
+    def eval(self):
+        return self
+
+    def __call__(self, input_ids):
+        import torch
+
+        ids = input_ids[0]
+        logits = torch.zeros(1, len(ids), self.vocab)
+        nxt = torch.cat([ids[1:], ids[-1:]])
+        if self.wrong:
+            nxt = (nxt + 1) % self.vocab
+        logits[0, torch.arange(len(ids)), nxt] = 1.0
+        return type("Out", (), {"logits": logits})()
+
+
+def test_reading_probe_scores_the_restated_value_tokens(parts):
+    from searchr1.world.settings import GeneratorSettings
+    from searchr1.world.warmstart import reading_check, reading_world, value_token_positions
+
+    world, doc, tok, _, _ = parts
+    text = "<think> Abc Def was born in the year 1921. </think>\n<answer> 1921 </answer><|im_end|>"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    positions = value_token_positions(tok, text, "1921")
+    assert tok.decode([ids[i] for i in positions]).strip() == "1921"
+    assert positions[0] < ids.index(tok.convert_tokens_to_ids("</think>"))  # the restatement, not the answer
+
+    probe = reading_world(GeneratorSettings.model_validate(doc["settings"]["generator"]), world)
+    # a world the model never trained on: same known entities, none of the target's unknown names
+    assert [e.name for e in probe.known_entities()] == [e.name for e in world.known_entities()]
+    assert not {e.name for e in probe.entities if not e.known} & {e.name for e in world.entities}
+    right = reading_check(_Oracle(len(tok)), tok, probe, n=8, topk=2)
+    wrong = reading_check(_Oracle(len(tok), wrong=True), tok, probe, n=8, topk=2)
+    assert right["traces"] == 8 and right["value_token_accuracy"] == 1.0 and right["value_exact"] == 1.0
+    assert wrong["value_token_accuracy"] == 0.0 and wrong["value_exact"] == 0.0
