@@ -55,7 +55,9 @@ def register(groups: Groups) -> None:
     def warmstart(
         world: Annotated[Path, typer.Option("--world", "-w", help="World directory from `world build`.")],
         out: Annotated[Path, typer.Option("--out", "-o", help="Model directory to write (model + tokenizer).")],
-        steps: Annotated[int | None, typer.Option(min=1, help="Optimiser steps.")] = None,
+        steps: Annotated[int | None, typer.Option(min=1, help="Optimiser steps on traces.")] = None,
+        copy_steps: Annotated[int | None, typer.Option(
+            min=0, help="Copy pre-training steps before the traces (0 skips; skipped with --init).")] = None,
         seed: Annotated[int | None, typer.Option(min=0, help="Trace-sampling seed.")] = None,
         batch_size: Annotated[int | None, typer.Option(min=1, help="Traces per step.")] = None,
         threads: Annotated[int | None, typer.Option(min=1, help="torch intra-op threads.")] = None,
@@ -65,15 +67,16 @@ def register(groups: Groups) -> None:
             help="Continue from this model directory instead of a fresh initialisation.")] = None,
         config: ConfigOpt = None,
     ) -> None:
-        """Supervised warm start on synthetic protocol traces (environment tokens loss-masked); writes the
-        model directory and its warmstart.json (losses, seed, sha256, self-check)."""
+        """Copy pre-training, then a supervised warm start on synthetic protocol traces (environment tokens
+        loss-masked); writes the model directory and its warmstart.json (losses, seed, sha256, self-check,
+        reading probe)."""
         from searchr1.world.settings import WarmstartSettings
         from searchr1.world.warmstart import run_warmstart
 
         if not (world / "world.json").is_file():
             raise typer.BadParameter(f"{world} is not a world directory (no world.json); run `searchr1 world build`")
         base = _settings(config).warmstart.model_dump()
-        overrides = {"steps": steps, "seed": seed, "batch_size": batch_size, "threads": threads,
+        overrides = {"steps": steps, "copy_steps": copy_steps, "seed": seed, "batch_size": batch_size, "threads": threads,
                      "eval_questions": eval_questions}
         ws = WarmstartSettings.model_validate({**base, **{k: v for k, v in overrides.items() if v is not None}})
         run_warmstart(world, out, ws, init=init)

@@ -5,13 +5,14 @@ dependence, no hashing of strings).
 
 Kinds: countries (capital), cities (country, founding year), people (birth city, birth year,
 occupation, employer), companies (headquarters, founder, industry, founding year). Names are built from
-syllables, so no real model knows them. A small closed set of entities is *known*: their relations point
+words of a fixed lexicon of syllable words (`name_lexicon`), so no real model knows them, and each word
+is one token of the world's tokenizer. A small closed set of entities is *known*: their relations point
 only to other known entities, and the warm start teaches their facts by heart, so questions about them
 need no search. Unknown entities relate only to unknown entities, so an unknown single-hop question
 needs one search and an unknown two-hop question two.
 
 Each passage is the entity's fact sentences (`fact_sentence`) in a seeded order; a trace's final
-`<think>` restates exactly one of them, which is what lets a 0.66M-parameter model learn to copy.
+`<think>` restates exactly one of them, so reading is copying the value out of the passage.
 
 Not here: files (`build.py`), tokens (`tokenizer.py`), traces (`traces.py`).
 """

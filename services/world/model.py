@@ -3,7 +3,7 @@ saved with its tokenizer as one directory that transformers and vLLM load
 (`save_pretrained(safe_serialization=True)`).
 
 Default shape: hidden 128, 2 layers, 4 heads of head_dim 32 (vLLM's CPU attention rejects 16), 4 KV
-heads, MLP 512, tied embeddings, vocabulary 1024 → ~0.66M parameters. float32 weights.
+heads, MLP 512, tied embeddings, vocabulary 1,664 (1,024 BPE + 640 name words) → ~0.74M parameters. float32 weights.
 """
 
 from __future__ import annotations

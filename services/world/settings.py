@@ -58,12 +58,13 @@ class TokenizerSettings(Section):
     """The byte-level BPE tokenizer trained on the world's text."""
 
     vocab_size: int = Field(default=1024, ge=300, le=65_536)
-    """Target vocabulary size, special tokens and protocol tags included."""
+    """BPE vocabulary size, special tokens and protocol tags included; the name lexicon's words
+    (`generator.name_words`) are added on top, one token each."""
     min_frequency: int = Field(default=2, ge=1, le=1_000)
     """A pair must occur this often to be merged."""
     generic_worlds: int = Field(default=12, ge=1, le=1_000)
     """Other worlds (same generator settings, seeds of their own) whose text the BPE is trained on besides
-    the target world's known entities, so names split into syllable pieces rather than whole-name tokens."""
+    the target world's known entities (so the merges fit every world, not the target's passages)."""
 
 
 class ModelSettings(Section):
@@ -104,8 +105,8 @@ class ModelSettings(Section):
 class WarmstartSettings(Section):
     """The supervised warm start on synthetic protocol traces (the tiny world's 'pre-training')."""
 
-    steps: int = Field(default=1200, ge=1, le=1_000_000)
-    """Optimiser steps."""
+    steps: int = Field(default=600, ge=1, le=1_000_000)
+    """Optimiser steps on traces (after the copy pre-training)."""
     batch_size: int = Field(default=32, ge=1, le=4096)
     """Traces per step (mixed kinds, not length-sorted)."""
     micro_batch_tokens: int = Field(default=4096, ge=256, le=1_000_000)
@@ -125,6 +126,11 @@ class WarmstartSettings(Section):
     """Seed of trace sampling and of the fresh worlds (model init has its own seed)."""
     threads: int = Field(default=1, ge=1, le=256)
     """torch intra-op threads (set deliberately; the box is small and shared)."""
+    copy_steps: int = Field(default=2500, ge=0, le=1_000_000)
+    """Copy pre-training steps before the traces (`warmstart.copy_pretrain`; 0 skips it, and so does
+    `--init`): drills of repeated random token sequences that teach the model to copy what it read."""
+    copy_batch_size: int = Field(default=16, ge=1, le=4096)
+    """Drills per copy pre-training step."""
     refresh_steps: int = Field(default=10, ge=1)
     """A freshly generated world (new unknown entities, same known ones) every this many steps, so the
     model must learn to read passages instead of memorising them."""

@@ -1,14 +1,21 @@
-"""The tiny world's tokenizer: byte-level BPE trained with `tokenizers` on the world's own text (passages,
-questions, the full Search-R1 prompt, trace phrases and observation framing), so prompts and traces
-tokenize compactly. Saved as a `PreTrainedTokenizerFast` directory that `AutoTokenizer.from_pretrained`
-and vLLM load.
+"""The tiny world's tokenizer: byte-level BPE trained with `tokenizers` on world text (the target world's
+known entities and generic worlds of the same settings: passages, questions, the full Search-R1 prompt,
+trace phrases and observation framing), so prompts and traces tokenize compactly, plus one token per
+name word. Saved as a `PreTrainedTokenizerFast` directory that `AutoTokenizer.from_pretrained` and vLLM
+load.
 
-Vocabulary (default 1024): ids 0–2 are the special tokens `<|endoftext|>` (padding), `<|im_start|>`,
-`<|im_end|>` (EOS); the last 8 ids are the protocol tags `<think> </think> <search> </search>
-<information> </information> <answer> </answer>`, added as *non-special* tokens: one id each, yet kept
-when a decoder skips special tokens (vLLM does by default), so stop strings and reward parsing see them.
-The chat template is Qwen's shape: `<|im_start|>{role}\\n{content}<|im_end|>\\n`, generation prompt
-`<|im_start|>assistant\\n`.
+Vocabulary (default 1,024 BPE + 640 name words = 1,664): ids 0–2 are the special tokens `<|endoftext|>`
+(padding), `<|im_start|>`, `<|im_end|>` (EOS); then the BPE; then the eight protocol tags `<think>
+</think> <search> </search> <information> </information> <answer> </answer>`, added as *non-special*
+tokens: one id each, yet kept when a decoder skips special tokens (vLLM does by default), so stop
+strings and reward parsing see them; last, every name word with its leading space (` Grix`), also
+non-special, so a name mid-sentence is one token per word (at the start of a line or after a quote it
+falls back to BPE pieces). The chat template is Qwen's shape: `<|im_start|>{role}\\n{content}<|im_end|>\\n`,
+generation prompt `<|im_start|>assistant\\n`.
+
+Why not train on the target world's own text: its unknown entities' names are frequent there, so the
+BPE merges them into whole-name tokens that no warm-start trace holds (the warm start reads freshly
+generated worlds); a held-out name was then a token the model had never read or written.
 """
 
 from __future__ import annotations
@@ -64,8 +71,8 @@ def training_texts(world: World, generator: GeneratorSettings, settings: Tokeniz
     The target world's unknown entities are left out on purpose: trained on them, the BPE merges
     their (frequent) names into whole-name tokens that no warm-start trace ever contains (the warm
     start reads freshly generated worlds), so the model could neither read nor write those names.
-    Trained on generic worlds, every name — of the warm start's worlds and of the target world —
-    splits into the same kind of syllable pieces."""
+    Name words are added as tokens of their own on top (`build_tokenizer`), so every name — of the warm
+    start's worlds and of the target world — is the same kind of tokens."""
     from searchr1.world.generator import generate_world
     from searchr1.world.traces import PHRASES
 

@@ -127,6 +127,74 @@ class TraceSampler:
         return out
 
 
+# --- copy pre-training -----------------------------------------------------------------------------------
+def copy_example(rng: random.Random, vocab_size: int, first_id: int = 3) -> tuple[list[int], list[int]]:
+    """One copy drill: random tokens `prefix + seq + filler + seq` (prefix and filler 0–30 tokens, seq 8–40,
+    ids in [first_id, vocab_size)); labels train only the second `seq` after its first token (the part
+    predictable by looking back at the first occurrence). The lengths vary, so no fixed look-back
+    distance solves it: only content-based copying (induction) does."""
+    def draw(n: int) -> list[int]:
+        return [rng.randrange(first_id, vocab_size) for _ in range(n)]
+
+    prefix, seq, filler = draw(rng.randint(0, 30)), draw(rng.randint(8, 40)), draw(rng.randint(0, 30))
+    ids = prefix + seq + filler + seq
+    labels = [IGNORE] * (len(ids) - len(seq) + 1) + seq[1:]
+    return ids, labels
+
+
+@dataclass
+class CopyResult:
+    steps: int
+    losses: list[tuple[int, float]]
+    accuracy: float
+    seconds: float
+
+
+def copy_pretrain(model, ws: WarmstartSettings, vocab_size: int, pad_id: int, *,
+                  on_log: Callable[[int, float, float], None] | None = None) -> CopyResult:
+    """`ws.copy_steps` AdamW steps (constant lr `ws.lr`) on copy drills (`copy_example`): the part of
+    pre-training that teaches a small model to copy what it has read. A 0.74M model on this box learns
+    the format from traces in a few hundred steps but not to copy a fact out of a passage; on drills it
+    shows a sharp transition (copy accuracy ~1% → 99% around step 2,000), after which reading can be
+    learned from the traces. `on_log(step, mean loss, accuracy)` every `log_every` steps; the returned
+    accuracy is over the last logged window (greedy, labelled tokens)."""
+    import torch
+    import torch.nn.functional as F
+
+    rng = random.Random(f"copy-{ws.seed}")
+    torch.manual_seed(ws.seed)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=ws.lr, weight_decay=ws.weight_decay, betas=(0.9, 0.95))
+    losses: list[tuple[int, float]] = []
+    window: list[float] = []
+    right = total = 0
+    acc = 0.0
+    t0 = time.perf_counter()
+    for step in range(ws.copy_steps):
+        input_ids, attention, labels = collate([copy_example(rng, vocab_size) for _ in range(ws.copy_batch_size)],
+                                               pad_id)
+        logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1]
+        target = labels[:, 1:]
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1), ignore_index=IGNORE)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), ws.grad_clip)
+        opt.step()
+        mask = target != IGNORE
+        right += int((logits.argmax(-1)[mask] == target[mask]).sum())
+        total += int(mask.sum())
+        window.append(float(loss.detach()))
+        if (step + 1) % ws.log_every == 0 or step + 1 == ws.copy_steps:
+            mean, acc = sum(window) / len(window), right / max(1, total)
+            losses.append((step + 1, round(mean, 5)))
+            window.clear()
+            right = total = 0
+            if on_log:
+                on_log(step + 1, mean, acc)
+    model.eval()
+    return CopyResult(ws.copy_steps, losses, round(acc, 4), time.perf_counter() - t0)
+
+
 # --- training ------------------------------------------------------------------------------------------
 @dataclass
 class WarmstartResult:
@@ -424,6 +492,17 @@ def run_warmstart(world_dir: str | Path, out: str | Path, ws: WarmstartSettings,
                                        f"{check['searches_per_question']:.2f}, reading (value tokens) "
                                        f"{reading['value_token_accuracy']:.3f}")
 
+        copied: CopyResult | None = None
+        if init is None and ws.copy_steps:
+            ctask = progress.add_task("copy", total=ws.copy_steps, info="")
+
+            def on_copy(step: int, loss: float, acc: float) -> None:
+                progress.update(ctask, completed=step, info=f"copy loss {loss:.3f} accuracy {acc:.3f}")
+                if not (show_progress and console.is_terminal) and (step % (ws.log_every * 25) == 0
+                                                                     or step == ws.copy_steps):
+                    console.print(f"copy step {step}/{ws.copy_steps} loss {loss:.4f} accuracy {acc:.3f}")
+
+            copied = copy_pretrain(model, ws, len(tokenizer), tokenizer.pad_token_id, on_log=on_copy)
         result = train(model, tokenizer, sampler, ws, on_log=on_log, on_step=on_step)
 
     save_model(model, tokenizer, out)
@@ -460,6 +539,9 @@ def run_warmstart(world_dir: str | Path, out: str | Path, ws: WarmstartSettings,
         "model": ms.model_dump(mode="json"),
         "sha256": digest,
         "sha256_note": "searchr1.core.weights.snapshot_digest of the directory before warmstart.json was written",
+        "copy_pretraining": None if copied is None else {
+            "steps": copied.steps, "batch_size": ws.copy_batch_size, "final_accuracy": copied.accuracy,
+            "seconds": round(copied.seconds, 1), "losses": copied.losses},
         "self_check": check,
         "reading": reading,
         "self_check_curve": curve,

@@ -35,7 +35,7 @@ health_timeout_s = 900.0
 world_dir = "{root}/world"
 seed = 3
 warmstart_dir = "{root}/world/warmstart"
-warmstart_args = ["--steps", "4", "--batch-size", "4", "--eval-questions", "0"]
+warmstart_args = ["--steps", "4", "--copy-steps", "4", "--batch-size", "4", "--eval-questions", "0"]
 eval_data = "{root}/world/test.parquet"
 eval_args = ["--samples", "1", "--limit", "6"]
 

@@ -102,13 +102,16 @@ def test_short_warm_start_lowers_the_loss_and_writes_a_loadable_model(world_dir,
     from searchr1.world.warmstart import run_warmstart, self_check
 
     ws = WarmstartSettings(steps=24, batch_size=8, lr=3e-3, warmup_steps=4, log_every=4, eval_questions=0,
-                           threads=1, seed=0)
+                           threads=1, seed=0, copy_steps=8, copy_batch_size=4)
     out = tmp_path / "model"
     report = run_warmstart(world_dir, out, ws, show_progress=False)
     losses = [loss for _, loss in report["losses"]]
     assert len(losses) == 6 and all(math.isfinite(x) for x in losses)
     assert losses[-1] < 0.75 * losses[0], losses
     assert report["steps"] == 24 and report["seed"] == 0 and sum(report["trace_kinds"].values()) == 24 * 8
+    copied = report["copy_pretraining"]
+    assert copied["steps"] == 8 and [s for s, _ in copied["losses"]] == [4, 8] and 0 <= copied["final_accuracy"] <= 1
+    assert 0.0 <= report["reading"]["value_token_accuracy"] <= 1.0
 
     saved = json.loads((out / "warmstart.json").read_text())
     assert saved["sha256"] == report["sha256"]
@@ -129,6 +132,7 @@ def test_short_warm_start_lowers_the_loss_and_writes_a_loadable_model(world_dir,
     more = run_warmstart(world_dir, tmp_path / "more", ws.model_copy(update={"steps": 4, "warmup_steps": 0}),
                          show_progress=False, init=out)
     assert more["init"] == str(out) and more["losses"][0][1] < 0.9 * losses[0]
+    assert more["copy_pretraining"] is None  # a continued model has had its copy pre-training
 
 
 def test_sampler_is_deterministic_and_refreshes_the_world(parts, world_dir):

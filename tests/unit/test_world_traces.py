@@ -123,3 +123,23 @@ def test_answer_helpers():
     assert not is_well_formed("<think> x </think> junk <answer> y </answer>")
     assert not is_well_formed("<answer> y </answer>")
     assert not is_well_formed("<think> x </think>\n<search> q </search>")
+
+
+def test_copy_drill_labels_only_what_looking_back_predicts():
+    from searchr1.world.warmstart import IGNORE, copy_example
+
+    rng = random.Random(0)
+    lengths = set()
+    for _ in range(50):
+        ids, labels = copy_example(rng, 100, first_id=3)
+        assert len(ids) == len(labels) and all(3 <= i < 100 for i in ids)
+        trained = [i for i, x in enumerate(labels) if x != IGNORE]
+        n = len(trained) + 1  # the repeated sequence; its first token is not predictable, so not trained
+        assert 8 <= n <= 40 and trained == list(range(len(ids) - n + 1, len(ids)))
+        seq = ids[-n:]
+        # the same sequence occurs earlier, at a distance that varies from drill to drill
+        starts = [s for s in range(len(ids) - 2 * n + 1) if ids[s:s + n] == seq]
+        assert starts, ids
+        lengths.add(len(ids) - n - starts[-1])
+        assert [labels[i] for i in trained] == seq[1:]
+    assert len(lengths) > 10
