@@ -283,10 +283,12 @@ def build_plan(settings: LauncherSettings, config: str | Path, run_dir: str | Pa
 def eval_plan(plan: LaunchPlan, eval_args: list[str], templates: dict[str, list[str]] | None = None) -> LaunchPlan:
     """The same plan with the rollout workers, the learner and Redis replaced by one main `searchr1 eval`
     process (template `eval` + `eval_args`) against the plan's retriever and reward service: what
-    `searchr1 demo` uses to evaluate a checkpoint through the real services."""
+    `searchr1 demo` uses to evaluate a checkpoint through the real services. The eval process runs the
+    rollout engine, so it gets the rollout workers' environment (e.g. `VLLM_CPU_KVCACHE_SPACE`)."""
     template = {**DEFAULT_TEMPLATES, **(templates or {})}["eval"]
     keep = [s for s in plan.specs if s.stage in ("index-build", "retriever", "reward")]
-    main = ProcessSpec(name="eval", stage="eval", main=True, health_timeout_s=3600.0,
+    rollout_env = next((s.env for s in plan.specs if s.stage == "rollout"), {})
+    main = ProcessSpec(name="eval", stage="eval", main=True, health_timeout_s=3600.0, env=dict(rollout_env),
                        argv=list(plan.base_command) + render_template("eval", template, plan.values) + list(eval_args))
     return LaunchPlan(specs=[*keep, main], run_dir=plan.run_dir, redis_url=plan.redis_url, run=plan.run,
                       learner_metrics_url=None, metrics_jsonl=plan.metrics_jsonl, problems=list(plan.problems),

@@ -11,7 +11,8 @@ from searchr1.launcher.specs import build_plan, eval_plan
 
 def _config(tmp_path, learner_weights: str | None = "w"):
     cfg = tmp_path / "run.toml"
-    text = '[launcher]\nrun = "r"\nrun_dir = "RUN"\n[launcher.retriever]\nindex_dir = "IDX"\n'
+    text = ('[launcher]\nrun = "r"\nrun_dir = "RUN"\n[launcher.retriever]\nindex_dir = "IDX"\n'
+            '[launcher.rollout]\nenv = { VLLM_CPU_KVCACHE_SPACE = "1" }\n')
     if learner_weights:
         text += f'[learner.weights]\ndir = "{tmp_path / learner_weights}"\n'
     cfg.write_text(text)
@@ -67,6 +68,7 @@ def test_eval_plan_keeps_services_and_runs_eval_as_main(tmp_path, monkeypatch):
     assert [sp.stage for sp in plan.specs] == ["retriever", "reward", "eval"]
     main = plan.specs[-1]
     assert main.main and main.gates == []
+    assert main.env == {"VLLM_CPU_KVCACHE_SPACE": "1"}  # the eval runs the rollout engine: same env
     argv = main.argv
     i = argv.index("eval")
     assert argv[i:i + 3] == ["eval", "--config", str(cfg.resolve())]
