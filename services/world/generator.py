@@ -261,9 +261,10 @@ def _syllable_word(rng: random.Random, syllables: int) -> str:
 def name_lexicon(size: int) -> tuple[str, ...]:
     """The closed set of capitalised syllable words every name is built from (the same for every world
     and seed): each is one token of the world's tokenizer (` Word`), so copying a name out of a passage
-    is copying one or two tokens. Words of 3–9 letters, none equal to an English word of the fixed
-    texts (`STOP_WORDS`) or a prefix of one or of a company suffix. Fresh warm-start worlds and the target world draw from the same lexicon with
-    different combinations and facts, so every name token is trained and memorising facts cannot work."""
+    is copying one or two tokens. Words of 3–9 letters, none a prefix of an English word of the fixed
+    texts (`STOP_WORDS`) or of a company suffix. Fresh warm-start worlds and the target world draw from
+    the same lexicon with different combinations and facts, so every name token is trained and
+    memorising facts cannot work."""
     rng = random.Random("name-lexicon-v1")
     words: list[str] = []
     seen: set[str] = set()
