@@ -120,7 +120,9 @@ def test_micro_batching_does_not_change_the_update(model_path):
     for stats, params in results[1:]:
         for key in ("loss", "pg_loss", "kl_loss", "entropy", "grad_norm"):
             assert stats[key] == pytest.approx(s0[key], rel=1e-4, abs=1e-7), key
-        assert all(torch.allclose(params[k], p0[k], atol=1e-5) for k in p0)  # 1% of lr (Adam on ~0 grads)
+        # 5% of lr: Adam divides by sqrt(v), so an element whose gradient is ~0 moves by a sizeable share of
+        # lr on summation-order noise alone (one element moved 1.3e-5 on one CPU kind, 1% of lr elsewhere)
+        assert all(torch.allclose(params[k], p0[k], atol=5e-5) for k in p0)
     assert any(not torch.equal(p0[k], v) for k, v in _params(build_training(_settings(model_path), DistInfo())
                                                             .trainer.policy).items())
 
