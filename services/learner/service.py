@@ -54,9 +54,10 @@ TRAJECTORY_GROUP = "learner"
 TASK_GROUP = "rollout"
 
 
-EM_COMPONENT_KEYS = ("em", "searchr1_em", "exact_match")
+EM_COMPONENT_KEYS = ("em", "searchr1_em", "exact_match", "answer_correct")
 """Reward components read as exact match, first found wins (our composite's `em` key, Search-R1's
-`searchr1_em` scorer, our `exact_match` scorer)."""
+`searchr1_em` scorer, our `exact_match` scorer, `searchr1_em_format`'s `answer_correct` fact); inside a
+composite's breakdown also as `<component>.<key>` (e.g. `searchr1_em_format.answer_correct`)."""
 
 
 def em_component(components: dict[str, float]) -> float | None:
@@ -64,6 +65,10 @@ def em_component(components: dict[str, float]) -> float | None:
     for key in EM_COMPONENT_KEYS:
         if key in components:
             return components[key]
+    for key in EM_COMPONENT_KEYS:
+        for name, value in components.items():
+            if name.endswith("." + key):
+                return value
     return None
 
 

@@ -331,9 +331,11 @@ async def _run_composite(items: Sequence[ScoreItem], p: CompositeParams, ctx: Sc
     breakdowns: list[dict[str, float]] = [{} for _ in items]
     for comp in p.components:
         results = await run_scorer(ctx, comp.scorer, items, comp.params)
-        for i, (value, _) in enumerate(results):
+        for i, (value, parts) in enumerate(results):
             totals[i] += comp.weight * value
             breakdowns[i][comp.key] = value
+            # a component's own facts (e.g. searchr1_em_format's answer_correct) as "<key>.<fact>"
+            breakdowns[i].update({f"{comp.key}.{k}": v for k, v in parts.items() if k != comp.scorer})
     return list(zip(totals, breakdowns, strict=True))
 
 

@@ -13,6 +13,10 @@ def test_em_component_keys_in_order():
     assert em_component({"searchr1_em": 0.0}) == 0.0
     assert em_component({"exact_match": 1.0, "f1": 0.5}) == 1.0
     assert em_component({"f1": 0.5}) is None
+    # searchr1_em_format's breakdown, alone and inside a composite
+    assert em_component({"searchr1_em_format": 0.2, "valid_format": 1.0, "answer_correct": 0.0}) == 0.0
+    assert em_component({"searchr1_em_format": 0.8, "searchr1_em_format.answer_correct": 1.0,
+                         "searchr1_em_format.valid_format": 0.0, "search_cost": -0.2}) == 1.0
 
 
 def test_by_source_splits_reward_em_and_searches():

@@ -90,7 +90,10 @@ async def test_composite_weights_and_breakdown():
     [(value, parts)] = await run_scorer(ctx(), "composite", [ITEM], params)
     # 1*1 + 0.2*1 + 1*(-0.05 for one counted search) + 0.5*1 = 1.65
     assert value == pytest.approx(1.65)
-    assert parts == {"exact_match": 1.0, "format": 1.0, "search_cost": pytest.approx(-0.05), "s1": 1.0}
+    assert parts == {"exact_match": 1.0, "format": 1.0, "search_cost": pytest.approx(-0.05), "s1": 1.0,
+                     # the components' own facts, under "<name>.<fact>"
+                     "s1.valid_format": 1.0, "s1.retrieval_correct": 1.0, "s1.has_answer": 1.0,
+                     "s1.answer_correct": 1.0}
     # num_searches from the item wins over counting tags
     item3 = ScoreItem(prompt=PROMPT, response=GOOD, golden_answers=["Paris"], num_searches=3)
     [(value3, parts3)] = await run_scorer(ctx(), "composite", [item3], params)
