@@ -148,6 +148,23 @@ def markdown(rows: Sequence[Mapping[str, Any]], steps: Sequence[Mapping[str, Any
     return "\n".join(out)
 
 
+SMOOTH_WINDOW = 10
+"""Points in the trailing mean the plot draws over each raw curve (per-step figures of 8 questions are noisy)."""
+
+
+def moving_average(points: Sequence[tuple[int, float]], window: int) -> list[tuple[int, float]]:
+    """Trailing mean over the last `window` points (fewer at the start), at each point's step."""
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    out, total = [], 0.0
+    for i, (step, value) in enumerate(points):
+        total += value
+        if i >= window:
+            total -= points[i - window][1]
+        out.append((step, total / min(i + 1, window)))
+    return out
+
+
 def plot_curves(steps: Sequence[Mapping[str, Any]], path: Path) -> bool:
     """reward / EM / searches per question against step (all, known, unknown); False without matplotlib."""
     try:
@@ -162,11 +179,17 @@ def plot_curves(steps: Sequence[Mapping[str, Any]], path: Path) -> bool:
     titles = {"reward_mean": "reward (sampled)", "em_mean": "EM (sampled)",
               "searches_per_trajectory": "searches per question"}
     for ax, key in zip(axes, CURVE_KEYS):
-        for split, style in (("all", "k-"), ("known", "b--"), ("unknown", "r--")):
+        for split, colour in (("all", "k"), ("known", "b"), ("unknown", "r")):
             pts = c[split][key]
             if pts:
-                ax.plot([s for s, _ in pts], [v for _, v in pts], style, label=split, linewidth=1)
-        ax.set_title(titles[key])
+                ax.plot([s for s, _ in pts], [v for _, v in pts], color=colour, linewidth=0.6, alpha=0.3)
+                smooth = moving_average(pts, SMOOTH_WINDOW)
+                ax.plot([s for s, _ in smooth], [v for _, v in smooth], color=colour, linewidth=1.6,
+                        label=split)
+        if not any(c[split][key] for split in ("all", "known", "unknown")):
+            ax.text(0.5, 0.5, "not in this run's reward breakdown", ha="center", va="center",
+                    transform=ax.transAxes, color="grey")
+        ax.set_title(f"{titles[key]}, {SMOOTH_WINDOW}-step mean")
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
     axes[0].legend()

@@ -11,6 +11,7 @@ from searchr1.launcher.report import (
     curves,
     load_steps,
     markdown,
+    moving_average,
     split_of,
     summary_lines,
     windowed_mean,
@@ -60,6 +61,15 @@ def _eval(sampled_em, greedy_em, known_searches):
                         "world_unknown_single_hop": {"trajectories": 30, "em": 0.1, "searches": 1.0,
                                                      "searched": 1.0}}}},
         "greedy": {"overall": {"em": greedy_em}, "by": {}}}}
+
+
+def test_moving_average_is_trailing():
+    pts = [(1, 1.0), (2, 3.0), (5, 5.0), (6, 7.0)]
+    assert moving_average(pts, 2) == [(1, 1.0), (2, 2.0), (5, 4.0), (6, 6.0)]
+    assert moving_average(pts, 10) == [(1, 1.0), (2, 2.0), (5, 3.0), (6, 4.0)]
+    assert moving_average(pts, 1) == pts and moving_average([], 3) == []
+    with pytest.raises(ValueError):
+        moving_average(pts, 0)
 
 
 def test_compare_evals_rows_and_deltas():
