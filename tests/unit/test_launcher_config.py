@@ -1,6 +1,6 @@
-"""configs/tiny-cpu.toml: every service table validates against that service's settings class, so
-`searchr1 up` never starts a service that stops at once on an unknown key (reconcile the config when a
-service's settings change)."""
+"""configs/tiny-cpu.toml and its search-cost variant: every service table validates against that service's
+settings class, so `searchr1 up` never starts a service that stops at once on an unknown key (reconcile the
+configs when a service's settings change); the variant differs from the demo only where it says it does."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ import pytest
 
 from searchr1.core.settings import load_settings, read_config_file
 
-CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny-cpu.toml"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CONFIG = CONFIGS / "tiny-cpu.toml"
+SEARCH_COST = CONFIGS / "tiny-cpu-search-cost.toml"
 
 
 @pytest.mark.parametrize("module, cls", [
@@ -22,9 +24,26 @@ CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny-cpu.toml"
     ("searchr1.rollout.settings", "RolloutSettings"),
     ("searchr1.learner.settings", "LearnerSettings"),
 ])
-def test_table_matches_settings_class(module, cls, monkeypatch):
+@pytest.mark.parametrize("config", [CONFIG, SEARCH_COST], ids=lambda p: p.stem)
+def test_table_matches_settings_class(module, cls, config, monkeypatch):
     settings_cls = getattr(importlib.import_module(module), cls)
-    assert settings_cls.section in read_config_file(CONFIG)
+    assert settings_cls.section in read_config_file(config)
     for key in [k for k in os.environ if k.startswith(settings_cls.model_config["env_prefix"])]:
         monkeypatch.delenv(key)
-    load_settings(settings_cls, CONFIG)  # raises on an unknown key or a bad value
+    load_settings(settings_cls, config)  # raises on an unknown key or a bad value
+
+
+def test_search_cost_variant_differs_only_in_its_reward_and_run():
+    demo, variant = read_config_file(CONFIG), read_config_file(SEARCH_COST)
+    reward = variant["rollout"].pop("reward")
+    del demo["rollout"]["reward"]
+    assert reward["scorer"] == "composite" and reward["item_format"] == "prompt_response"
+    components = {c.get("name", c["scorer"]): c for c in reward["params"]["components"]}
+    assert components["search_cost"]["params"]["cost_per_search"] > 0
+    assert variant["launcher"].pop("run") != demo["launcher"].pop("run")
+    for table in (demo, variant):
+        for key in ("run_dir",):
+            table["launcher"].pop(key)
+        for section in ("weights", "checkpoint"):
+            table["learner"][section].pop("dir")
+    assert variant == demo
