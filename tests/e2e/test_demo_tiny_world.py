@@ -23,6 +23,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "tiny-cpu.toml"
 WARMSTART = ROOT / "assets" / "tiny-world" / "warmstart"
@@ -48,12 +50,13 @@ def shortened_config(root: Path, steps: int = STEPS) -> str:
     return text
 
 
+@pytest.mark.timeout(2400)  # ~10 min on a quiet 2-core box; a shared one can double it
 def test_demo_learns_through_the_real_services(tmp_path):
     cfg = tmp_path / "e2e.toml"
     cfg.write_text(shortened_config(tmp_path))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run([sys.executable, "-m", "searchr1.cli", "demo", "--config", str(cfg)],
-                          capture_output=True, text=True, timeout=1800, env=env)
+                          capture_output=True, text=True, timeout=2300, env=env)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     run = tmp_path / "run"
