@@ -7,7 +7,7 @@ worker, the learner), evaluates the last snapshot and writes the report.
 The assertion that matters: the mean training reward of the last 20 of STEPS = 60 steps beats the first
 20 by MARGIN. Sizing (docs/world.md, "The e2e test's margin"): the learning rate is constant, so these 60
 steps are the first 60 of a `make demo` run with the same seeds; over demo seeds 0, 1, 2 the gain was
-0.110, 0.163 and the figure there (per-step reward sd ~0.09, so the difference of two 20-step means has
+0.110, 0.163 and 0.150 (per-step reward sd ~0.09, so the difference of two 20-step means has
 sd ~0.03). MARGIN 0.04 is 2.5 of those sd below the smallest gain, and 1.4 above zero. Only the step
 count, the paths and the evaluation size differ from the committed config (seeds stay 0), and each
 substitution is checked so that a change to the config cannot silently detach this test from it.
