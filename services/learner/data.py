@@ -19,7 +19,7 @@ from typing import Any
 
 from searchr1.core.datasets import DatasetError, parse_row, read_rows
 
-__all__ = ["DatasetError", "TaskSpec", "load_tasks", "prepare", "row_to_spec"]
+__all__ = ["DatasetError", "TaskSpec", "load_tasks", "oversample", "prepare", "row_to_spec"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,27 @@ def load_tasks(path: str | Path) -> list[TaskSpec]:
     if len({s.task_id for s in specs}) != len(specs):
         raise DatasetError(f"{path}: task ids are not unique")
     return specs
+
+
+def oversample(specs: list[TaskSpec], repeats: dict[str, int]) -> list[TaskSpec]:
+    """Each question of a `data_source` named in `repeats` appears that many times per epoch (a data mix,
+    as when Search-R1 weights NQ against HotpotQA). Copy k ≥ 2 gets task id `{id}~k`, so the learner's
+    replay check (task ids per epoch) still sees every copy as its own task; order is left to the
+    dispatcher's shuffle. Unknown sources and factors below 1 are errors, not silent no-ops."""
+    sources = {s.data_source for s in specs}
+    unknown = sorted(set(repeats) - sources)
+    if unknown:
+        raise DatasetError(f"source repeats name data sources not in the dataset: {unknown} "
+                           f"(it has {sorted(sources)})")
+    bad = {k: v for k, v in repeats.items() if not isinstance(v, int) or v < 1}
+    if bad:
+        raise DatasetError(f"source repeats must be integers >= 1, got {bad}")
+    out: list[TaskSpec] = []
+    for s in specs:
+        out.append(s)
+        for k in range(2, repeats.get(s.data_source, 1) + 1):
+            out.append(TaskSpec(f"{s.task_id}~{k}", s.question, s.golden_answers, s.data_source, s.metadata))
+    return out
 
 
 def prepare(src: str | Path, dst: str | Path) -> int:

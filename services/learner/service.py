@@ -409,7 +409,7 @@ async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = No
     from searchr1.core.metrics import start_metrics_server
     from searchr1.core.servers import HttpServer, install_shutdown_signals
     from searchr1.core.streams import connect
-    from searchr1.learner.data import load_tasks
+    from searchr1.learner.data import load_tasks, oversample
     from searchr1.learner.dispatcher import Dispatcher
     from searchr1.learner.publisher import weights_app
 
@@ -444,7 +444,8 @@ async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = No
         if info.is_main and settings.dispatcher.enabled and settings.dispatcher.dataset:
             pos = state.dispatcher or {}
             budget = (settings.algorithm.max_staleness + 1) * settings.batch.groups_per_step
-            dispatcher = Dispatcher(learner.tasks, load_tasks(settings.dispatcher.dataset), settings.dispatcher,
+            specs = oversample(load_tasks(settings.dispatcher.dataset), settings.dispatcher.source_repeats)
+            dispatcher = Dispatcher(learner.tasks, specs, settings.dispatcher,
                                     epoch=pos.get("epoch", 0), cursor=pos.get("cursor", 0),
                                     on_publish=metrics.tasks.inc,
                                     budget=budget if settings.dispatcher.paced else None)

@@ -8,7 +8,7 @@ clip 0.2, entropy 0.001, KL loss 0.001 low_var_kl, grad clip 1.0, γ = λ = 1, v
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -124,6 +124,9 @@ class DispatcherSettings(Section):
     """Shuffle seed (epoch e uses seed + e)."""
     epochs: int = Field(default=15, ge=1)
     """Passes over the dataset."""
+    source_repeats: dict[str, Annotated[int, Field(ge=1)]] = Field(default_factory=dict)
+    """Data mix: `{data_source: k}` puts each question of that source k times in every epoch (k ≥ 1;
+    sources not named count once; a name the dataset lacks is an error)."""
     temperature: float = Field(default=1.0, ge=0.0, le=10.0)
     """Sampling temperature written into each task."""
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)

@@ -98,3 +98,27 @@ def test_dispatcher_resumes_the_same_order():
     resumed = Dispatcher(None, specs, s, **Dispatcher(None, specs, s, epoch=1, cursor=2).position())
     assert [resumed._next().task_id for _ in range(4)] == ids[6:10]
     assert Dispatcher(None, specs, s, epoch=0, cursor=4).position() == {"epoch": 1, "cursor": 0}
+
+
+def test_source_repeats_oversample_a_data_source():
+    from searchr1.learner.data import TaskSpec, oversample
+    from searchr1.learner.dispatcher import Dispatcher
+    from searchr1.learner.settings import DispatcherSettings
+
+    specs = [TaskSpec("k0", "known?", ["a"], "known"), TaskSpec("u0", "unknown?", ["b"], "unknown"),
+             TaskSpec("u1", "unknown 2?", ["c"], "unknown")]
+    out = oversample(specs, {"known": 3})
+    assert [s.task_id for s in out] == ["k0", "k0~2", "k0~3", "u0", "u1"]
+    assert {s.question for s in out[:3]} == {"known?"} and out[2].data_source == "known"
+    assert oversample(specs, {}) == specs and oversample(specs, {"unknown": 1}) == specs
+    # one epoch of the dispatcher holds every copy once, each under its own task id
+    s = DispatcherSettings(seed=0, epochs=1, group_size=2, source_repeats={"known": 3})
+    d = Dispatcher(None, out, s)
+    ids = [d._next().task_id for _ in range(len(out))]
+    assert sorted(ids) == sorted(f"{t.task_id}@e0" for t in out) and d.exhausted
+    with pytest.raises(DatasetError, match="not in the dataset.*'nq'"):
+        oversample(specs, {"nq": 2})
+    with pytest.raises(DatasetError, match=">= 1"):
+        oversample(specs, {"known": 0})
+    with pytest.raises(ValueError, match="greater than or equal to 1"):
+        DispatcherSettings(source_repeats={"known": 0})
