@@ -1,4 +1,4 @@
-"""configs/tiny-cpu.toml and its search-cost variant: every service table validates against that service's
+"""configs/tiny-cpu.toml and its no-cost control: every service table validates against that service's
 settings class, so `searchr1 up` never starts a service that stops at once on an unknown key (reconcile the
 configs when a service's settings change); the variant differs from the demo only where it says it does."""
 
@@ -14,7 +14,7 @@ from searchr1.core.settings import load_settings, read_config_file
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 CONFIG = CONFIGS / "tiny-cpu.toml"
-SEARCH_COST = CONFIGS / "tiny-cpu-search-cost.toml"
+NO_COST = CONFIGS / "tiny-cpu-no-cost.toml"
 
 
 @pytest.mark.parametrize("module, cls", [
@@ -24,7 +24,7 @@ SEARCH_COST = CONFIGS / "tiny-cpu-search-cost.toml"
     ("searchr1.rollout.settings", "RolloutSettings"),
     ("searchr1.learner.settings", "LearnerSettings"),
 ])
-@pytest.mark.parametrize("config", [CONFIG, SEARCH_COST], ids=lambda p: p.stem)
+@pytest.mark.parametrize("config", [CONFIG, NO_COST], ids=lambda p: p.stem)
 def test_table_matches_settings_class(module, cls, config, monkeypatch):
     settings_cls = getattr(importlib.import_module(module), cls)
     assert settings_cls.section in read_config_file(config)
@@ -33,17 +33,17 @@ def test_table_matches_settings_class(module, cls, config, monkeypatch):
     load_settings(settings_cls, config)  # raises on an unknown key or a bad value
 
 
-def test_search_cost_variant_differs_only_in_its_reward_and_run():
-    demo, variant = read_config_file(CONFIG), read_config_file(SEARCH_COST)
-    reward = variant["rollout"].pop("reward")
-    del demo["rollout"]["reward"]
+def test_no_cost_control_differs_only_in_its_reward_and_run():
+    demo, control = read_config_file(CONFIG), read_config_file(NO_COST)
+    reward = demo["rollout"].pop("reward")
     assert reward["scorer"] == "composite" and reward["item_format"] == "prompt_response"
     components = {c.get("name", c["scorer"]): c for c in reward["params"]["components"]}
     assert components["search_cost"]["params"]["cost_per_search"] > 0
-    assert variant["launcher"].pop("run") != demo["launcher"].pop("run")
-    for table in (demo, variant):
-        for key in ("run_dir",):
-            table["launcher"].pop(key)
+    # the control keeps the demo's accuracy + format reward and drops only the cost
+    assert control["rollout"].pop("reward") == {k: v for k, v in components["searchr1_em_format"].items()}
+    assert control["launcher"].pop("run") != demo["launcher"].pop("run")
+    for table in (demo, control):
+        table["launcher"].pop("run_dir")
         for section in ("weights", "checkpoint"):
             table["learner"][section].pop("dir")
-    assert variant == demo
+    assert control == demo
