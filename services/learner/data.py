@@ -72,6 +72,8 @@ def oversample(specs: list[TaskSpec], repeats: dict[str, int]) -> list[TaskSpec]
         out.append(s)
         for k in range(2, repeats.get(s.data_source, 1) + 1):
             out.append(TaskSpec(f"{s.task_id}~{k}", s.question, s.golden_answers, s.data_source, s.metadata))
+    if len({s.task_id for s in out}) != len(out):
+        raise DatasetError("source repeats: a copy's task id `{id}~k` collides with a dataset task id")
     return out
 
 

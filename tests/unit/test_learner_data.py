@@ -120,5 +120,7 @@ def test_source_repeats_oversample_a_data_source():
         oversample(specs, {"nq": 2})
     with pytest.raises(DatasetError, match=">= 1"):
         oversample(specs, {"known": 0})
+    with pytest.raises(DatasetError, match="collides"):
+        oversample(specs + [TaskSpec("k0~2", "another?", ["d"], "unknown")], {"known": 2})
     with pytest.raises(ValueError, match="greater than or equal to 1"):
         DispatcherSettings(source_repeats={"known": 0})
