@@ -72,6 +72,10 @@ class Task(_Wire):
     """Dataset split the task comes from."""
     epoch: int = Field(default=0, ge=0)
     """Dispatcher epoch the task belongs to."""
+    min_policy_version: int = Field(default=0, ge=0)
+    """The oldest weight version the learner will still train this task's group on (its version when the
+    task was published, minus `max_staleness`). A worker holding older weights loads the announced ones
+    before sampling the task, instead of producing a group the learner would drop as stale."""
     metadata: dict[str, str] = Field(default_factory=dict)
     """Free-form string tags (question type, entity kind, …) carried through to the group."""
 

@@ -19,6 +19,7 @@ import uvicorn
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from searchr1.core.aio import stop_task
 from searchr1.core.auth import BearerAuthInterceptor
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -127,12 +128,16 @@ class HttpServer:
             await asyncio.sleep(0.01)
         return self.port
 
-    async def stop(self) -> None:
+    async def stop(self, timeout: float = 10.0) -> None:
+        """Graceful stop (open connections get `timeout` s to finish), then a forced one."""
         self._server.should_exit = True
         if self._task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            done, _ = await asyncio.wait({self._task}, timeout=timeout)
+            if not done:
+                self._server.force_exit = True
+            await stop_task(self._task, timeout=timeout)
         self._sock.close()
+
 
 
 def install_shutdown_signals(stop: asyncio.Event, signals: Iterable[int] = (signal.SIGINT, signal.SIGTERM)) -> None:

@@ -32,6 +32,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
+from searchr1.core.aio import stop_task
 from searchr1.launcher.health import check_all
 from searchr1.launcher.logs import LogMux, tail
 from searchr1.launcher.specs import LaunchPlan, ProcessSpec
@@ -303,7 +304,8 @@ class Supervisor:
     async def _sleep_until_woken(self, timeout: float | None) -> None:
         self._wake.clear()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), timeout)
+            async with asyncio.timeout(timeout):  # not wait_for: it can lose a racing cancel (3.11)
+                await self._wake.wait()
 
     def _install_signals(self) -> None:
         loop = asyncio.get_running_loop()
@@ -381,7 +383,8 @@ class Supervisor:
         try:
             while True:
                 try:
-                    snap = await asyncio.wait_for(self.collector.collect(), timeout=max(2.0, self.status_refresh_s))
+                    async with asyncio.timeout(max(2.0, self.status_refresh_s)):
+                        snap = await self.collector.collect()
                 except (TimeoutError, OSError):
                     snap = None
                 if snap is not None:
@@ -399,9 +402,7 @@ class Supervisor:
 
     async def _stop_status(self) -> None:
         if self._status_task is not None:
-            self._status_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._status_task
+            await stop_task(self._status_task, timeout=10.0)
             self._status_task = None
             if self.last_status:
                 self.mux.say(f"final status: {self.last_status}", "bold")

@@ -138,6 +138,7 @@ class Trainer:
             local_rows += [cuts[m] + r for r in shard_rows(size, self.info.rank, self.info.world)]
             bounds.append(len(local_rows))
         local = batch.select(local_rows).to(self.device)
+        self._lengths = local.attention_mask.sum(dim=1).tolist()
         self._dummy = batch.select([0]).to(self.device)  # stands in for an empty micro-batch (see _micro_rows)
         stale = local.policy_version < version
         need_old = b.mini_batches > 1 or self.is_ppo
@@ -160,7 +161,7 @@ class Trainer:
         a = self.s.algorithm
         width = local.loss_mask.shape[1]
         wanted = {"old": need_old, "ref": self.is_ppo and a.kl_in_reward, "values": self.is_ppo}
-        parts: dict[str, list[Tensor]] = {k: [] for k, on in wanted.items() if on}
+        result = {k: torch.zeros(local.size, width, device=self.device) for k, on in wanted.items() if on}
         for rows in self._micro_rows(list(range(local.size))):
             mb = local.select(rows) if rows else self._dummy
             ids, attn, resp = mb.input_ids, mb.attention_mask, mb.response_mask
@@ -172,15 +173,20 @@ class Trainer:
             if wanted["values"]:
                 out["values"] = forward_values(self.critic, ids, attn)
             if rows:  # an empty micro-batch only keeps the ranks' collectives in step
-                for k, v in out.items():
-                    parts[k].append(_pad_to(v, width))
-        return {k: torch.cat(v) if v else torch.zeros(0, width, device=self.device) for k, v in parts.items()}
+                index = torch.as_tensor(rows, dtype=torch.long, device=self.device)
+                for k, v in out.items():  # micro-batches are length-sorted: put rows back in place
+                    result[k][index] = _pad_to(v, width).to(result[k].dtype)
+        return result
 
     def _micro_rows(self, rows: list[int]) -> list[list[int]]:
-        """`rows` in micro-batches of at most `micro_batch_size`. Under FSDP every forward/backward is a
-        collective, so every rank gets the same number of micro-batches (that of the rank with the most
-        rows); a rank with fewer rows gets even splits, possibly an empty one (run on a dummy row with
-        zero loss weight)."""
+        """`rows` in micro-batches of at most `micro_batch_size`, longest sequences first: rows of similar
+        length share a micro-batch, so each is trimmed to little more than its own length (a mixed batch
+        of rollouts pads to ~2x its tokens otherwise). The update does not depend on the grouping (loss
+        normalisation above). Under FSDP every forward/backward is a collective, so every rank gets the
+        same number of micro-batches (that of the rank with the most rows); a rank with fewer rows gets
+        even splits, possibly an empty one (run on a dummy row with zero loss weight)."""
+        lengths = self._lengths
+        rows = sorted(rows, key=lambda r: -int(lengths[r]))
         longest = len(rows)
         if self.info.enabled:
             t = torch.tensor([longest], dtype=torch.long, device=self.device)

@@ -14,12 +14,12 @@ benchmarks/retriever.py).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from searchr1.core.aio import stop_task
 from searchr1.retriever.indexes import Ranked
 from searchr1.retriever.metrics import RetrieverMetrics
 
@@ -77,9 +77,7 @@ class MicroBatcher:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task, timeout=10.0)
             self._task = None
         self._executor.shutdown(wait=True, cancel_futures=True)
 
@@ -116,7 +114,8 @@ class MicroBatcher:
                 if remaining <= 0:
                     break
                 try:
-                    item = await asyncio.wait_for(self._queue.get(), remaining)
+                    async with asyncio.timeout(remaining):  # not wait_for: it can lose a racing cancel (3.11)
+                        item = await self._queue.get()
                 except TimeoutError:
                     break
             if n + len(item.queries) > self.max_queries:

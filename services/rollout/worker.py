@@ -5,7 +5,8 @@
 with up to `tasks.max_concurrent` tasks in flight over one engine, plus the chores between tasks:
 reclaiming tasks a dead worker left unacked, and moving to a newer weight version (admission stops,
 in-flight groups finish under the old version, the engine reloads, admission resumes — so every group
-is tagged with the one version that generated all of it).
+is tagged with the one version that generated all of it). The move happens every `weight_poll_s`, and
+at once when a newly read task needs a newer version than the engine runs (`Task.min_policy_version`).
 
 Failure rules: a search failure ends that trajectory with finish reason `error` (the group is still
 published; the learner may drop it); a reward or publish failure leaves the task unacked, so it is
@@ -221,9 +222,22 @@ class Worker:
         if not entries:
             block = self.block_ms if not self._inflight else min(self.block_ms, 50)
             entries = await self.tasks.read(self.worker_id, count=slots, block_ms=block)
+        if entries:
+            await self._catch_up(max(e.value.min_policy_version for e in entries))
         for e in entries:
             self._start(e)
         await self._update_lag()
+
+    async def _catch_up(self, needed: int) -> None:
+        """Load the announced weights now (not at the next poll) when new tasks need a newer version
+        than the engine runs: their groups would otherwise be dropped as stale by the learner. In
+        synchronous training that happened to every step's first batch of tasks (tasks arrive right
+        after the announcement), doubling the rollout time."""
+        if needed <= self.loader.version or await self.loader.newer() is None:
+            return  # current enough, or nothing newer announced (yet): sample with what we have
+        await self._drain()
+        await self.loader.maybe_update()
+        self._next_weights = time.monotonic() + self.weight_poll_s
 
     async def _update_lag(self) -> None:
         now = time.monotonic()

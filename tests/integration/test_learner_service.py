@@ -258,6 +258,7 @@ async def test_run_learner_end_to_end_with_dispatcher_and_http(tmp_path, redis, 
     producer = _producer(redis)
     stop = asyncio.Event()
     seen: list[str] = []
+    stamps: list[int] = []
 
     async def worker():
         await tasks.ensure_group()
@@ -269,6 +270,7 @@ async def test_run_learner_end_to_end_with_dispatcher_and_http(tmp_path, redis, 
                 await producer.publish(g)
                 await tasks.ack(e.id)
                 seen.append(e.value.task_id)
+                stamps.append(e.value.min_policy_version)
 
     w = asyncio.create_task(worker())
     try:
@@ -287,6 +289,8 @@ async def test_run_learner_end_to_end_with_dispatcher_and_http(tmp_path, redis, 
     # so every group trained on was on-policy and none was dropped as stale
     assert [s["staleness_mean"] for s in steps] == [0.0, 0.0]
     assert len(seen) <= 6
+    # and each task said so: the first step's tasks may be sampled with version 0, the second's need 1
+    assert stamps[:2] == [0, 0] and all(v >= 1 for v in stamps[2:]) and len(stamps) > 2
 
 
 async def test_run_learner_stops_when_the_dataset_is_exhausted(tmp_path, redis, redis_server, model_path):

@@ -98,3 +98,59 @@ async def test_score_failure_is_redelivered_and_bad_weights_are_skipped(redis, t
     assert metrics.task_failures.labels("rollout")._value.get() == 1
     assert await tasks.pending() == 0
     assert gen.reloads == [] and loader.version == 0  # the unverifiable snapshot was not loaded
+
+
+class OkScorer:
+    async def score(self, scorer, items, params=None):
+        @dataclass
+        class R:
+            scores: list
+            components: list
+
+        return R([1.0] * len(items), [{"em": 1.0}] * len(items))
+
+
+async def test_a_task_needing_newer_weights_is_sampled_after_loading_them(redis, tmp_path):
+    """Synchronous training: the learner announces version 1 and only then publishes the next tasks, stamped
+    `min_policy_version=1`. The worker must not sample them with version 0 while waiting for its next weight
+    poll (the learner would drop those groups as stale); a task without the stamp does not force a reload."""
+    from searchr1.core.weights import snapshot_digest
+
+    keys = StreamKeys("mv")
+    metrics = RolloutMetrics()
+    tasks = TypedStream(redis, keys.tasks, Task, "rollout", dead_key=keys.dead)
+    groups = TypedStream(redis, keys.trajectories, TrajectoryGroup, "learner", dead_key=keys.dead)
+    gen = Gen()
+    sampler = GroupSampler(gen, Codec(), None, _search, OkScorer(), AgentSettings(), RewardSettings(), metrics)
+    loader = WeightLoader(redis, keys, gen, metrics, tmp_path / "dl")
+    worker = Worker(sampler, tasks, groups, loader, metrics, "w", block_ms=50, weight_poll_s=3600.0)
+    await tasks.ensure_group()
+    await groups.ensure_group()
+    stop = asyncio.Event()
+    run = asyncio.create_task(worker.run(stop))
+
+    async def one_group():
+        end = time.monotonic() + 20
+        while True:
+            assert time.monotonic() < end, "no group"
+            got = await groups.read("t", count=5, block_ms=100)
+            if got:
+                assert len(got) == 1
+                return got[0].value
+
+    try:
+        await asyncio.sleep(0.2)  # the worker has made its first (and, at 3600 s, last periodic) weight poll
+        snap = tmp_path / "v1"
+        snap.mkdir()
+        (snap / "model.safetensors").write_bytes(b"weights v1")
+        await announce(redis, keys, WeightVersion(version=1, uri=str(snap), sha256=snapshot_digest(snap)))
+        await tasks.publish(Task(task_id="old-ok", question="q", golden_answers=["Paris"], group_size=2))
+        assert (await one_group()).policy_version == 0 and gen.reloads == []  # no stamp: no forced reload
+        await tasks.publish(Task(task_id="fresh", question="q", golden_answers=["Paris"], group_size=2,
+                                 min_policy_version=1))
+        group = await one_group()
+        assert group.task.task_id == "fresh" and group.policy_version == 1
+        assert len(gen.reloads) == 1 and loader.version == 1
+    finally:
+        stop.set()
+        await asyncio.wait_for(run, 10)

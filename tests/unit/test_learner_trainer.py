@@ -107,12 +107,17 @@ def _params(model):
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def test_micro_batching_does_not_change_the_update(model_path):
-    """Loss normalised over the whole step's tokens: micro-batches of 1, 5 or 16 rows give one update."""
+@pytest.mark.parametrize("mini_batches", [1, 2])
+def test_micro_batching_does_not_change_the_update(model_path, mini_batches):
+    """Loss normalised over the whole step's tokens: micro-batches of 1, 5 or 16 rows give one update.
+    Micro-batches are length-sorted, so with 2 mini-batches (old log-probs from the no-grad pre-pass)
+    this also checks that the pre-pass puts every row's log-probs back in its place."""
     batch = build_batch(_groups())
+    lengths = batch.attention_mask.sum(1).tolist()
+    assert lengths != sorted(lengths, reverse=True), "rows must be unsorted for the check to mean anything"
     results = []
     for micro in (16, 5, 1):
-        s = _settings(model_path, batch={"micro_batch_size": micro})
+        s = _settings(model_path, batch={"micro_batch_size": micro, "mini_batches": mini_batches})
         training = build_training(s, DistInfo())
         stats = training.trainer.train_step(batch, version=0)
         results.append((stats, _params(training.trainer.policy)))
