@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/learner.py [--threads 1] [--hidden 256] [--layers 4] [--vocab 4096]
                                            [--groups 4] [--group-size 4] [--response 192] [--repeats 5]
+                                           [--micro 8]
 
 Baseline (measured in the same run, interleaved with the learner steps so machine load hits both):
 forward of the padded batch, token-mean NLL of the policy tokens, backward (no optimizer step); a second
@@ -11,6 +12,8 @@ Learner variants: `Trainer.train_step` (advantages, log-probs, PPO clip loss, no
 AdamW step) with (a) no entropy and no KL, (b) Search-R1's entropy bonus 0.001, (c) plus the KL loss to a
 frozen reference (an extra no-grad forward). The whole batch is one micro-batch in every case, so all see
 the same padded tensor. Prints median wall-time and CPU-time tokens/s (prompt + response tokens) and the overheads.
+Then micro-batching: forward+backward in micro-batches of `--micro` over a batch with rollout-like spread
+lengths, in dataset order (baseline) vs length-sorted (what `Trainer` does): padded tokens and time ratio.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ def main() -> None:
     p.add_argument("--prompt", type=int, default=64)
     p.add_argument("--response", type=int, default=192)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--micro", type=int, default=8, help="micro-batch size of the micro-batching comparison")
     args = p.parse_args()
 
     import torch
@@ -108,6 +112,60 @@ def main() -> None:
               f"{tokens / cmed:12.0f} {100 * (cmed / cbase - 1):8.1f}%")
     print("(medians; with one torch thread, process CPU time is far less sensitive to other jobs on a shared "
           "machine than wall time)")
+    micro_batching(args, base_model)
+
+
+def micro_batching(args, model) -> None:
+    """Length-sorted vs dataset-order micro-batches on a batch whose lengths spread like rollouts' (an
+    answer after one turn next to four search turns): the same forward+backward, micro-batches of
+    `--micro`; baseline = dataset order (what the learner did before it sorted)."""
+    import random as _random
+
+    from searchr1.learner.batch import build_batch
+    from searchr1.learner.model import forward_logprobs
+    from searchr1.learner.synthetic import synthetic_group
+
+    rng = _random.Random(1)
+    groups = []
+    for i in range(args.groups):
+        g = synthetic_group(f"m{i}", group_size=args.group_size, vocab=args.vocab, prompt_len=args.prompt,
+                            response_len=2 * args.response, rng=rng)
+        for t in g.trajectories:  # 1/4 to 2x the nominal response length
+            n = rng.randint(args.response // 4, 2 * args.response)
+            t.response_ids, t.loss_mask, t.behavior_logprobs = (t.response_ids[:n], t.loss_mask[:n],
+                                                                t.behavior_logprobs[:n])
+        groups.append(g)
+    batch = build_batch(groups)
+    lengths = batch.attention_mask.sum(1).tolist()
+    order = list(range(batch.size))
+    by_length = sorted(order, key=lambda r: -lengths[r])
+
+    def chunks(rows):
+        return [rows[i:i + args.micro] for i in range(0, len(rows), args.micro)]
+
+    def run(rows) -> None:
+        model.zero_grad(set_to_none=True)
+        for part in chunks(rows):
+            mb = batch.select(part)
+            logp, _ = forward_logprobs(model, mb.input_ids, mb.attention_mask, mask=mb.response_mask)
+            (-(logp * mb.loss_mask).sum() / batch.loss_mask.sum()).backward()
+
+    padded = {name: sum(len(part) * max(lengths[r] for r in part) for part in chunks(rows))
+              for name, rows in (("dataset order", order), ("length-sorted", by_length))}
+    times = {"dataset order": [], "length-sorted": []}
+    run(order)
+    for _ in range(args.repeats):
+        for name, rows in (("dataset order", order), ("length-sorted", by_length)):
+            t0 = time.perf_counter()
+            run(rows)
+            times[name].append(time.perf_counter() - t0)
+    base = statistics.median(times["dataset order"])
+    print(f"\nmicro-batches of {args.micro}, {batch.size} trajectories of {min(lengths)}-{max(lengths)} tokens "
+          f"({batch.num_tokens} real):")
+    for name, wall in times.items():
+        med = statistics.median(wall)
+        print(f"{name:30s} {med:7.3f} s  padded tokens {padded[name]:7d} ({padded[name] / batch.num_tokens:.2f}x real)"
+              f"  time {med / base:.2f}x dataset order")
 
 
 if __name__ == "__main__":
