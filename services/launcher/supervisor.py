@@ -130,6 +130,7 @@ class Supervisor:
         self._force = asyncio.Event()
         self._signal: int | None = None
         self._status_task: asyncio.Task | None = None
+        self._status_halt = asyncio.Event()
         self._live: Live | None = None
         self.last_status: str | None = None
         """The last rendered status line (printed once more when the run ends)."""
@@ -304,7 +305,7 @@ class Supervisor:
     async def _sleep_until_woken(self, timeout: float | None) -> None:
         self._wake.clear()
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout):  # not wait_for: it can lose a racing cancel (3.11)
+            async with asyncio.timeout(timeout):
                 await self._wake.wait()
 
     def _install_signals(self) -> None:
@@ -381,7 +382,7 @@ class Supervisor:
                               redirect_stdout=False, redirect_stderr=False)
             self._live.start()
         try:
-            while True:
+            while not self._status_halt.is_set():  # a cancel can be lost in a Redis call (core.aio)
                 try:
                     async with asyncio.timeout(max(2.0, self.status_refresh_s)):
                         snap = await self.collector.collect()
@@ -402,6 +403,7 @@ class Supervisor:
 
     async def _stop_status(self) -> None:
         if self._status_task is not None:
+            self._status_halt.set()
             await stop_task(self._status_task, timeout=10.0)
             self._status_task = None
             if self.last_status:

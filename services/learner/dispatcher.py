@@ -111,8 +111,8 @@ class Dispatcher:
         await self.stream.ensure_group()
         while not stop.is_set() and not self.exhausted:
             await self.fill()
-            # asyncio.timeout, not wait_for: Python 3.11's wait_for can lose a cancellation that races its
-            # timeout, which left this loop running after the learner had finished
+            # `stop` is how this loop ends: a cancellation can be lost inside a redis-py command
+            # (core.aio.stop_task), which once left it running after the learner had finished
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.s.poll_s):
                     await stop.wait()

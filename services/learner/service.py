@@ -371,7 +371,7 @@ class Learner:
             return self.state
         disp_task = None
         self._dispatcher = dispatcher
-        halt = asyncio.Event()  # ends the dispatcher when this loop ends, for whatever reason
+        halt = asyncio.Event()  # ends the dispatcher when this loop ends (a cancel alone can be lost: core.aio)
         if dispatcher is not None:
             disp_task = asyncio.create_task(dispatcher.run(halt))
         try:

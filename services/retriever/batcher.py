@@ -114,7 +114,7 @@ class MicroBatcher:
                 if remaining <= 0:
                     break
                 try:
-                    async with asyncio.timeout(remaining):  # not wait_for: it can lose a racing cancel (3.11)
+                    async with asyncio.timeout(remaining):
                         item = await self._queue.get()
                 except TimeoutError:
                     break

@@ -12,7 +12,7 @@ from searchr1.core.aio import stop_task
 
 
 async def _stubborn(started: asyncio.Event, release: asyncio.Event) -> None:
-    """Loses its first cancellations, as a loop around Python 3.11's wait_for can."""
+    """Loses its cancellations, as a loop around redis-py commands can (core.aio.stop_task)."""
     started.set()
     while not release.is_set():
         try:
