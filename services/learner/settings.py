@@ -94,8 +94,13 @@ class OptimSettings(Section):
     """Linear warm-up over this share of `total_steps` (Search-R1: 0.285 GRPO, 0.95 PPO actor)."""
     critic_warmup_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
     """Critic warm-up share (Search-R1 PPO: 0.05)."""
+    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
+    """After the warm-up: "constant" (veRL's and Search-R1's default), or "cosine" / "linear" decay to
+    `min_lr_ratio` × lr at `total_steps` (veRL's cosine; TRL/HF lr_scheduler_type)."""
+    min_lr_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Floor of a decaying schedule, as a fraction of the peak rate (veRL's min_lr_ratio)."""
     total_steps: int = Field(default=1000, ge=1)
-    """Planned optimizer steps (sets the warm-up length and stops training)."""
+    """Planned training steps: the schedule's length (warm-up share, decay) and when training stops."""
     grad_clip: float = Field(default=1.0, gt=0.0)
     """Clip the global gradient norm to this."""
 

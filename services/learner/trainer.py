@@ -2,7 +2,7 @@
 
 `Trainer.train_step(batch, version)` takes the whole step's batch (identical on every rank), computes
 outcome advantages on all of it, keeps this rank's rows, then for each mini-batch accumulates
-gradients over micro-batches and applies one AdamW update (warm-up schedule, gradient clipping).
+gradients over micro-batches and applies one AdamW update (gradient clipping; the learning-rate schedule steps once per training step).
 
 Loss normalisation: each micro-batch's aggregated loss is scaled by its share of the *mini-batch's*
 loss tokens across all ranks (or of its sequences, for the seq-mean aggregations) times the world size
@@ -45,24 +45,41 @@ from searchr1.learner.model import DistInfo, forward_logprobs, forward_values
 from searchr1.learner.settings import LearnerSettings
 
 
-def warmup_lambda(warmup_steps: int):
-    """veRL's constant schedule with linear warm-up: factor step/warmup until warmup, then 1."""
+def lr_lambda(total_steps: int, warmup_steps: int = 0, schedule: str = "constant", min_lr_ratio: float = 0.0):
+    """The learning-rate factor at training step `step` (0-based; LambdaLR calls it once per step).
+
+    A linear warm-up 0 → 1 over `warmup_steps` (veRL's constant-with-warm-up), then `schedule` over the
+    remaining steps up to `total_steps`: "constant" stays at 1; "cosine" (veRL's cosine, Hugging Face's
+    cosine_with_min_lr) and "linear" fall from 1 to `min_lr_ratio` at `total_steps` and stay there.
+    """
+    if schedule not in LR_SCHEDULES:
+        raise ValueError(f"unknown lr schedule {schedule!r}; expected one of {sorted(LR_SCHEDULES)}")
+    decay_steps = max(1, total_steps - warmup_steps)
 
     def factor(step: int) -> float:
         if warmup_steps > 0 and step < warmup_steps:
             return step / warmup_steps
-        return 1.0
+        if schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup_steps) / decay_steps)
+        shape = 0.5 * (1.0 + math.cos(math.pi * progress)) if schedule == "cosine" else 1.0 - progress
+        return min_lr_ratio + (1.0 - min_lr_ratio) * shape
 
     return factor
 
 
+LR_SCHEDULES = ("constant", "cosine", "linear")
+
+
 def build_optimizer(model: nn.Module, lr: float, settings: LearnerSettings, warmup_ratio: float):
-    """AdamW over trainable parameters plus the warm-up LambdaLR."""
+    """AdamW over trainable parameters plus its LambdaLR schedule, stepped once per training step (as
+    veRL does: `total_steps` and the warm-up count training steps, whatever `mini_batches` is)."""
     o = settings.optim
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
     warmup = int(warmup_ratio * o.total_steps)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_lambda(warmup))
+    factor = lr_lambda(o.total_steps, warmup, o.lr_schedule, o.min_lr_ratio)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
     return optimizer, scheduler
 
 
@@ -152,7 +169,10 @@ class Trainer:
             if self.is_ppo:
                 self._update_critic(local, rows, extras, stats)
         out = {k: v / b.mini_batches for k, v in stats.values.items()}
-        out["lr"] = self.scheduler.get_last_lr()[0]
+        out["lr"] = self.scheduler.get_last_lr()[0]  # the rate this step's updates used
+        self.scheduler.step()
+        if self.is_ppo:
+            self.critic_scheduler.step()
         return out
 
     @torch.no_grad()
@@ -277,7 +297,6 @@ class Trainer:
             sums[6] += float((weights * mask).sum()) / max(tokens, 1.0) if n_tok else 0.0
         grad_norm = self._clip(self.policy)
         self.optimizer.step()
-        self.scheduler.step()
         sums = _all_reduce(sums, self.info, self.device)
         for key, v in zip(("loss", "pg_loss", "kl_loss", "entropy", "clip_frac", "approx_kl", "is_weight_mean"),
                           sums):
@@ -307,7 +326,6 @@ class Trainer:
             sums[1] += float(vl.clip_frac) * w / self.info.world
         grad_norm = self._clip(self.critic)
         self.critic_optimizer.step()
-        self.critic_scheduler.step()
         sums = _all_reduce(sums, self.info, self.device)
         stats.add("value_loss", sums[0])
         stats.add("value_clip_frac", sums[1])

@@ -15,7 +15,7 @@ from searchr1.learner.model import DistInfo, forward_logprobs
 from searchr1.learner.service import build_training
 from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.synthetic import synthetic_group, tiny_qwen2
-from searchr1.learner.trainer import warmup_lambda
+from searchr1.learner.trainer import lr_lambda
 
 torch.set_num_threads(1)
 
@@ -77,9 +77,34 @@ def test_shard_rows_cover_everything_once():
 
 
 def test_warmup_schedule_matches_verl_constant_with_warmup():
-    f = warmup_lambda(4)
+    f = lr_lambda(10, warmup_steps=4)
     assert [f(s) for s in range(6)] == [0.0, 0.25, 0.5, 0.75, 1.0, 1.0]
-    assert warmup_lambda(0)(0) == 1.0
+    assert lr_lambda(10)(0) == 1.0 and lr_lambda(10)(50) == 1.0
+
+
+def test_decaying_schedules_by_hand():
+    # cosine over the 8 steps after a 2-step warm-up, floor 0.1: 0.1 + 0.9 * (1 + cos(pi * k / 8)) / 2
+    f = lr_lambda(10, warmup_steps=2, schedule="cosine", min_lr_ratio=0.1)
+    assert [f(s) for s in (0, 1)] == [0.0, 0.5]
+    assert f(2) == pytest.approx(1.0)
+    assert f(4) == pytest.approx(0.1 + 0.9 * (1 + math.cos(math.pi / 4)) / 2)  # 0.868198
+    assert f(6) == pytest.approx(0.55)  # half-way: the mean of peak and floor
+    assert f(10) == pytest.approx(0.1) and f(25) == pytest.approx(0.1)  # past total_steps: the floor
+    g = lr_lambda(5, schedule="linear")
+    assert [g(s) for s in range(7)] == pytest.approx([1.0, 0.8, 0.6, 0.4, 0.2, 0.0, 0.0])
+    with pytest.raises(ValueError, match="unknown lr schedule"):
+        lr_lambda(5, schedule="step")
+
+
+def test_schedule_steps_once_per_training_step_whatever_the_mini_batches(model_path):
+    """veRL counts the warm-up and decay in training steps: two mini-batches (two AdamW updates) in one
+    step must not advance the schedule twice."""
+    s = _settings(model_path, optim={"lr": 1e-3, "weight_decay": 0.0, "total_steps": 4, "lr_schedule": "linear"},
+                  batch={"micro_batch_size": 16, "mini_batches": 2})
+    trainer = build_training(s, DistInfo()).trainer
+    lrs = [trainer.train_step(build_batch(_groups(2)), version=0)["lr"] for _ in range(3)]
+    assert lrs == pytest.approx([1e-3, 0.75e-3, 0.5e-3])
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.25e-3)  # what step 4 will use
 
 
 def test_forward_logprobs_are_log_softmax_of_targets(model_path):
