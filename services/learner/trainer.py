@@ -2,7 +2,8 @@
 
 `Trainer.train_step(batch, version)` takes the whole step's batch (identical on every rank), computes
 outcome advantages on all of it, keeps this rank's rows, then for each mini-batch accumulates
-gradients over micro-batches and applies one AdamW update (gradient clipping; the learning-rate schedule steps once per training step).
+gradients over micro-batches and applies one AdamW update (gradient clipping); the learning-rate schedule
+steps once per training step.
 
 Loss normalisation: each micro-batch's aggregated loss is scaled by its share of the *mini-batch's*
 loss tokens across all ranks (or of its sequences, for the seq-mean aggregations) times the world size
@@ -44,6 +45,8 @@ from searchr1.learner.losses import (
 from searchr1.learner.model import DistInfo, forward_logprobs, forward_values
 from searchr1.learner.settings import LearnerSettings
 
+LR_SCHEDULES = ("constant", "cosine", "linear")
+
 
 def lr_lambda(total_steps: int, warmup_steps: int = 0, schedule: str = "constant", min_lr_ratio: float = 0.0):
     """The learning-rate factor at training step `step` (0-based; LambdaLR calls it once per step).
@@ -67,8 +70,6 @@ def lr_lambda(total_steps: int, warmup_steps: int = 0, schedule: str = "constant
 
     return factor
 
-
-LR_SCHEDULES = ("constant", "cosine", "linear")
 
 
 def build_optimizer(model: nn.Module, lr: float, settings: LearnerSettings, warmup_ratio: float):
