@@ -139,7 +139,6 @@ class HttpServer:
         self._sock.close()
 
 
-
 def install_shutdown_signals(stop: asyncio.Event, signals: Iterable[int] = (signal.SIGINT, signal.SIGTERM)) -> None:
     """Set `stop` on SIGINT/SIGTERM (a second signal falls back to the default handler)."""
     loop = asyncio.get_running_loop()

@@ -203,10 +203,7 @@ class Worker:
         """One pass: new weights? → reclaim idle tasks → read new tasks → start them."""
         now = time.monotonic()
         if now >= self._next_weights:
-            self._next_weights = now + self.weight_poll_s
-            if await self.loader.newer() is not None:
-                await self._drain()
-                await self.loader.maybe_update()
+            await self._move_to_announced_weights()
         slots = self.max_concurrent - len(self._inflight)
         if slots <= 0:
             await asyncio.wait(self._inflight, timeout=self.block_ms / 1000, return_when=asyncio.FIRST_COMPLETED)
@@ -222,22 +219,21 @@ class Worker:
         if not entries:
             block = self.block_ms if not self._inflight else min(self.block_ms, 50)
             entries = await self.tasks.read(self.worker_id, count=slots, block_ms=block)
-        if entries:
-            await self._catch_up(max(e.value.min_policy_version for e in entries))
+        if entries and max(e.value.min_policy_version for e in entries) > self.loader.version:
+            # load the announced weights now, not at the next poll: these tasks' groups would otherwise
+            # be dropped as stale by the learner (in synchronous training, every step's first tasks)
+            await self._move_to_announced_weights()
         for e in entries:
             self._start(e)
         await self._update_lag()
 
-    async def _catch_up(self, needed: int) -> None:
-        """Load the announced weights now (not at the next poll) when new tasks need a newer version
-        than the engine runs: their groups would otherwise be dropped as stale by the learner. In
-        synchronous training that happened to every step's first batch of tasks (tasks arrive right
-        after the announcement), doubling the rollout time."""
-        if needed <= self.loader.version or await self.loader.newer() is None:
-            return  # current enough, or nothing newer announced (yet): sample with what we have
-        await self._drain()
-        await self.loader.maybe_update()
+    async def _move_to_announced_weights(self) -> None:
+        """If newer weights are announced: let in-flight groups finish under the old version, then load
+        them (no-op, bar one Redis read, when nothing newer is announced yet)."""
         self._next_weights = time.monotonic() + self.weight_poll_s
+        if await self.loader.newer() is not None:
+            await self._drain()
+            await self.loader.maybe_update()
 
     async def _update_lag(self) -> None:
         now = time.monotonic()
