@@ -174,6 +174,10 @@ class SearchCostParams(Params):
     cost_per_search: float = Field(default=0.1, ge=0, le=10, description="Cost of each search beyond the free ones.")
     free_searches: int = Field(default=0, ge=0, le=1000, description="Searches that cost nothing.")
     max_cost: float = Field(default=1.0, ge=0, le=100, description="The cost never exceeds this.")
+    charge: Literal["always", "if_correct"] = Field(
+        default="always",
+        description="`if_correct`: only a correct answer (exact match of the last <answer>) pays for its searches, "
+                    "so a search never scores below a wrong guess; `always`: every response pays.")
 
 
 class EmbeddingParams(Params):
@@ -275,6 +279,12 @@ def _run_searchr1_em_format(items: Sequence[ScoreItem], p: SearchR1FormatParams,
 
 def _num_searches(item: ScoreItem) -> int:
     return item.num_searches if item.num_searches is not None else scoring.count_searches(item.response or "")
+
+
+def _search_cost(item: ScoreItem, p: SearchCostParams) -> float:
+    if p.charge == "if_correct" and not scoring.exact_match(item.response or "", item.golds):
+        return 0.0
+    return scoring.search_cost(_num_searches(item), p.cost_per_search, p.free_searches, p.max_cost)
 
 
 def _run_embedding(items: Sequence[ScoreItem], p: EmbeddingParams, ctx: ScoringContext) -> list[Scored]:
@@ -379,9 +389,9 @@ SCORERS: tuple[ScorerSpec, ...] = (
                per_item("retrieval_hit", lambda it, p: scoring.retrieval_hit(it.response or "", it.golds)),
                "1 when a gold answer appears in an <information> block of the response."),
     ScorerSpec("search_cost", SearchCostParams,
-               per_item("search_cost", lambda it, p: scoring.search_cost(
-                   _num_searches(it), p.cost_per_search, p.free_searches, p.max_cost)),
-               "-cost_per_search per search beyond free_searches, floored at -max_cost."),
+               per_item("search_cost", _search_cost),
+               "-cost_per_search per search beyond free_searches, floored at -max_cost (optionally only when "
+               "the answer is correct)."),
     ScorerSpec("embedding_similarity", EmbeddingParams, _run_embedding,
                "Cosine similarity (MiniLM by default) between the last <answer> and the best gold answer.",
                cpu_heavy=True),

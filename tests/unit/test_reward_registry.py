@@ -100,6 +100,24 @@ async def test_composite_weights_and_breakdown():
     assert parts3["search_cost"] == pytest.approx(-0.15) and value3 == pytest.approx(1.55)
 
 
+async def test_search_cost_charged_only_on_correct_answers():
+    """`charge = "if_correct"`: a wrong answer keeps its searches free, so searching never scores below a
+    wrong guess (with `always`, a wrong two-search answer scores 0.2 below one that guessed)."""
+    wrong = ScoreItem(prompt=PROMPT, response=GOOD.replace("Paris </answer>", "Lyon </answer>"),
+                      golden_answers=["Paris"], num_searches=2)
+    right = ScoreItem(prompt=PROMPT, response=GOOD, golden_answers=["Paris"], num_searches=2)
+    no_answer = ScoreItem(prompt=PROMPT, response="<think>a</think><search>capital</search>",
+                          golden_answers=["Paris"], num_searches=1)
+    items = [wrong, right, no_answer]
+    always = await run_scorer(ctx(), "search_cost", items, {"cost_per_search": 0.1})
+    gated = await run_scorer(ctx(), "search_cost", items, {"cost_per_search": 0.1, "charge": "if_correct"})
+    assert [v for v, _ in always] == pytest.approx([-0.2, -0.2, -0.1])
+    assert [v for v, _ in gated] == pytest.approx([0.0, -0.2, 0.0])
+    assert gated[1][1] == {"search_cost": pytest.approx(-0.2)}
+    with pytest.raises(ScorerInputError, match="charge"):
+        await run_scorer(ctx(), "search_cost", items, {"charge": "sometimes"})
+
+
 async def test_composite_from_config_and_its_errors():
     c = ctx(composite={"components": [{"scorer": "f1"}, {"scorer": "retrieval_hit", "weight": 0.1}]})
     item = ScoreItem(prompt=PROMPT, response=GOOD.replace("Paris </answer>", "Paris France </answer>"),
