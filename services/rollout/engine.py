@@ -20,6 +20,7 @@ are kept as they are.
 from __future__ import annotations
 
 import asyncio
+import gc
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -152,7 +153,12 @@ class VllmGenerator:
             eos.add(gen_eos)
         elif isinstance(gen_eos, list):
             eos.update(gen_eos)
-        return cls(engine, sorted(eos))
+        generator = cls(engine, sorted(eos))
+        # an exception traceback kept by an import inside vLLM's start-up holds this frame (seen with
+        # gc.get_referrers in a fresh process): let only `generator` own the engine, so close() frees it
+        # (the slow test_eval_command_end_to_end checks the eval's output for the traceback)
+        del engine
+        return generator
 
     def tokenizer(self) -> Any:
         return self.engine.get_tokenizer()
@@ -202,6 +208,10 @@ class VllmGenerator:
         engine, self.engine = self.engine, None
         if engine is not None:
             engine.shutdown()
+            # AsyncLLM.__del__ shuts down again; left to interpreter exit it runs after module teardown
+            # and prints a TypeError traceback into every demo log. Collect it now, while vLLM is alive.
+            del engine
+            gc.collect()
 
 
 class HfGenerator:
