@@ -53,8 +53,8 @@ class AlgorithmSettings(Section):
     """PPO clip ε (lower side)."""
     clip_high: float | None = Field(default=None, gt=0.0, lt=10.0)
     """Upper clip ε; None = clip_low; larger = DAPO clip-higher."""
-    entropy_coef: float = Field(default=0.001, ge=0.0)
-    """Entropy bonus coefficient (Search-R1 default 0.001)."""
+    entropy_coef: float = Field(default=0.001, ge=-1.0, le=1.0)
+    """Entropy bonus coefficient (Search-R1 default 0.001); negative = entropy minimisation (a sharper policy)."""
     use_kl_loss: bool = True
     """GRPO: add `kl_loss_coef × KL(π‖π_ref)` to the loss (needs a frozen reference model)."""
     kl_loss_coef: float = Field(default=0.001, ge=0.0)

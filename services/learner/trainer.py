@@ -265,7 +265,7 @@ class Trainer:
             width = mb.loss_mask.shape[1]
             dummy = not r  # zero loss weight; runs only to keep FSDP collectives in step
             mask = torch.zeros_like(mb.loss_mask) if dummy else mb.loss_mask
-            logp, ent = forward_logprobs(self.policy, mb.input_ids, mb.attention_mask, entropy=a.entropy_coef > 0,
+            logp, ent = forward_logprobs(self.policy, mb.input_ids, mb.attention_mask, entropy=a.entropy_coef != 0,
                                         mask=mb.response_mask)
             old = None if dummy else self._slice_extra(extras, "old", r, width)
             old = logp.detach() if old is None else old

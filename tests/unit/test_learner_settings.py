@@ -34,6 +34,9 @@ def test_bounds_and_unknown_keys():
         LearnerSettings(algorithm={"kl_loss_type": "full"})
     with pytest.raises(ValidationError):
         LearnerSettings(batch={"groups_per_stpe": 3})
+    with pytest.raises(ValidationError):
+        LearnerSettings(algorithm={"entropy_coef": -1.5})
+    assert LearnerSettings(algorithm={"entropy_coef": -0.02}).algorithm.entropy_coef == -0.02  # minimisation
     with pytest.raises(ValidationError, match="choose one"):
         LearnerSettings(algorithm={"advantage": "gae", "use_kl_loss": True, "kl_in_reward": True})
 

@@ -157,6 +157,21 @@ def test_micro_batching_does_not_change_the_update(model_path, mini_batches):
                                                             .trainer.policy).items())
 
 
+@pytest.mark.parametrize("coef", [0.2, -0.2])
+def test_entropy_coefficient_sign_raises_or_lowers_entropy(model_path, coef):
+    """Equal rewards in every group: zero GRPO advantage, KL off, so the entropy term is the whole loss. A
+    positive coefficient is a bonus (entropy rises), a negative one minimises it (a sharper policy)."""
+    s = _settings(model_path, algorithm={"advantage": "grpo", "use_kl_loss": False, "entropy_coef": coef})
+    trainer = build_training(s, DistInfo()).trainer
+    rng = random.Random(3)
+    batch = build_batch([synthetic_group(f"g{i}", group_size=4, vocab=128, rng=rng, rewards=[1.0] * 4)
+                         for i in range(3)])
+    entropies = [trainer.train_step(batch, version=0)["entropy"] for _ in range(4)]
+    assert all(e > 0 for e in entropies), "the entropy is computed whenever the coefficient is not 0"
+    diffs = [b - a for a, b in zip(entropies, entropies[1:])]
+    assert all((d > 0) if coef > 0 else (d < 0) for d in diffs), entropies
+
+
 def test_on_policy_first_step_has_no_clipping_and_ratio_one(model_path):
     training = build_training(_settings(model_path), DistInfo())
     stats = training.trainer.train_step(build_batch(_groups()), version=0)
