@@ -45,9 +45,10 @@ def make_queries(n: int, seed: int = 7) -> list[str]:
 
 
 def build(workdir: Path, passages: int) -> Path:
-    from searchr1.retriever.builder import corpus_info, write_dense_index
+    from searchr1.retriever.builder import write_dense_index
     from searchr1.retriever.encoders import EncoderSpec
     from searchr1.retriever.indexes import FaissParams
+    from searchr1.retriever.manifest import corpus_info
 
     index = workdir / f"flat-{passages}"
     if (index / "manifest.json").is_file():
@@ -165,8 +166,8 @@ async def check_ids(index: Path, queries: list[str], ids_a: dict, ids_b: dict) -
     generated vectors (the index's own copy), encoding the queries in this process."""
     import torch
 
-    from searchr1.retriever.builder import load_index
     from searchr1.retriever.encoders import TransformerEncoder
+    from searchr1.retriever.loading import load_index
 
     torch.set_num_threads(1)
     loaded = load_index(index, encoder_factory=lambda spec: TransformerEncoder(spec))

@@ -1,13 +1,8 @@
-"""Index builder and loader: corpus → (encoded chunks →) FAISS or BM25 index directory with a manifest,
-and the checks that refuse a mismatched index/corpus/encoder at load.
+"""Index builder: corpus → (encoded chunks →) FAISS or BM25 index directory with a manifest
+(the directory layout is described in `manifest`); also adopts an existing FAISS index.
 
-An index directory holds:
-- `manifest.json`: kind, encoder spec (dense), dim, count, corpus path/size/sha256/quick fingerprint,
-  FAISS parameters, format version. Written last, so a directory without it is an unfinished build.
-- `offsets.npy`: int64 byte offset of every corpus row (the server memory-maps the corpus with it).
-- `index.faiss` (dense) or `bm25/` (bm25s arrays + JSON; nothing pickled).
-- `chunks/` while a dense build runs: one `.npy` of embeddings per `chunk_size` passages, written
-  atomically; a re-run with the same corpus and encoder skips the chunks already there (resumable).
+A dense build is resumable: embeddings are written in atomic chunks, and a re-run with the same corpus,
+encoder and chunk size skips the chunks already there. Loading and its checks live in `loading`.
 
 Departure from Search-R1: Search-R1 builds indexes with FlashRAG's `index_builder.py` in one go (no
 resume, no manifest); a server given the wrong index/corpus pair answers with the wrong passages.
@@ -16,120 +11,40 @@ resume, no manifest); a server given the wrong index/corpus pair answers with th
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from searchr1.retriever.corpus import (
-    Corpus,
-    CorpusScan,
-    file_sha256,
-    iter_passages,
-    quick_fingerprint,
-    scan_corpus,
-)
+from searchr1.retriever.corpus import CorpusScan, iter_passages, scan_corpus
 from searchr1.retriever.encoders import Encoder, EncoderSpec
-from searchr1.retriever.indexes import (
-    DENSE_KINDS,
-    BM25Searcher,
-    DenseSearcher,
-    FaissParams,
-    IndexKind,
-    build_bm25,
-    new_faiss_index,
+from searchr1.retriever.indexes import DENSE_KINDS, FaissParams, IndexKind, build_bm25, new_faiss_index
+from searchr1.retriever.manifest import (
+    BM25_DIR,
+    CHUNKS_DIR,
+    FAISS_FILE,
+    MANIFEST,
+    OFFSETS,
+    STATE,
+    CorpusInfo,
+    IndexMismatchError,
+    Manifest,
+    atomic_save_npy,
+    atomic_write_text,
+    corpus_info,
 )
 
-MANIFEST = "manifest.json"
-OFFSETS = "offsets.npy"
-FAISS_FILE = "index.faiss"
-BM25_DIR = "bm25"
-CHUNKS_DIR = "chunks"
-STATE = "build-state.json"
-FORMAT_VERSION = 1
 PROGRESS_STEP = 1024
 """Passages encoded between two progress-bar updates."""
 IVF_TRAIN_MAX = 262_144
 """At most this many vectors train an IVF-PQ index (a uniform sample across the chunks)."""
 
-
-log = logging.getLogger("searchr1.retriever")
-
-
-class IndexMismatchError(RuntimeError):
-    """The index directory does not fit the corpus, the encoder or itself; the message says how."""
-
-
-@dataclass(frozen=True, slots=True)
-class CorpusInfo:
-    path: str
-    """Absolute path of the corpus the index was built from."""
-    size: int
-    """File size in bytes."""
-    sha256: str
-    """sha256 of the whole file."""
-    fingerprint: str
-    """Quick fingerprint (size + first and last MiB), checked at every load."""
-
-
-@dataclass(frozen=True, slots=True)
-class Manifest:
-    kind: str
-    """flat, hnsw, ivfpq or bm25."""
-    count: int
-    """Rows indexed (= corpus rows)."""
-    corpus: CorpusInfo
-    """Which corpus file the rows index."""
-    dim: int = 0
-    """Embedding dimension (0 for bm25)."""
-    encoder: dict[str, Any] | None = None
-    """EncoderSpec as a dict (None for bm25)."""
-    faiss: dict[str, Any] = field(default_factory=dict)
-    """FaissParams used to build (dense kinds)."""
-    format_version: int = FORMAT_VERSION
-    created_at: float = 0.0
-
-    def write(self, out: Path) -> None:
-        _atomic_write_text(out / MANIFEST, json.dumps(asdict(self), indent=2, sort_keys=True))
-
-    @classmethod
-    def read(cls, index_dir: Path) -> Manifest:
-        path = index_dir / MANIFEST
-        if not path.is_file():
-            raise IndexMismatchError(
-                f"{index_dir} has no {MANIFEST}: not an index directory, or its build did not finish "
-                f"(re-run `searchr1 index build` with the same arguments to resume)")
-        data = json.loads(path.read_text())
-        if data.get("format_version") != FORMAT_VERSION:
-            raise IndexMismatchError(f"{path}: format_version {data.get('format_version')} != {FORMAT_VERSION}")
-        data["corpus"] = CorpusInfo(**data["corpus"])
-        return cls(**data)
-
-    @property
-    def encoder_spec(self) -> EncoderSpec | None:
-        return EncoderSpec(**self.encoder) if self.encoder else None
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def _atomic_save_npy(path: Path, array: np.ndarray) -> None:
-    tmp = path.with_name(path.name + ".tmp.npy")
-    np.save(tmp, array)
-    os.replace(tmp, path)
-
-
-# --------------------------------------------------------------------------------------------- build
 
 @contextmanager
 def rich_progress(enabled: bool = True) -> Iterator[Callable[[str, int, int], None]]:
@@ -170,7 +85,7 @@ def build_index(
     count = len(scan.offsets)
     if count == 0:
         raise ValueError(f"corpus {corpus_path} has no rows")
-    _atomic_save_npy(out / OFFSETS, scan.offsets)
+    atomic_save_npy(out / OFFSETS, scan.offsets)
     info = CorpusInfo(str(corpus_path), scan.size, scan.sha256, scan.fingerprint)
 
     if kind == "bm25":
@@ -205,7 +120,7 @@ def build_index(
                 parts.append(encoder.encode_passages(batch[start : start + PROGRESS_STEP]))
                 encoded += len(parts[-1])
                 progress("encode passages", encoded, count)
-            _atomic_save_npy(chunk_dir / f"{row // chunk_size:06d}.npy", np.concatenate(parts))
+            atomic_save_npy(chunk_dir / f"{row // chunk_size:06d}.npy", np.concatenate(parts))
             batch = []
     vectors = [np.load(chunk_dir / f"{i:06d}.npy", mmap_mode="r") for i in range(n_chunks)]
     manifest = write_dense_index(vectors, out, kind, encoder_spec, info, params or FaissParams(),
@@ -222,7 +137,7 @@ def _check_or_start_state(out: Path, scan: CorpusScan, spec: EncoderSpec, chunk_
     path = out / STATE
     if path.is_file() and json.loads(path.read_text()) != state:
         shutil.rmtree(out / CHUNKS_DIR, ignore_errors=True)  # stale chunks from another corpus/encoder
-    _atomic_write_text(path, json.dumps(state, sort_keys=True))
+    atomic_write_text(path, json.dumps(state, sort_keys=True))
 
 
 def write_dense_index(
@@ -269,12 +184,6 @@ def _gather(chunks: list[np.ndarray], rows: np.ndarray) -> np.ndarray:
     return out
 
 
-def corpus_info(path: str | Path, scan: CorpusScan | None = None) -> CorpusInfo:
-    """Manifest description of a corpus file (one streaming pass unless `scan` is given)."""
-    scan = scan or scan_corpus(path)
-    return CorpusInfo(str(Path(path).resolve()), scan.size, scan.sha256, scan.fingerprint)
-
-
 def faiss_kind(index) -> str:
     """flat / hnsw / ivfpq for a FAISS index, by its type."""
     import faiss
@@ -306,7 +215,7 @@ def import_faiss_index(faiss_path: str | Path, corpus_path: str | Path, out: str
     if index.ntotal != len(scan.offsets):
         raise IndexMismatchError(f"{faiss_path} holds {index.ntotal} vectors but {corpus_path} has "
                                  f"{len(scan.offsets)} rows: not the index of this corpus")
-    _atomic_save_npy(out / OFFSETS, scan.offsets)
+    atomic_save_npy(out / OFFSETS, scan.offsets)
     target = out / FAISS_FILE
     target.unlink(missing_ok=True)
     if link:
@@ -317,105 +226,3 @@ def import_faiss_index(faiss_path: str | Path, corpus_path: str | Path, out: str
                         encoder=asdict(spec), faiss=asdict(FaissParams()), created_at=time.time())
     manifest.write(out)
     return manifest
-
-
-# ---------------------------------------------------------------------------------------------- load
-
-
-@dataclass
-class LoadedIndex:
-    """An index directory opened for serving."""
-
-    manifest: Manifest
-    corpus: Corpus
-    searcher: Any
-    """A `Searcher` (DenseSearcher or BM25Searcher)."""
-
-
-def check_corpus(manifest: Manifest, corpus_path: Path, *, full: bool) -> None:
-    """Refuse a corpus that is not the one the index was built from."""
-    if not corpus_path.is_file():
-        raise IndexMismatchError(f"corpus {corpus_path} not found (the index was built from {manifest.corpus.path}; "
-                                 "pass --corpus to point at its new location)")
-    size = corpus_path.stat().st_size
-    if size != manifest.corpus.size:
-        raise IndexMismatchError(f"corpus {corpus_path} has {size} bytes but the index was built from one with "
-                                 f"{manifest.corpus.size} bytes ({manifest.corpus.path}): rebuild the index")
-    if quick_fingerprint(corpus_path) != manifest.corpus.fingerprint or (
-            full and file_sha256(corpus_path) != manifest.corpus.sha256):
-        raise IndexMismatchError(f"corpus {corpus_path} differs from the one the index was built from "
-                                 f"(sha256 {manifest.corpus.sha256[:12]}…): rebuild the index")
-
-
-def check_encoder(manifest: Manifest, spec: EncoderSpec | None, dim: int | None = None) -> None:
-    """Refuse an encoder other than the one whose vectors are in the index."""
-    built = manifest.encoder_spec
-    if spec is not None and built is not None and spec != built:
-        raise IndexMismatchError(f"the index was built with encoder {built} but the server is configured with {spec}")
-    if dim is not None and dim != manifest.dim:
-        raise IndexMismatchError(f"encoder {built.name if built else '?'} makes {dim}-dim vectors but the index "
-                                 f"holds {manifest.dim}-dim ones")
-
-
-def to_gpu(index):
-    """Shard a FAISS index over every visible GPU (faiss-gpu builds); stays on CPU, with a warning, when
-    there is no GPU or the kind has no GPU implementation (HNSW)."""
-    import faiss
-
-    n = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
-    if n == 0:
-        log.warning("search.faiss_gpu is set but FAISS sees no GPU (faiss-cpu build?): searching on CPU")
-        return index
-    try:
-        options = faiss.GpuMultipleClonerOptions()
-        options.shard = True
-        return faiss.index_cpu_to_all_gpus(index, co=options)
-    except RuntimeError as exc:
-        log.warning("cannot move this index to GPU (%s): searching on CPU", exc)
-        return index
-
-
-def load_index(
-    index_dir: str | Path,
-    *,
-    encoder_factory: Callable[[EncoderSpec], Encoder] | None = None,
-    expected_encoder: EncoderSpec | None = None,
-    corpus_path: str | Path | None = None,
-    search_params: dict[str, Any] | None = None,
-    full_check: bool = False,
-    threads: int = 1,
-    bm25_numba: bool | None = None,
-    gpu: bool = False,
-) -> LoadedIndex:
-    """Open an index directory: check manifest vs corpus, encoder and index file, then build its searcher."""
-    index_dir = Path(index_dir)
-    manifest = Manifest.read(index_dir)
-    cpath = Path(corpus_path).resolve() if corpus_path else Path(manifest.corpus.path)
-    check_corpus(manifest, cpath, full=full_check)
-    offsets = np.load(index_dir / OFFSETS, mmap_mode="r")
-    if len(offsets) != manifest.count:
-        raise IndexMismatchError(f"{index_dir / OFFSETS} has {len(offsets)} rows, the manifest {manifest.count}")
-    corpus = Corpus(cpath, offsets)
-    if manifest.kind == "bm25":
-        searcher: Any = BM25Searcher(index_dir / BM25_DIR, threads=threads, numba=bm25_numba)
-        if searcher.count != manifest.count:
-            raise IndexMismatchError(f"BM25 index holds {searcher.count} documents, the manifest {manifest.count}")
-        return LoadedIndex(manifest, corpus, searcher)
-
-    import faiss
-
-    spec = manifest.encoder_spec
-    assert spec is not None
-    check_encoder(manifest, expected_encoder)
-    index = faiss.read_index(str(index_dir / FAISS_FILE))
-    if index.ntotal != manifest.count or index.d != manifest.dim:
-        raise IndexMismatchError(f"{index_dir / FAISS_FILE} holds {index.ntotal}×{index.d}, the manifest says "
-                                 f"{manifest.count}×{manifest.dim}")
-    if gpu:
-        index = to_gpu(index)
-    if encoder_factory is None:
-        raise ValueError("a dense index needs an encoder_factory")
-    encoder = encoder_factory(spec)
-    check_encoder(manifest, None, encoder.dim)
-    faiss_params = replace(FaissParams(**manifest.faiss), **(search_params or {}))
-    return LoadedIndex(manifest, corpus, DenseSearcher(encoder, index, faiss_params))

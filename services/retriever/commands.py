@@ -90,8 +90,9 @@ def register(groups: Groups) -> None:
         copy: Annotated[bool, typer.Option(help="Copy the index file instead of symlinking it.")] = False,
     ) -> None:
         """Adopt an existing FAISS index (Search-R1's prebuilt wiki-18 e5 index) without re-encoding."""
-        from searchr1.retriever.builder import IndexMismatchError, import_faiss_index
+        from searchr1.retriever.builder import import_faiss_index
         from searchr1.retriever.encoders import EncoderSpec, resolve_convention
+        from searchr1.retriever.manifest import IndexMismatchError
 
         if convention not in ("auto", "e5", "bge", "plain") or pooling not in ("mean", "cls"):
             raise typer.BadParameter("--convention must be auto|e5|bge|plain and --pooling mean|cls")
@@ -110,7 +111,7 @@ def register(groups: Groups) -> None:
         import json
         from dataclasses import asdict
 
-        from searchr1.retriever.builder import IndexMismatchError, Manifest
+        from searchr1.retriever.manifest import IndexMismatchError, Manifest
 
         try:
             typer.echo(json.dumps(asdict(Manifest.read(index)), indent=2))
@@ -154,8 +155,8 @@ def register(groups: Groups) -> None:
         logging.getLogger("faiss.loader").setLevel(logging.WARNING)
         log = logging.getLogger("searchr1.retriever")
 
-        from searchr1.retriever.builder import IndexMismatchError
         from searchr1.retriever.corpus import CorpusError
+        from searchr1.retriever.manifest import IndexMismatchError
         from searchr1.retriever.server import RunningRetriever, serve
 
         def ready(r: RunningRetriever) -> None:

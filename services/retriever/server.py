@@ -18,9 +18,10 @@ from searchr1.core.api import retriever_pb2_grpc
 from searchr1.core.metrics import MetricsServer, start_metrics_server
 from searchr1.core.servers import GrpcServer, HttpServer, install_shutdown_signals
 from searchr1.retriever.batcher import MicroBatcher
-from searchr1.retriever.builder import IndexMismatchError, LoadedIndex, load_index
 from searchr1.retriever.encoders import EncoderSpec, TransformerEncoder
 from searchr1.retriever.indexes import HybridSearcher, RerankingSearcher, configure_faiss
+from searchr1.retriever.loading import LoadedIndex, load_index
+from searchr1.retriever.manifest import IndexMismatchError
 from searchr1.retriever.metrics import RetrieverMetrics
 from searchr1.retriever.service import SERVICE_NAME, RetrieverService, RetrieverServicer, create_app
 from searchr1.retriever.settings import RetrieverSettings

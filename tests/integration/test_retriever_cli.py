@@ -1,6 +1,7 @@
 """The retriever as the launcher runs it: `searchr1 index build` then `searchr1 serve retriever` as a
 subprocess on chosen ports; ready line, gRPC health + GET /health, a search, metrics port, clean exit on
-SIGTERM; a directory that is not an index is refused with a message and exit code 2."""
+SIGTERM, from an index directory moved with its corpus after the build; a directory that is not an index
+is refused with a message and exit code 2."""
 
 from __future__ import annotations
 
@@ -31,12 +32,15 @@ def _corpus(path: Path) -> Path:
 
 
 def test_build_serve_health_search_sigterm(tmp_path):
-    corpus = _corpus(tmp_path / "corpus.jsonl")
-    out = tmp_path / "idx"
-    built = subprocess.run([*SEARCHR1, "index", "build", "--corpus", str(corpus), "--out", str(out), "--kind", "flat",
-                            "--no-progress"], check=False, capture_output=True, text=True, env=ENV, timeout=300)
+    (tmp_path / "data").mkdir()
+    corpus = _corpus(tmp_path / "data" / "corpus.jsonl")
+    built = subprocess.run([*SEARCHR1, "index", "build", "--corpus", str(corpus), "--out", str(tmp_path / "data" / "idx"),
+                            "--kind", "flat", "--no-progress"],
+                           check=False, capture_output=True, text=True, env=ENV, timeout=300)
     assert built.returncode == 0, built.stderr
     assert "built flat index of 4 passages" in built.stderr
+    (tmp_path / "data").rename(tmp_path / "mounted")  # e.g. served from a container mount
+    out = tmp_path / "mounted" / "idx"
     grpc_port, http_port, metrics_port = free_port(), free_port(), free_port()
     proc = subprocess.Popen([*SEARCHR1, "serve", "retriever", "--index", str(out), "--host", "127.0.0.1",
                              "--grpc-port", str(grpc_port), "--http-port", str(http_port),

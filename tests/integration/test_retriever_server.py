@@ -21,8 +21,10 @@ import pytest
 from searchr1.core.api import retriever_pb2, retriever_pb2_grpc
 from searchr1.core.clients.retriever import RetrieverClient, RetrieverError
 from searchr1.core.servers import free_port
-from searchr1.retriever.builder import IndexMismatchError, build_index, load_index
+from searchr1.retriever.builder import build_index
 from searchr1.retriever.encoders import EncoderSpec, TransformerEncoder
+from searchr1.retriever.loading import load_index
+from searchr1.retriever.manifest import IndexMismatchError
 from searchr1.retriever.server import start_retriever
 from searchr1.retriever.settings import RetrieverSettings
 

@@ -10,9 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from searchr1.retriever.builder import CHUNKS_DIR, IndexMismatchError, Manifest, build_index, load_index
+from searchr1.retriever.builder import build_index
 from searchr1.retriever.encoders import EncoderSpec
 from searchr1.retriever.indexes import FaissParams, configure_faiss
+from searchr1.retriever.loading import load_index
+from searchr1.retriever.manifest import CHUNKS_DIR, IndexMismatchError, Manifest
 
 DIM = 32
 SPEC = EncoderSpec("fake-hash-encoder")
@@ -151,6 +153,39 @@ def test_refusals(tmp_path):
     (tmp_path / "empty.jsonl").write_text("\n")
     with pytest.raises(ValueError, match="no rows"):
         build_index(tmp_path / "empty.jsonl", tmp_path / "e", "bm25")
+
+
+def test_moved_index_finds_its_corpus(tmp_path):
+    (tmp_path / "a").mkdir()
+    corpus = write_corpus(tmp_path / "a" / "c.jsonl", 12)
+    build_index(corpus, tmp_path / "a" / "idx", "bm25")
+    assert json.loads((tmp_path / "a" / "idx" / "manifest.json").read_text())["corpus"]["path"] == "../c.jsonl"
+    (tmp_path / "a").rename(tmp_path / "b")
+    loaded = load_index(tmp_path / "b" / "idx", bm25_numba=False)
+    try:
+        assert loaded.manifest.corpus.path == str((tmp_path / "b" / "c.jsonl").resolve())
+        assert loaded.corpus.get(11).doc_id == "d11"
+    finally:
+        loaded.corpus.close()
+
+
+def test_old_absolute_manifest_and_corpus_override(tmp_path):
+    corpus = write_corpus(tmp_path / "c.jsonl", 12)
+    build_index(corpus, tmp_path / "idx", "bm25")
+    path = tmp_path / "idx" / "manifest.json"
+    data = json.loads(path.read_text())
+    data["corpus"]["path"] = str(corpus.resolve())  # as manifests stored it before paths were relative
+    path.write_text(json.dumps(data))
+    loaded = load_index(tmp_path / "idx", bm25_numba=False)
+    loaded.corpus.close()
+    corpus.rename(tmp_path / "elsewhere.jsonl")
+    with pytest.raises(IndexMismatchError, match="not found.*--corpus"):
+        load_index(tmp_path / "idx", bm25_numba=False)
+    loaded = load_index(tmp_path / "idx", bm25_numba=False, corpus_path=tmp_path / "elsewhere.jsonl")
+    try:
+        assert loaded.corpus.get(0).doc_id == "d0"
+    finally:
+        loaded.corpus.close()
 
 
 def test_import_existing_faiss_index(tmp_path):
