@@ -1,7 +1,9 @@
 """The retriever's request handling: validation, the shared search path (micro-batcher → corpus rows →
 hits), the gRPC servicer and the Search-R1-compatible FastAPI app.
 
-Both APIs go through `RetrieverService.search`, so they batch together and answer identically.
+Both APIs go through `RetrieverService.search`, so they batch together and answer identically. The
+search runs on the micro-batcher's thread and the corpus rows are read from the memory map in a worker
+thread, so page faults on a cold corpus never stall the event loop.
 
 HTTP `POST /retrieve` takes Search-R1's body `{"queries": [...], "topk": 3, "return_scores": true}` and
 answers `{"result": [[{"document": {"id", "contents"}, "score"}, …], …]}`, or
@@ -13,6 +15,7 @@ range) gets HTTP 422 with a message instead of a 500 or an unbounded search.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -69,12 +72,19 @@ class RetrieverService:
     async def search(self, queries: Sequence[str], top_k: int) -> list[list[Hit]]:
         validate_request(queries, top_k, self.limits)
         ranked = await self.batcher.search(queries, top_k)
-        return [[self._hit(row, score) for row, score in hits] for hits in ranked]
+        return await asyncio.to_thread(self.hits, ranked)
 
-    def _hit(self, row: int, score: float) -> Hit:
-        passage = self.corpus.get(row)
-        title, _ = split_contents(passage.contents)
-        return Hit(passage.doc_id, title, passage.contents, score)
+    def hits(self, ranked: Sequence[Sequence[tuple[int, float]]]) -> list[list[Hit]]:
+        """Corpus rows → hits, per query (memory-map reads: blocking, so called in a worker thread)."""
+        out = []
+        for row_scores in ranked:
+            query_hits = []
+            for row, score in row_scores:
+                passage = self.corpus.get(row)
+                title, _ = split_contents(passage.contents)
+                query_hits.append(Hit(passage.doc_id, title, passage.contents, score))
+            out.append(query_hits)
+        return out
 
 
 # ---------------------------------------------------------------------------------------------- gRPC

@@ -215,3 +215,35 @@ def test_reranking_searcher_reorders_the_first_stage():
     assert out.rows.tolist() == [[3, 1], [3, -1]]
     assert out.scores[0].tolist() == [4.0, 3.0]
     assert seen == [("q1", ["a", "bbb", "cc", "dddd"]), ("q2", ["dddd"])]
+
+
+async def test_service_reads_corpus_rows_off_the_event_loop(tmp_path):
+    import threading
+
+    from prometheus_client import CollectorRegistry
+
+    from searchr1.retriever.metrics import RetrieverMetrics
+    from searchr1.retriever.service import RetrieverService
+
+    path = tmp_path / "c.jsonl"
+    path.write_text("".join(json.dumps({"id": f"d{i}", "contents": f"T{i}\nbody {i}"}) + "\n" for i in range(8)))
+    threads: list[int] = []
+
+    class WatchedCorpus(Corpus):
+        def get(self, row):
+            threads.append(threading.get_ident())
+            return super().get(row)
+
+    corpus = WatchedCorpus(path, scan_corpus(path).offsets)
+    batcher = MicroBatcher(CountingSearch(delay=0.0), max_wait_s=0.0)
+    service = RetrieverService(corpus, batcher, LimitSettings(), RetrieverMetrics.create(CollectorRegistry()))
+    await batcher.start()
+    try:
+        got = await asyncio.gather(service.search(["q1", "q4"], 2), service.search(["q0"], 3))
+    finally:
+        await batcher.stop()
+        corpus.close()
+    assert got[0] == [[Hit("d1", "T1", "T1\nbody 1", 1.0), Hit("d2", "T2", "T2\nbody 2", 0.5)],
+                      [Hit("d4", "T4", "T4\nbody 4", 1.0), Hit("d5", "T5", "T5\nbody 5", 0.5)]]
+    assert [h.doc_id for h in got[1][0]] == ["d0", "d1", "d2"]
+    assert len(threads) == 7 and threading.get_ident() not in threads
