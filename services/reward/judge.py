@@ -1,6 +1,7 @@
 """LLM judge over an OpenAI-compatible `POST {url}/v1/chat/completions` endpoint (vLLM, SGLang, OpenAI …):
 formats the grading prompt, asks, parses a yes/no (or a number in [0, 1]) verdict, with per-attempt
-timeouts, retries with backoff on connection errors, timeouts, 429 and 5xx, a bound on concurrent calls,
+timeouts, retries with backoff and jitter on connection errors, timeouts, 429 and 5xx (the shared policy
+of `searchr1.core.retry`; any other 4xx fails at once), a bound on concurrent calls,
 and an in-memory LRU cache of verdicts (same model + prompt + sampling → same verdict; temperature 0 is
 the default so this is sound).
 
@@ -18,6 +19,7 @@ from collections.abc import Callable, Sequence
 
 import httpx
 
+from searchr1.core.retry import TransientHTTPStatus, is_transient_http_status, retrying
 from searchr1.reward import scoring
 from searchr1.reward.registry import JudgeParams
 
@@ -76,29 +78,27 @@ class LLMJudge:
         return verdict
 
     async def _complete(self, body: dict) -> str:
-        last = ""
+        attempts = 0
         async with self._sem:
-            for attempt in range(self.retries + 1):
-                if attempt:
-                    self._on_event("retry")
-                    await asyncio.sleep(self.backoff_s * (2 ** (attempt - 1)))
-                self._on_event("call")
-                try:
-                    response = await self._http.post(self._endpoint(), json=body)
-                except httpx.TransportError as exc:
-                    last = f"{type(exc).__name__}: {exc}"
-                    continue
-                if response.status_code == 429 or response.status_code >= 500:
-                    last = f"HTTP {response.status_code}"
-                    continue
-                if response.status_code >= 400:
-                    self._on_event("error")
-                    raise JudgeUnavailable(f"judge refused the request ({response.status_code}): "
-                                           f"{response.text[:500]}")
-                try:
-                    return str(response.json()["choices"][0]["message"]["content"] or "")
-                except (ValueError, KeyError, IndexError, TypeError) as exc:
-                    self._on_event("error")
-                    raise JudgeUnavailable(f"judge answered an unexpected body: {exc!r}") from None
-        self._on_event("error")
-        raise JudgeUnavailable(f"judge at {self._endpoint()} failed after {self.retries + 1} attempt(s): {last}")
+            try:
+                async for attempt in retrying(retries=self.retries, backoff_s=self.backoff_s,
+                                              before_sleep=lambda _state: self._on_event("retry")):
+                    with attempt:
+                        attempts += 1
+                        self._on_event("call")
+                        response = await self._http.post(self._endpoint(), json=body)
+                        if is_transient_http_status(response.status_code):
+                            raise TransientHTTPStatus(response)
+            except (httpx.TransportError, TransientHTTPStatus) as exc:
+                self._on_event("error")
+                last = str(exc) if isinstance(exc, TransientHTTPStatus) else f"{type(exc).__name__}: {exc}"
+                raise JudgeUnavailable(f"judge at {self._endpoint()} failed after {attempts} attempt(s): "
+                                       f"{last}") from None
+        if response.status_code >= 400:
+            self._on_event("error")
+            raise JudgeUnavailable(f"judge refused the request ({response.status_code}): {response.text[:500]}")
+        try:
+            return str(response.json()["choices"][0]["message"]["content"] or "")
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            self._on_event("error")
+            raise JudgeUnavailable(f"judge answered an unexpected body: {exc!r}") from None

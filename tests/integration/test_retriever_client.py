@@ -1,5 +1,6 @@
 """RetrieverClient against real gRPC servers on loopback running scripted servicers: which codes are
-retried, backoff, round-robin over replicas, skipping a failed replica, deadlines, lazy channels."""
+retried, backoff, round-robin over replicas (listed, or behind one target), skipping a failed replica,
+deadlines, lazy channels."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import grpc
 import pytest
 
 from searchr1.core.api import retriever_pb2, retriever_pb2_grpc
-from searchr1.core.clients.retriever import Hit, RetrieverClient, RetrieverError
+from searchr1.core.clients.retriever import Hit, RetrieverClient, RetrieverError, channel_target
 from searchr1.core.servers import GrpcServer
 
 SERVICE = "searchr1.retriever.v1.Retriever"
@@ -70,7 +71,7 @@ async def test_retryable_codes_are_retried_with_backoff(code):
             t0 = time.perf_counter()
             hits = await client.search(["q"], top_k=1)
             assert hits[0][0].title == "a" and a.calls == 3
-            assert time.perf_counter() - t0 >= 0.05 + 0.1  # backoff 0.05 then 0.1
+            assert time.perf_counter() - t0 >= 0.025 + 0.05  # backoff at least half of 0.05, then of 0.1
         a.script = [code, code]
         async with RetrieverClient([f"127.0.0.1:{server.port}"], retries=1, backoff_s=0.0) as client:
             with pytest.raises(RetrieverError, match="after 2 attempts") as err:
@@ -108,6 +109,28 @@ async def test_round_robin_and_failover_to_the_other_replica():
     finally:
         await sa.stop(0)
         await sb.stop(0)
+
+
+async def test_one_target_resolving_to_two_replicas_is_balanced():
+    a, b = Scripted("a"), Scripted("b")
+    sa, sb = await serve(a), await serve(b)
+    try:
+        target = f"ipv4:127.0.0.1:{sa.port},127.0.0.1:{sb.port}"  # as a DNS name with two A records resolves
+        async with RetrieverClient(target, retries=0) as client:
+            for _ in range(20):
+                await client.search(["q"], top_k=1)
+        assert a.calls + b.calls == 20 and a.calls >= 5 and b.calls >= 5
+    finally:
+        await sa.stop(0)
+        await sb.stop(0)
+
+
+def test_channel_targets():
+    assert channel_target("retriever:50051") == "dns:///retriever:50051"
+    assert channel_target("127.0.0.1:5") == "dns:///127.0.0.1:5"
+    assert channel_target("ipv4:10.0.0.1:5,10.0.0.2:5") == "ipv4:10.0.0.1:5,10.0.0.2:5"
+    assert channel_target("dns:///retriever:50051") == "dns:///retriever:50051"
+    assert channel_target("unix:///tmp/r.sock") == "unix:///tmp/r.sock"
 
 
 async def test_deadline_exceeded_then_next_replica():

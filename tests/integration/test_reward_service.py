@@ -151,8 +151,8 @@ async def test_bearer_auth():
         await running.server.stop()
 
 
-async def test_client_retries_5xx_and_connect_errors_but_not_4xx():
-    calls = {"score": 0, "bad": 0}
+async def test_client_retries_5xx_429_and_connect_errors_but_not_4xx():
+    calls = {"score": 0, "bad": 0, "busy": 0}
     app = FastAPI()
 
     @app.post("/v1/score")
@@ -162,6 +162,10 @@ async def test_client_retries_5xx_and_connect_errors_but_not_4xx():
         if body["scorer"] == "bad":
             calls["bad"] += 1
             return JSONResponse({"detail": "nope"}, status_code=400)
+        if body["scorer"] == "busy":
+            calls["busy"] += 1
+            if calls["busy"] == 1:
+                return JSONResponse({"detail": "slow down"}, status_code=429)
         if calls["score"] < 3:
             return JSONResponse({"detail": "warming up"}, status_code=503)
         return {"scores": [0.5], "components": [{"x": 0.5}]}
@@ -176,6 +180,7 @@ async def test_client_retries_5xx_and_connect_errors_but_not_4xx():
             with pytest.raises(RewardError, match="nope"):
                 await client.score("bad", item)
             assert calls["bad"] == 1
+            assert (await client.score("busy", item)).scores == [0.5] and calls["busy"] == 2  # 429 retried
         async with RewardClient(server.url, retries=1, backoff_s=0.01) as client:
             calls["score"] = 0
             with pytest.raises(RewardError, match="after 2 attempt") as err:
@@ -275,6 +280,39 @@ async def test_llm_judge_timeout_is_retried():
     finally:
         await running.server.stop()
         await fake_server.stop()
+
+
+async def test_llm_judge_retries_429_but_not_other_4xx():
+    from searchr1.reward.judge import JudgeUnavailable, LLMJudge
+    from searchr1.reward.registry import JudgeParams
+
+    script = [429, 429, 400]
+    calls: list[int] = []
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def complete():
+        calls.append(script.pop(0) if script else 200)
+        if calls[-1] != 200:
+            return JSONResponse({"error": "scripted"}, status_code=calls[-1])
+        return {"choices": [{"message": {"content": "Yes"}}]}
+
+    server = HttpServer(app)
+    await server.start()
+    events: list[str] = []
+    judge = LLMJudge(server.url, model="m", retries=3, backoff_s=0.01, on_event=events.append)
+    try:
+        with pytest.raises(JudgeUnavailable, match="refused the request \\(400\\)"):
+            await judge.judge("q", "a", ["a"], JudgeParams())
+        assert calls == [429, 429, 400] and events.count("retry") == 2 and events[-1] == "error"
+        assert await judge.judge("q", "a", ["a"], JudgeParams()) == 1.0 and calls[-1] == 200
+        script.extend([503, 503])
+        judge.retries = 1
+        with pytest.raises(JudgeUnavailable, match="after 2 attempt.*HTTP 503"):
+            await judge.judge("q2", "a", ["a"], JudgeParams())
+    finally:
+        await judge.close()
+        await server.stop()
 
 
 async def test_embedding_similarity_with_packaged_minilm(reward):

@@ -1,9 +1,13 @@
 """Async gRPC client of the retriever service (`searchr1.retriever.v1.Retriever/Search`).
 
 Owns: channels (created lazily inside the running event loop, one per address), a deadline per call,
-retries with exponential backoff on UNAVAILABLE / DEADLINE_EXCEEDED / RESOURCE_EXHAUSTED (never on
-INVALID_ARGUMENT or auth errors), and round-robin over replica addresses that skips the replica that just
-failed. No numpy/torch/faiss: it lives in core and the rollout service uses it.
+retries with the shared policy of `searchr1.core.retry` (exponential backoff with jitter on UNAVAILABLE /
+DEADLINE_EXCEEDED / RESOURCE_EXHAUSTED, never on INVALID_ARGUMENT or auth errors), and round-robin over
+replica addresses that skips the replica that just failed. Within one address the channel balances
+round-robin too: a `host:port` becomes the target `dns:///host:port`, so every replica behind one DNS
+name (a headless Kubernetes service, several A records) gets its share of calls; a target that already
+names a resolver (`dns:`, `ipv4:`, `ipv6:`, `unix:` …) is used as given. No numpy/torch/faiss: it lives
+in core and the rollout service uses it.
 
 Departure from Search-R1: Search-R1's trainer calls the retriever with a blocking `requests.post` and no
 timeout or retry; one slow or restarting retriever stalls the whole rollout.
@@ -21,10 +25,16 @@ import grpc
 
 from searchr1.core.api import retriever_pb2, retriever_pb2_grpc
 from searchr1.core.auth import grpc_metadata
+from searchr1.core.retry import TRANSIENT_GRPC_CODES, retrying
 
-RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
-                       grpc.StatusCode.RESOURCE_EXHAUSTED})
-"""Status codes worth another try (on another replica when there is one)."""
+RESOLVER_SCHEMES = ("dns:", "ipv4:", "ipv6:", "unix:", "unix-abstract:", "vsock:", "xds:")
+"""Target prefixes that already name a gRPC name resolver."""
+
+
+def channel_target(address: str) -> str:
+    """The gRPC target of a replica address: `host:port` → `dns:///host:port` (every address the name
+    resolves to, balanced round-robin); a target with a resolver scheme is returned unchanged."""
+    return address if address.startswith(RESOLVER_SCHEMES) else f"dns:///{address}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +85,8 @@ class RetrieverClient:
         self.retries = retries
         self.backoff_s = backoff_s
         self._options = [("grpc.max_receive_message_length", max_message_bytes),
-                         ("grpc.max_send_message_length", max_message_bytes)]
+                         ("grpc.max_send_message_length", max_message_bytes),
+                         ("grpc.lb_policy_name", "round_robin")]
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, retriever_pb2_grpc.RetrieverStub] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -87,7 +98,7 @@ class RetrieverClient:
             self._channels, self._stubs, self._loop = {}, {}, loop
         stub = self._stubs.get(address)
         if stub is None:
-            channel = grpc.aio.insecure_channel(address, options=self._options)
+            channel = grpc.aio.insecure_channel(channel_target(address), options=self._options)
             self._channels[address] = channel
             stub = self._stubs[address] = retriever_pb2_grpc.RetrieverStub(channel)
         return stub
@@ -100,28 +111,25 @@ class RetrieverClient:
             return []
         request = retriever_pb2.SearchRequest(queries=queries, top_k=top_k)
         start = next(self._rr)
-        n = len(self.addresses)
-        last: grpc.aio.AioRpcError | None = None
-        for attempt in range(self.retries + 1):
-            address = self.addresses[(start + attempt) % n]  # a retry goes to the next replica
-            try:
-                response = await self._stub(address).Search(request, timeout=self.timeout_s,
-                                                             metadata=self._metadata)
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() not in RETRYABLE:
-                    raise RetrieverError(f"retriever {address} refused the search: {exc.code().name}: "
-                                         f"{exc.details()}", exc.code()) from exc
-                last = exc
-                if attempt < self.retries:
-                    await asyncio.sleep(self.backoff_s * (2 ** attempt))
-                continue
-            if len(response.results) != len(queries):
-                raise RetrieverError(f"retriever {address} answered {len(response.results)} result lists "
-                                     f"for {len(queries)} queries")
-            return [[Hit(h.doc_id, h.title, h.contents, float(h.score)) for h in r.hits] for r in response.results]
-        assert last is not None
-        raise RetrieverError(f"retriever search failed after {self.retries + 1} attempts over "
-                             f"{self.addresses}: {last.code().name}: {last.details()}", last.code())
+        attempts = itertools.count()
+        address = self.addresses[start % len(self.addresses)]
+        try:
+            async for attempt in retrying(retries=self.retries, backoff_s=self.backoff_s):
+                with attempt:
+                    # a retry goes to the next replica
+                    address = self.addresses[(start + next(attempts)) % len(self.addresses)]
+                    response = await self._stub(address).Search(request, timeout=self.timeout_s,
+                                                                 metadata=self._metadata)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() not in TRANSIENT_GRPC_CODES:
+                raise RetrieverError(f"retriever {address} refused the search: {exc.code().name}: "
+                                     f"{exc.details()}", exc.code()) from exc
+            raise RetrieverError(f"retriever search failed after {next(attempts)} attempts over "
+                                 f"{self.addresses}: {exc.code().name}: {exc.details()}", exc.code()) from exc
+        if len(response.results) != len(queries):
+            raise RetrieverError(f"retriever {address} answered {len(response.results)} result lists "
+                                 f"for {len(queries)} queries")
+        return [[Hit(h.doc_id, h.title, h.contents, float(h.score)) for h in r.hits] for r in response.results]
 
     async def close(self) -> None:
         channels, self._channels, self._stubs = list(self._channels.values()), {}, {}

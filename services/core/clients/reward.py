@@ -13,13 +13,13 @@ An item has one of two shapes:
 The `searchr1_*` scorers accept both (for the second they score `prompt + response`, as Search-R1 does);
 the other scorers need the second shape because they score the response alone.
 
-The client retries only what can succeed on a second try (connection errors, timeouts, 5xx), never a
-4xx: those raise `RewardError` at once with the server's message. Core module: no numpy/torch here.
+The client retries only what can succeed on a second try (connection errors, timeouts, 429, 5xx), with
+the shared policy of `searchr1.core.retry`; any other 4xx raises `RewardError` at once with the server's
+message. Core module: no numpy/torch here.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Sequence
 from typing import Any, Self
@@ -28,6 +28,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from searchr1.core.auth import http_headers
+from searchr1.core.retry import TransientHTTPStatus, is_transient_http_status, retrying
 
 MAX_ITEMS_PER_REQUEST = 65_536
 """Hard cap of the wire format; the server's configured bound (`max_batch_items`) is usually lower."""
@@ -116,7 +117,7 @@ class ScoreResult(BaseModel):
 
 class RewardError(RuntimeError):
     """Scoring failed: the server refused the request (4xx, with its message) or did not answer after
-    the retries (connection errors, timeouts, 5xx)."""
+    the retries (connection errors, timeouts, 429, 5xx)."""
 
     def __init__(self, message: str, status_code: int | None = None) -> None:
         super().__init__(message)
@@ -145,7 +146,7 @@ class RewardClient:
     """Async client of the reward service.
 
     `timeout_s` bounds each attempt; `retries` extra attempts follow a transient failure with
-    exponential backoff from `backoff_s`; an optional `deadline_s` per call bounds all attempts together.
+    exponential backoff (with jitter) from `backoff_s`; an optional `deadline_s` per call bounds all attempts together.
     """
 
     def __init__(self, url: str, *, token: str | None = None, timeout_s: float = 30.0, retries: int = 3,
@@ -203,28 +204,24 @@ class RewardClient:
     async def _request(self, method: str, path: str, *, json: Any = None,
                        deadline_s: float | None = None) -> httpx.Response:
         end = None if deadline_s is None else time.monotonic() + deadline_s
-        last = ""
-        for attempt in range(self.retries + 1):
-            timeout = self.timeout_s
-            if end is not None:
-                timeout = min(timeout, end - time.monotonic())
-                if timeout <= 0:
-                    break
-            try:
-                response = await self._http.request(method, path, json=json, timeout=timeout)
-            except httpx.TransportError as exc:  # connect errors, timeouts, dropped connections
-                last = f"{type(exc).__name__}: {exc}"
-            else:
-                if response.status_code < 400:
-                    return response
-                if response.status_code < 500:
+        attempts = 0
+        try:
+            async for attempt in retrying(retries=self.retries, backoff_s=self.backoff_s, deadline_s=deadline_s):
+                with attempt:
+                    timeout = self.timeout_s if end is None else min(self.timeout_s, end - time.monotonic())
+                    if timeout <= 0:
+                        break
+                    attempts += 1
+                    response = await self._http.request(method, path, json=json, timeout=timeout)
+                    if response.status_code < 400:
+                        return response
+                    if is_transient_http_status(response.status_code):
+                        raise TransientHTTPStatus(response, _detail(response))
                     raise RewardError(f"reward service refused the request ({response.status_code}): "
                                       f"{_detail(response)}", response.status_code)
-                last = f"HTTP {response.status_code}: {_detail(response)}"
-            if attempt < self.retries:
-                delay = self.backoff_s * (2 ** attempt)
-                if end is not None:
-                    delay = min(delay, max(0.0, end - time.monotonic()))
-                await asyncio.sleep(delay)
-        raise RewardError(f"reward service at {self.url} failed after {self.retries + 1} attempt(s)"
-                          f"{' (deadline exceeded)' if end is not None and time.monotonic() >= end else ''}: {last}")
+            last = "no attempt left before the deadline"
+        except (httpx.TransportError, TransientHTTPStatus) as exc:  # the last attempt's transient error
+            last = str(exc) if isinstance(exc, TransientHTTPStatus) else f"{type(exc).__name__}: {exc}"
+        deadline = end is not None and (attempts <= self.retries or time.monotonic() >= end)
+        raise RewardError(f"reward service at {self.url} failed after {attempts} attempt(s)"
+                          f"{' (deadline exceeded)' if deadline else ''}: {last}")
