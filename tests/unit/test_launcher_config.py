@@ -47,3 +47,27 @@ def test_no_cost_control_differs_only_in_its_reward_and_run():
         for section in ("weights", "checkpoint"):
             table["learner"][section].pop("dir")
     assert control == demo
+
+
+def test_process_tables_share_env_and_extra_args(tmp_path, monkeypatch):
+    from pydantic import ValidationError
+
+    from searchr1.launcher.settings import LauncherSettings
+
+    for key in [k for k in os.environ if k.startswith("LAUNCHER_")]:
+        monkeypatch.delenv(key)
+    path = tmp_path / "run.toml"
+    path.write_text("[launcher.retriever]\nenv = { A = '1' }\nextra_args = ['--x']\nhealth_timeout_s = 5\n"
+                    "[launcher.reward]\nenv = { B = '{run_dir}' }\n"
+                    "[launcher.rollout]\nextra_args = ['--y', '2']\n[launcher.learner]\nhealth_timeout_s = 7\n")
+    s = load_settings(LauncherSettings, path)
+    assert (s.retriever.env, s.retriever.extra_args, s.retriever.health_timeout_s) == ({"A": "1"}, ["--x"], 5)
+    assert s.reward.env == {"B": "{run_dir}"} and s.reward.extra_args == [] and s.reward.health_timeout_s == 60
+    assert s.rollout.extra_args == ["--y", "2"] and s.rollout.health_timeout_s == 600
+    assert s.learner.env == {} and s.learner.health_timeout_s == 7
+    path.write_text("[launcher.reward]\nhealth_timeout_s = 5000\n")  # each process keeps its own bound
+    with pytest.raises(ValidationError, match="health_timeout_s"):
+        load_settings(LauncherSettings, path)
+    path.write_text("[launcher.reward]\nextra_arg = ['--x']\n")
+    with pytest.raises(ValidationError, match="extra_arg"):
+        load_settings(LauncherSettings, path)

