@@ -49,10 +49,6 @@ class LLMJudge:
     async def close(self) -> None:
         await self._http.aclose()
 
-    @property
-    def cache_len(self) -> int:
-        return len(self._cache)
-
     def _endpoint(self) -> str:
         return self.url if self.url.endswith("/chat/completions") else (
             f"{self.url}/chat/completions" if self.url.endswith("/v1") else f"{self.url}/v1/chat/completions")

@@ -80,10 +80,6 @@ class ScoreItem(BaseModel):
         return self
 
     @property
-    def is_searchr1_shape(self) -> bool:
-        return self.solution_str is not None
-
-    @property
     def golds(self) -> list[str]:
         """The gold answers, whichever shape the item has."""
         return self.ground_truth.target if self.ground_truth is not None else list(self.golden_answers or [])
