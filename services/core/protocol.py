@@ -118,10 +118,6 @@ class Action:
     kind: Literal["search", "answer"] | None
     content: str = ""
 
-    @property
-    def is_valid(self) -> bool:
-        return self.kind is not None
-
 
 def parse_action(turn_text: str) -> Action:
     """First `<search>…</search>` or `<answer>…</answer>` in the turn (DOTALL, non-greedy), content

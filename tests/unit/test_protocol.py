@@ -101,7 +101,6 @@ def test_parse_action_table(turn, kind, content):
     action = P.parse_action(turn)
     assert action.kind == kind
     assert action.content == content
-    assert action.is_valid is (kind is not None)
 
 
 def test_format_docs_matches_search_r1_passages2string():
