@@ -1,8 +1,8 @@
 """Checks of a warm-started model: a greedy multi-turn self-check with HF `generate` (format validity,
 EM and searches per question, BM25 over the world's corpus answering each search), and a
 teacher-forced reading probe (how much of a fact restated from the observation the model predicts, on
-a world it never saw). Format validity and answers are read with `searchr1.core.protocol`, so they mean
-what the reward's `format` and `em` scorers mean.
+a world it never saw). Answers and format validity are read with `searchr1.core.protocol`: a response is
+format-valid exactly when the reward's `format` scorer gives it 1.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from searchr1.core.protocol import (
+    STOP_STRINGS,
     extract_answer,
     is_well_formed,
     normalize_answer,
@@ -38,7 +39,7 @@ def self_check(model, tokenizer, world: World, questions: Sequence[dict[str, Any
     from searchr1.world.search import CorpusSearch
 
     search = CorpusSearch(world.corpus_cache())
-    stop_ids = [tokenizer.eos_token_id] + [tokenizer.convert_tokens_to_ids(t) for t in ("</search>", "</answer>")]
+    stop_ids = [tokenizer.eos_token_id] + [tokenizer.convert_tokens_to_ids(t) for t in STOP_STRINGS]
     rows = []
     model.eval()
     for rec in questions:
