@@ -21,9 +21,12 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `tests.support` when run as a script
 
 
 def main() -> None:
@@ -47,7 +50,7 @@ def main() -> None:
     from searchr1.learner.model import DistInfo, forward_logprobs
     from searchr1.learner.service import build_training
     from searchr1.learner.settings import LearnerSettings
-    from searchr1.learner.synthetic import synthetic_group, tiny_qwen2
+    from tests.support.synthetic import synthetic_group, tiny_qwen2
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-learner-"))
     model_path = tiny_qwen2(tmp / "model", vocab=args.vocab, hidden=args.hidden, layers=args.layers)
@@ -123,7 +126,7 @@ def micro_batching(args, model) -> None:
 
     from searchr1.learner.batch import build_batch
     from searchr1.learner.model import forward_logprobs
-    from searchr1.learner.synthetic import synthetic_group
+    from tests.support.synthetic import synthetic_group
 
     rng = _random.Random(1)
     groups = []

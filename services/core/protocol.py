@@ -1,19 +1,29 @@
-"""The Search-R1 interaction protocol, defined once (DESIGN §3.1): prompt template, stop strings, action
-parsing, observation formatting and the invalid-action message, byte-compatible with Search-R1
-(`scripts/data_process/nq_search.py` and `search_r1/llm_agent/generation.py`).
+"""The Search-R1 text protocol, defined once (docs/architecture.md, "Protocol"): the tags, prompt
+template, stop strings, action parsing, observation formatting and the invalid-action message,
+byte-compatible with Search-R1 (`scripts/data_process/nq_search.py` and
+`search_r1/llm_agent/generation.py`); answer extraction and normalisation (`verl/utils/reward_score/
+qa_em.py`); and the format grammar (`qa_em_format.is_valid_sequence`). Rollout, reward and the tiny
+world all read and write the protocol through this module.
 
-Pure functions on strings; no tokenizer is imported here (`render_prompt` takes any object with
-`apply_chat_template`, e.g. a transformers tokenizer).
+Pure functions on strings; no tokenizer, torch or vLLM is imported here (`render_prompt` takes any
+object with `apply_chat_template`, e.g. a transformers tokenizer). What to *score* from these facts
+(EM, F1, format rewards) is the reward service's business, not this module's.
 
 Departures from Search-R1, on purpose:
 - Search-R1 generates each turn to `max_tokens` and then cuts the text after the first `</search>` or
   `</answer>`; we stop generation at those strings instead (`STOP_STRINGS`), which wastes no tokens and
   keeps the sampled ids exact. The parsed action is the same in both cases.
+- Two answer extractors: `searchr1_extract_solution` is Search-R1's (needs at least two matches in
+  prompt + response, so an answer-less response extracts `Beijing` from the prompt's example);
+  `extract_answer` reads the response alone (the last answer, None without one).
+- `is_well_formed` runs Search-R1's grammar on the response alone, ignoring trailing end-of-turn
+  markers of any chat template; `searchr1_is_valid_sequence` is Search-R1's check on the full text.
 """
 
 from __future__ import annotations
 
 import re
+import string
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -46,8 +56,25 @@ INVALID_ACTION_MESSAGE = (
 """The environment text Search-R1 appends after a turn with no valid action."""
 
 TAGS = ("think", "search", "information", "answer")
+"""The protocol's tag names, in the order of a turn."""
+
+TAG_TOKENS: tuple[str, ...] = tuple(f"<{p}{t}>" for t in TAGS for p in ("", "/"))
+"""The eight tag strings, each opening tag followed by its closing one: `<think>`, `</think>`, … `</answer>`."""
+
+DEFAULT_END_MARKERS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "</s>", "<eos>",
+                       "<end_of_turn>", "<|end|>")
+"""End-of-turn / end-of-text markers of common chat templates, ignored at the end of a response."""
 
 _ACTION_RE = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
+_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_INFORMATION_RE = re.compile(r"<information>(.*?)</information>", re.DOTALL)
+_SEARCH_RE = re.compile(r"<search>(.*?)</search>", re.DOTALL)
+_ASSISTANT_RE = re.compile(r"<\|im_start\|>assistant\s*")
+_TAG_ALTERNATION = "|".join(TAGS)
+_TAG_SPLIT_RE = re.compile(rf"(</?(?:{_TAG_ALTERNATION})>)")
+_TAG_RE = re.compile(rf"</?(?:{_TAG_ALTERNATION})>")
+_DROP_PUNCTUATION = str.maketrans("", "", string.punctuation)
+_ARTICLES_RE = re.compile(r"\b(a|an|the)\b")
 
 
 class ChatTokenizer(Protocol):
@@ -91,10 +118,6 @@ class Action:
     kind: Literal["search", "answer"] | None
     content: str = ""
 
-    @property
-    def is_valid(self) -> bool:
-        return self.kind is not None
-
 
 def parse_action(turn_text: str) -> Action:
     """First `<search>…</search>` or `<answer>…</answer>` in the turn (DOTALL, non-greedy), content
@@ -136,3 +159,119 @@ def format_observation(docs_text: str) -> str:
 def observation_for(docs: Sequence[str | Mapping[str, Any]]) -> str:
     """Observation text for a list of retrieved hits."""
     return format_observation(format_docs(docs))
+
+
+# --------------------------------------------------------------------------------------------------
+# Answers: normalisation and extraction
+# --------------------------------------------------------------------------------------------------
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD normalisation as Search-R1 applies it: lower-case, drop every `string.punctuation`
+    character (ASCII only: an en dash stays), replace whole-word a/an/the by a space, collapse
+    whitespace. `"The  U.S.A., an Apple!"` → `"usa apple"`, `"1,000"` → `"1000"`."""
+    text = text.lower().translate(_DROP_PUNCTUATION)  # same as dropping each char in string.punctuation
+    return " ".join(_ARTICLES_RE.sub(" ", text).split())
+
+
+def searchr1_extract_solution(solution_str: str) -> str | None:
+    """Search-R1's `extract_solution`: all non-greedy `<answer>(.*?)</answer>` matches (DOTALL); fewer
+    than two → None; otherwise the last one, stripped. On prompt + response the Search-R1 prompt holds
+    two matches itself, so an answer-less response extracts `Beijing`."""
+    matches = _ANSWER_RE.findall(solution_str)
+    if len(matches) <= 1:
+        return None
+    return matches[-1].strip()
+
+
+def extract_answer(response: str) -> str | None:
+    """The response's answer: the last `<answer>…</answer>`, stripped; None when there is none."""
+    matches = _ANSWER_RE.findall(response)
+    return matches[-1].strip() if matches else None
+
+
+def information_blocks(text: str) -> list[str]:
+    """Contents of every `<information>…</information>` block, stripped."""
+    return [m.strip() for m in _INFORMATION_RE.findall(text)]
+
+
+def count_searches(response: str) -> int:
+    """Number of complete `<search>…</search>` calls in a response."""
+    return len(_SEARCH_RE.findall(response))
+
+
+# --------------------------------------------------------------------------------------------------
+# The format grammar (Search-R1's state machine)
+# --------------------------------------------------------------------------------------------------
+
+_TRANSITIONS = {
+    ("<think>", "start"): "in_think",
+    ("<think>", "information"): "in_think",
+    ("</think>", "in_think"): "after_think",
+    ("<search>", "after_think"): "in_search",
+    ("</search>", "in_search"): "after_search",
+    ("<information>", "after_search"): "in_information",
+    ("</information>", "in_information"): "information",
+    ("<answer>", "after_think"): "in_answer",
+    ("</answer>", "in_answer"): "end",
+}
+
+
+def check_tag_sequence(content: str) -> tuple[bool, str]:
+    """The tag grammar of Search-R1's `is_valid_sequence`, on the assistant text alone: balanced
+    think/search/information/answer tags, only whitespace between tags, and the order
+    think → (search → information → think)* → answer, with nothing but whitespace after `</answer>`.
+    Returns (valid, reason)."""
+    for tag in TAGS:
+        opening = content.count(f"<{tag}>")
+        closing = content.count(f"</{tag}>")
+        if opening != closing:
+            return False, f"Mismatch in {tag} tags: {opening} opening vs {closing} closing tags"
+    state = "start"
+    for part in _TAG_SPLIT_RE.split(content):
+        if not part.strip():
+            continue
+        if _TAG_RE.match(part):
+            nxt = _TRANSITIONS.get((part, state))
+            if nxt is None:
+                return False, f"Unexpected tag {part} in state {state}"
+            state = nxt
+        elif state in ("in_think", "in_search", "in_information", "in_answer"):
+            continue
+        elif state in ("start", "after_think", "after_search", "information"):
+            return False, f"Unexpected content '{part.strip()}' between tags (state: {state})"
+        else:
+            return False, f"Unexpected content in state {state}"
+    if state != "end":
+        return False, f"Incomplete sequence, ended in state {state}"
+    return True, "Valid sequence format"
+
+
+def searchr1_is_valid_sequence(text: str) -> tuple[bool, str]:
+    """Search-R1's `is_valid_sequence`: the grammar over the text after the first
+    `<|im_start|>assistant` (and following whitespace); no marker → invalid."""
+    m = _ASSISTANT_RE.search(text)
+    if m is None:
+        return False, "Missing assistant marker"
+    return check_tag_sequence(text[m.end():])
+
+
+def strip_end_markers(response: str, markers: Iterable[str] = DEFAULT_END_MARKERS) -> str:
+    """Remove trailing whitespace and any of `markers` from the end of the response, repeatedly."""
+    markers = tuple(m for m in markers if m)
+    text = response.rstrip()
+    changed = True
+    while changed:
+        changed = False
+        for m in markers:
+            if text.endswith(m):
+                text = text[: -len(m)].rstrip()
+                changed = True
+    return text
+
+
+def is_well_formed(response: str, end_markers: Iterable[str] = DEFAULT_END_MARKERS) -> bool:
+    """The response alone follows Search-R1's tag grammar (`check_tag_sequence`), trailing end-of-turn
+    markers of any chat template ignored."""
+    valid, _ = check_tag_sequence(strip_end_markers(response, end_markers))
+    return valid

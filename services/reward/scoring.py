@@ -1,10 +1,12 @@
-"""Pure reward math on strings: answer normalisation and extraction, Search-R1's exact scorers, and our
-response-only scorers (EM, substring, token F1, format, retrieval hit, search cost, cosine similarity).
-No I/O, no models, no logging: strings (or vectors) in, numbers out. The registry (`registry.py`) wires
-these to names and parameter models; the service calls them through it.
+"""Pure reward math on strings: Search-R1's exact scorers and our response-only scorers (EM, substring,
+token F1, format, retrieval hit, search cost, cosine similarity). No I/O, no models, no logging: strings
+(or vectors) in, numbers out. The text protocol they read (answer extraction, normalisation, the format
+grammar) is `searchr1.core.protocol`'s; this module only composes scores from it. The registry
+(`registry.py`) wires these to names and parameter models; the service calls them through it.
 
 Search-R1 compatibility (`searchr1_em`, `searchr1_subem`, `searchr1_em_format`) is bug-for-bug with
-Search-R1's `verl/utils/reward_score/qa_em.py` and `qa_em_format.py` (DESIGN §3.5):
+Search-R1's `verl/utils/reward_score/qa_em.py` and `qa_em_format.py` (docs/architecture.md,
+"Reward semantics"):
 - they score the decoded prompt + response (special tokens kept), and the `<answer>` extraction needs
   at least two matches and takes the last: the Search-R1 prompt itself holds two (`<answer> and
   </answer>` and `<answer> Beijing </answer>`), so a response without an answer extracts `Beijing`, and
@@ -23,58 +25,20 @@ from __future__ import annotations
 
 import math
 import re
-import string
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-_DROP_PUNCTUATION = str.maketrans("", "", string.punctuation)
-_ARTICLES_RE = re.compile(r"\b(a|an|the)\b")
-_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_INFORMATION_RE = re.compile(r"<information>(.*?)</information>", re.DOTALL)
-_SEARCH_RE = re.compile(r"<search>(.*?)</search>", re.DOTALL)
-_ASSISTANT_RE = re.compile(r"<\|im_start\|>assistant\s*")
-_TAG_SPLIT_RE = re.compile(r"(</?(?:think|search|information|answer)>)")
-_TAG_RE = re.compile(r"</?(?:think|search|information|answer)>")
-_FORMAT_TAGS = ("think", "search", "information", "answer")
-
-# --------------------------------------------------------------------------------------------------
-# Normalisation and extraction
-# --------------------------------------------------------------------------------------------------
-
-
-def normalize_answer(text: str) -> str:
-    """SQuAD normalisation as Search-R1 applies it: lower-case, drop every `string.punctuation`
-    character (ASCII only: an en dash stays), replace whole-word a/an/the by a space, collapse
-    whitespace. `"The  U.S.A., an Apple!"` → `"usa apple"`, `"1,000"` → `"1000"`."""
-    text = text.lower().translate(_DROP_PUNCTUATION)  # same as dropping each char in string.punctuation
-    return " ".join(_ARTICLES_RE.sub(" ", text).split())
-
-
-def searchr1_extract_solution(solution_str: str) -> str | None:
-    """Search-R1's `extract_solution`: all non-greedy `<answer>(.*?)</answer>` matches (DOTALL); fewer
-    than two → None; otherwise the last one, stripped."""
-    matches = _ANSWER_RE.findall(solution_str)
-    if len(matches) <= 1:
-        return None
-    return matches[-1].strip()
-
-
-def extract_answer(response: str) -> str | None:
-    """Our extraction (response only): the last `<answer>…</answer>`, stripped; None when there is none."""
-    matches = _ANSWER_RE.findall(response)
-    return matches[-1].strip() if matches else None
-
-
-def information_blocks(text: str) -> list[str]:
-    """Contents of every `<information>…</information>` block, stripped."""
-    return [m.strip() for m in _INFORMATION_RE.findall(text)]
-
-
-def count_searches(response: str) -> int:
-    """Number of complete `<search>…</search>` calls in a response."""
-    return len(_SEARCH_RE.findall(response))
-
+from searchr1.core.protocol import (
+    DEFAULT_END_MARKERS,
+    extract_answer,
+    information_blocks,
+    is_well_formed,
+    normalize_answer,
+    searchr1_extract_solution,
+    searchr1_is_valid_sequence,
+)
+from searchr1.core.protocol import count_searches as count_searches  # read by the registry as a scorer input
 
 # --------------------------------------------------------------------------------------------------
 # Matching primitives (Search-R1 semantics: any gold, normalised)
@@ -112,58 +76,8 @@ def token_f1(prediction: str, gold: str) -> float:
 
 
 # --------------------------------------------------------------------------------------------------
-# Search-R1's format state machine
+# Search-R1's retrieval check
 # --------------------------------------------------------------------------------------------------
-
-
-def check_tag_sequence(content: str) -> tuple[bool, str]:
-    """The tag grammar of Search-R1's `is_valid_sequence`, on the assistant text alone: balanced
-    think/search/information/answer tags, only whitespace between tags, and the order
-    think → (search → information → think)* → answer, with nothing but whitespace after `</answer>`.
-    Returns (valid, reason)."""
-    for tag in _FORMAT_TAGS:
-        opening = content.count(f"<{tag}>")
-        closing = content.count(f"</{tag}>")
-        if opening != closing:
-            return False, f"Mismatch in {tag} tags: {opening} opening vs {closing} closing tags"
-    state = "start"
-    transitions = {
-        ("<think>", "start"): "in_think",
-        ("<think>", "information"): "in_think",
-        ("</think>", "in_think"): "after_think",
-        ("<search>", "after_think"): "in_search",
-        ("</search>", "in_search"): "after_search",
-        ("<information>", "after_search"): "in_information",
-        ("</information>", "in_information"): "information",
-        ("<answer>", "after_think"): "in_answer",
-        ("</answer>", "in_answer"): "end",
-    }
-    for part in _TAG_SPLIT_RE.split(content):
-        if not part.strip():
-            continue
-        if _TAG_RE.match(part):
-            nxt = transitions.get((part, state))
-            if nxt is None:
-                return False, f"Unexpected tag {part} in state {state}"
-            state = nxt
-        elif state in ("in_think", "in_search", "in_information", "in_answer"):
-            continue
-        elif state in ("start", "after_think", "after_search", "information"):
-            return False, f"Unexpected content '{part.strip()}' between tags (state: {state})"
-        else:
-            return False, f"Unexpected content in state {state}"
-    if state != "end":
-        return False, f"Incomplete sequence, ended in state {state}"
-    return True, "Valid sequence format"
-
-
-def searchr1_is_valid_sequence(text: str) -> tuple[bool, str]:
-    """Search-R1's `is_valid_sequence`: the grammar over the text after the first
-    `<|im_start|>assistant` (and following whitespace); no marker → invalid."""
-    m = _ASSISTANT_RE.search(text)
-    if m is None:
-        return False, "Missing assistant marker"
-    return check_tag_sequence(text[m.end():])
 
 
 def searchr1_is_retrieval_correct(text: str, golds: str | Iterable[str]) -> bool:
@@ -252,7 +166,7 @@ def searchr1_em_format(
     format_score: float = 0.0,
     score: float = 1.0,
 ) -> float:
-    """`qa_em_format.compute_score_em` (DESIGN §3.5): no answer → `structure_format_score` if
+    """`qa_em_format.compute_score_em`: no answer → `structure_format_score` if
     well-formed (+ `retrieval_score` when a gold is in an `<information>` block) else 0; correct → `score`
     if well-formed else `score - structure_format_score`; wrong → `structure_format_score`
     (+ `retrieval_score`) if well-formed else `final_format_score`."""
@@ -296,31 +210,11 @@ def f1_score(response: str, golds: Sequence[str]) -> float:
     return max((token_f1(answer, g) for g in golds), default=0.0)
 
 
-DEFAULT_END_MARKERS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "</s>", "<eos>",
-                       "<end_of_turn>", "<|end|>")
-"""End-of-turn / end-of-text markers of common chat templates, ignored at the end of a response."""
-
-
-def strip_end_markers(response: str, markers: Iterable[str] = DEFAULT_END_MARKERS) -> str:
-    """Remove trailing whitespace and any of `markers` from the end of the response, repeatedly."""
-    markers = tuple(m for m in markers if m)
-    text = response.rstrip()
-    changed = True
-    while changed:
-        changed = False
-        for m in markers:
-            if text.endswith(m):
-                text = text[: -len(m)].rstrip()
-                changed = True
-    return text
-
-
 def format_score(response: str, end_markers: Iterable[str] = DEFAULT_END_MARKERS) -> float:
     """1 when the response alone follows Search-R1's tag grammar (think → (search → information →
     think)* → answer, balanced tags, only whitespace between them), ignoring trailing end-of-turn
     markers of any chat template; else 0."""
-    valid, _ = check_tag_sequence(strip_end_markers(response, end_markers))
-    return float(valid)
+    return float(is_well_formed(response, end_markers))
 
 
 def retrieval_hit(response: str, golds: Sequence[str]) -> float:

@@ -26,9 +26,9 @@ import torch
 from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
 
+from searchr1.core.protocol import TAG_TOKENS
+
 KEY = "searchr1_steer"
-TAGS = ("<think>", "</think>", "<search>", "</search>", "<information>", "</information>", "<answer>",
-        "</answer>")
 
 
 def steer_args(tokenizer: Any, *, p_search: float = 0.7, max_searches: int = 4,
@@ -38,7 +38,7 @@ def steer_args(tokenizer: Any, *, p_search: float = 0.7, max_searches: int = 4,
     `search_tokens`, when given, are the only ids a search query may use (e.g. word pieces, so queries
     are never empty or punctuation-only)."""
     ids = {}
-    for tag in TAGS:
+    for tag in TAG_TOKENS:
         enc = tokenizer.encode(tag, add_special_tokens=False)
         if len(enc) != 1:
             raise ValueError(f"{tag!r} is not a single token in this tokenizer; steering needs it to be")

@@ -17,8 +17,7 @@ Files (all byte-identical for the same seed and settings; `manifest.json` lists 
 
 `data_source` carries both the hop count and whether the entity is known
 (`world_{known|unknown}_{single|two}_hop`), so any per-data_source report (Search-R1's included) splits
-known from unknown without reading `extra_info`. Departure from the issue's example names
-(`world_single_hop`), on purpose.
+known from unknown without reading `extra_info` (rather than plain names such as `world_single_hop`).
 """
 
 from __future__ import annotations

@@ -98,8 +98,8 @@ def register(groups: Groups) -> None:
         from transformers import AutoModelForCausalLM
 
         from searchr1.world.build import load_world
+        from searchr1.world.checks import self_check
         from searchr1.world.tokenizer import load_tokenizer
-        from searchr1.world.warmstart import self_check
 
         if observation not in ("gold", "bm25"):
             raise typer.BadParameter("--observation must be 'gold' or 'bm25'")

@@ -26,8 +26,6 @@ from typing import Any
 
 from searchr1.world.settings import GeneratorSettings
 
-KINDS = ("country", "city", "person", "company")
-
 _ONSETS = ("b", "br", "c", "d", "dr", "f", "g", "gr", "h", "j", "k", "kr", "l", "m", "n", "p", "pr",
            "qu", "r", "s", "sh", "st", "t", "th", "tr", "v", "w", "z")
 _VOWELS = ("a", "e", "i", "o", "u", "a", "e", "o", "ae", "ai", "ei", "ou", "y")

@@ -127,7 +127,7 @@ class WarmstartSettings(Section):
     threads: int = Field(default=1, ge=1, le=256)
     """torch intra-op threads (set deliberately; the box is small and shared)."""
     copy_steps: int = Field(default=2500, ge=0, le=1_000_000)
-    """Copy pre-training steps before the traces (`warmstart.copy_pretrain`; 0 skips it, and so does
+    """Copy pre-training steps before the traces (`training.copy_pretrain`; 0 skips it, and so does
     `--init`): drills of repeated random token sequences that teach the model to copy what it read."""
     copy_batch_size: int = Field(default=16, ge=1, le=4096)
     """Drills per copy pre-training step."""

@@ -24,7 +24,7 @@ import random
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from searchr1.core.protocol import TEMPLATES, format_docs, format_observation, make_prompt
+from searchr1.core.protocol import TAG_TOKENS, TEMPLATES, format_docs, format_observation, make_prompt
 
 if TYPE_CHECKING:
     from searchr1.world.generator import Entity, Question, World
@@ -34,8 +34,6 @@ PAD = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 SPECIAL_TOKENS = (PAD, IM_START, IM_END)
-TAG_TOKENS = ("<think>", "</think>", "<search>", "</search>", "<information>", "</information>",
-              "<answer>", "</answer>")
 
 GENERIC_SEED_BASE = 2_000_000_011
 """Seeds of the generic worlds the tokenizer is trained on (far from user worlds and warm-start worlds)."""

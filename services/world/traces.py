@@ -23,10 +23,9 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from searchr1.core.protocol import observation_for
+from searchr1.core.protocol import extract_answer, observation_for
 from searchr1.world.generator import INDUSTRIES, OCCUPATIONS, RELATIONS, Entity, Question, World
-
-IM_END = "<|im_end|>"
+from searchr1.world.tokenizer import IM_END
 
 PHRASES = (
     "<think> I need to find ",
@@ -62,8 +61,11 @@ class Trace:
 
     @property
     def answer(self) -> str:
-        text = self.response_text
-        return text[text.rindex("<answer>") + len("<answer>"):text.rindex("</answer>")].strip()
+        """The trace's final answer (every trace ends with one)."""
+        answer = extract_answer(self.response_text)
+        if answer is None:
+            raise ValueError("trace has no <answer>")
+        return answer
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from searchr1.core.schemas import TrajectoryGroup
 from searchr1.core.servers import free_port
 from searchr1.core.streams import StreamKeys, TypedStream
 from searchr1.core.weights import fetch_snapshot, latest
-from searchr1.learner.synthetic import synthetic_group, tiny_qwen2
+from tests.support.synthetic import synthetic_group, tiny_qwen2
 
 
 @pytest.mark.timeout(300)

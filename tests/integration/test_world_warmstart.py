@@ -37,8 +37,8 @@ def parts(world_dir):
     from searchr1.world.build import load_world
     from searchr1.world.model import init_model
     from searchr1.world.settings import GeneratorSettings, ModelSettings
+    from searchr1.world.sft_data import TraceSampler
     from searchr1.world.tokenizer import load_tokenizer
-    from searchr1.world.warmstart import TraceSampler
 
     world, doc = load_world(world_dir)
     tok = load_tokenizer(world_dir / "tokenizer")
@@ -49,7 +49,7 @@ def parts(world_dir):
 
 
 def test_labels_mask_exactly_the_prompt_and_the_observations(parts):
-    from searchr1.world.warmstart import IGNORE, encode_trace
+    from searchr1.world.sft_data import IGNORE, encode_trace
 
     _, _, tok, sampler, _ = parts
     traces = [t for t in sampler.batch(0, 64) if t.searches >= 1][:6]
@@ -77,7 +77,8 @@ def test_labels_mask_exactly_the_prompt_and_the_observations(parts):
 def test_micro_batched_gradient_equals_one_padded_batch(parts):
     import torch
 
-    from searchr1.world.warmstart import collate, encode_trace, step_loss_backward
+    from searchr1.world.sft_data import collate, encode_trace
+    from searchr1.world.training import step_loss_backward
 
     _, _, tok, sampler, model = parts
     examples = [encode_trace(tok, t) for t in sampler.batch(0, 6)]
@@ -99,7 +100,8 @@ def test_short_warm_start_lowers_the_loss_and_writes_a_loadable_model(world_dir,
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from searchr1.world.build import load_world
-    from searchr1.world.warmstart import run_warmstart, self_check
+    from searchr1.world.checks import self_check
+    from searchr1.world.warmstart import run_warmstart
 
     ws = WarmstartSettings(steps=24, batch_size=8, lr=3e-3, warmup_steps=4, log_every=4, eval_questions=0,
                            threads=1, seed=0, copy_steps=8, copy_batch_size=4)
@@ -136,7 +138,7 @@ def test_short_warm_start_lowers_the_loss_and_writes_a_loadable_model(world_dir,
 
 
 def test_sampler_is_deterministic_and_refreshes_the_world(parts, world_dir):
-    from searchr1.world.warmstart import TraceSampler
+    from searchr1.world.sft_data import TraceSampler
 
     world, _, _, sampler, _ = parts
     ws = WarmstartSettings(seed=5, refresh_steps=2)
@@ -180,8 +182,8 @@ class _Oracle:
 
 
 def test_reading_probe_scores_the_restated_value_tokens(parts):
+    from searchr1.world.checks import reading_check, reading_world, value_token_positions
     from searchr1.world.settings import GeneratorSettings
-    from searchr1.world.warmstart import reading_check, reading_world, value_token_positions
 
     world, doc, tok, _, _ = parts
     text = "<think> Abc Def was born in the year 1921. </think>\n<answer> 1921 </answer><|im_end|>"

@@ -8,17 +8,19 @@ The tokenizer is a byte-level BPE trained on a few lines, so it encodes any text
 non-special* tokens, as in Qwen: each is one id, and it survives `skip_special_tokens=True`, so vLLM's
 stop strings `</search>` / `</answer>` match on the detokenised text.
 
-Sizes respect vLLM CPU limits (DESIGN §4): head_dim 32 (16 is rejected), 2 layers, hidden 64.
+The model comes from the tiny world's factory (`searchr1.world.model.random_model`). Sizes respect
+vLLM CPU limits (docs/architecture.md, "Platform notes"): head_dim 32 (16 is rejected), 2 layers,
+hidden 64.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
+from searchr1.core.protocol import TAG_TOKENS
+from searchr1.world.settings import ModelSettings
+
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-TAG_TOKENS = ("<think>", "</think>", "<search>", "</search>", "<information>", "</information>",
-              "<answer>", "</answer>")
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -45,22 +47,15 @@ _TRAINING_LINES = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class TinyLMConfig:
-    """Shape of the tiny model (defaults fit vLLM CPU and start in seconds)."""
+TINY_MODEL = ModelSettings(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2, num_kv_heads=1,
+                           max_position=4096, init_seed=0)
+"""Shape of the tiny model (fits vLLM CPU and starts in seconds)."""
 
-    vocab_size: int = 512
-    hidden_size: int = 64
-    intermediate_size: int = 128
-    num_hidden_layers: int = 2
-    num_attention_heads: int = 2
-    num_key_value_heads: int = 1
-    head_dim: int = 32
-    max_position_embeddings: int = 4096
-    seed: int = 0
+VOCAB_SIZE = 512
+"""Tokenizer vocabulary (BPE, chat tokens and tags together)."""
 
 
-def build_tokenizer(vocab_size: int = 512):
+def build_tokenizer(vocab_size: int = VOCAB_SIZE):
     """A `PreTrainedTokenizerFast` (byte-level BPE) with chat and Search-R1 tag tokens and a chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -90,35 +85,16 @@ def build_tokenizer(vocab_size: int = 512):
     return fast
 
 
-def build_tiny_lm(dest: str | Path, config: TinyLMConfig = TinyLMConfig()) -> Path:
+def build_tiny_lm(dest: str | Path, model: ModelSettings = TINY_MODEL, vocab_size: int = VOCAB_SIZE) -> Path:
     """Write a random tiny Qwen2 model and its tokenizer to `dest` (safetensors); returns `dest`."""
-    import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from searchr1.world.model import random_model
 
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(config.vocab_size)
-    vocab = max(config.vocab_size, len(tokenizer))
-    cfg = Qwen2Config(
-        vocab_size=vocab,
-        hidden_size=config.hidden_size,
-        intermediate_size=config.intermediate_size,
-        num_hidden_layers=config.num_hidden_layers,
-        num_attention_heads=config.num_attention_heads,
-        num_key_value_heads=config.num_key_value_heads,
-        head_dim=config.head_dim,
-        max_position_embeddings=config.max_position_embeddings,
-        tie_word_embeddings=True,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=None,
-        torch_dtype="float32",
-    )
-    torch.manual_seed(config.seed)
-    model = Qwen2ForCausalLM(cfg).to(torch.float32)
-    model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id,
-                                               pad_token_id=tokenizer.pad_token_id)
-    model.save_pretrained(dest, safe_serialization=True)
+    tokenizer = build_tokenizer(vocab_size)
+    lm = random_model(model, max(vocab_size, len(tokenizer)), pad_token_id=tokenizer.pad_token_id,
+                      eos_token_id=tokenizer.eos_token_id)
+    lm.save_pretrained(dest, safe_serialization=True)
     tokenizer.save_pretrained(dest)
     return dest
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from searchr1.learner.service import em_component
-from searchr1.learner.synthetic import synthetic_group
+from tests.support.synthetic import synthetic_group
 
 
 def test_em_component_keys_in_order():

@@ -1,17 +1,18 @@
 """Warm-start traces: exact protocol text, the right segments masked, each imperfect kind as specified;
-and the warm start's pure helpers (micro-batching, schedule, answer checks)."""
+and the warm start's pure helpers (micro-batching, schedule, copy drills)."""
 
 from __future__ import annotations
 
 import math
 import random
 
-from searchr1.core.protocol import observation_for, parse_action
+from searchr1.core.protocol import is_well_formed, observation_for, parse_action
 from searchr1.world.generator import generate_world
 from searchr1.world.search import CorpusSearch
 from searchr1.world.settings import GeneratorSettings, WarmstartSettings
+from searchr1.world.sft_data import IGNORE, copy_example
 from searchr1.world.traces import TraceRates, make_trace
-from searchr1.world.warmstart import extract_answer, is_well_formed, lr_at, micro_batches, normalize_answer
+from searchr1.world.training import lr_at, micro_batches
 
 GEN = GeneratorSettings(people=30, cities=8, companies=6, countries=3, known_people=4, known_cities=2,
                         known_companies=2, known_countries=1)
@@ -113,21 +114,7 @@ def test_lr_schedule():
     assert math.isclose(lr_at(110, ws), 1e-4)
 
 
-def test_answer_helpers():
-    assert normalize_answer("The  U.S.A., an Apple!") == "usa apple"
-    assert extract_answer("<answer> a </answer> x <answer> Brenix Works </answer>") == "Brenix Works"
-    assert extract_answer("no answer") is None
-    assert is_well_formed("<think> x </think>\n<answer> y </answer><|im_end|>")
-    assert is_well_formed("<think> x </think>\n<search> q </search>\n\n<information>Doc 1(Title: \"a\") b"
-                          "</information>\n\n<think> z </think>\n<answer> y </answer>")
-    assert not is_well_formed("<think> x </think> junk <answer> y </answer>")
-    assert not is_well_formed("<answer> y </answer>")
-    assert not is_well_formed("<think> x </think>\n<search> q </search>")
-
-
 def test_copy_drill_labels_only_what_looking_back_predicts():
-    from searchr1.world.warmstart import IGNORE, copy_example
-
     rng = random.Random(0)
     lengths = set()
     for _ in range(50):

@@ -1,8 +1,8 @@
-"""Tiny random models and synthetic trajectory groups, for tests, benchmarks and CPU smoke runs.
+"""Tiny random models and synthetic trajectory groups, for the learner's tests and benchmarks.
 
-No hub access: the model is a randomly initialised `Qwen2ForCausalLM` built from a small config and saved
-with `save_pretrained`. Groups follow the schema's loss-mask invariant (env tokens masked, behaviour
-log-probs 0 there).
+No hub access: the model comes from the tiny world's factory (`searchr1.world.model.random_model`) and is
+saved with `save_pretrained`; it has no tokenizer (ids are drawn at random). Groups follow the schema's
+loss-mask invariant (env tokens masked, behaviour log-probs 0 there).
 """
 
 from __future__ import annotations
@@ -14,18 +14,14 @@ from searchr1.core.schemas import Task, Trajectory, TrajectoryGroup
 
 
 def tiny_qwen2(path: str | Path, *, vocab: int = 256, hidden: int = 64, layers: int = 2, seed: int = 0) -> Path:
-    """Write a tiny random Qwen2 causal LM (head_dim 32, fp32) to `path`; returns the path."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    """Write a tiny random Qwen2 causal LM (head_dim 32, one KV head, MLP 2 × hidden, fp32; padding id 0,
+    EOS and BOS id 1) to `path`; returns the path."""
+    from searchr1.world.model import random_model
+    from searchr1.world.settings import ModelSettings
 
-    torch.manual_seed(seed)
-    cfg = Qwen2Config(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
-        num_attention_heads=max(1, hidden // 32), num_key_value_heads=1, head_dim=32,
-        max_position_embeddings=2048, tie_word_embeddings=True, pad_token_id=0, eos_token_id=1,
-        bos_token_id=1,
-    )
-    model = Qwen2ForCausalLM(cfg)
+    settings = ModelSettings(hidden_size=hidden, num_layers=layers, num_heads=max(1, hidden // 32), num_kv_heads=1,
+                             intermediate_size=hidden * 2, max_position=2048, init_seed=seed)
+    model = random_model(settings, vocab, pad_token_id=0, eos_token_id=1, bos_token_id=1)
     path = Path(path)
     model.save_pretrained(path, safe_serialization=True)
     return path
