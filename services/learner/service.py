@@ -32,7 +32,7 @@ import torch.distributed as dist
 from searchr1.core.aio import stop_task
 from searchr1.core.schemas import Task, TrajectoryGroup, decode, encode
 from searchr1.core.streams import Entry, StreamKeys, TypedStream
-from searchr1.learner.advantages import OUTCOME_ESTIMATORS, outcome_advantages, split_stale
+from searchr1.learner.advantages import split_stale
 from searchr1.learner.batch import Batch, build_batch
 from searchr1.learner.checkpoint import Checkpointer, Component, TrainState
 from searchr1.learner.metrics import LearnerMetrics, StepLog
@@ -242,16 +242,11 @@ class Learner:
         return got
 
     def make_batch(self, groups: list[TrajectoryGroup]) -> Batch:
-        """Stages 3–4: pad the groups into a batch and compute outcome advantages (GAE happens in the
-        trainer, after the critic's value pass)."""
-        batch = build_batch(groups, pad_id=self.training.pad_id, max_seq_len=self.s.batch.max_seq_len)
-        a = self.s.algorithm
-        if a.advantage in OUTCOME_ESTIMATORS:
-            batch = outcome_advantages(batch, a.advantage, a.grpo_eps)
-        return batch
+        """Stage 3: pad the groups into a batch (the trainer computes the advantages)."""
+        return build_batch(groups, pad_id=self.training.pad_id, max_seq_len=self.s.batch.max_seq_len)
 
     def train(self, batch: Batch) -> dict[str, float]:
-        """Stage 5: one training step (every rank)."""
+        """Stages 4–5: advantages and one training step (every rank)."""
         return self.training.trainer.train_step(batch, self.state.version)
 
     def checkpoint(self) -> None:
