@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from searchr1.core.aio import stop_task
 from searchr1.core.schemas import Task, TrajectoryGroup, decode, encode
-from searchr1.core.streams import Entry, StreamKeys, TypedStream
+from searchr1.core.streams import Entry, StreamKeys, TypedStream, tasks_stream, trajectories_stream
 from searchr1.learner.advantages import split_stale
 from searchr1.learner.batch import Batch, build_batch
 from searchr1.learner.checkpoint import Checkpointer, Component, TrainState
@@ -49,9 +49,6 @@ from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.trainer import Trainer, build_optimizer
 
 log = logging.getLogger("searchr1.learner")
-
-TRAJECTORY_GROUP = "learner"
-TASK_GROUP = "rollout"
 
 
 EM_COMPONENT_KEYS = ("em", "searchr1_em", "exact_match", "answer_correct")
@@ -176,10 +173,10 @@ class Learner:
         self.trajectories: TypedStream[TrajectoryGroup] | None = None
         self.tasks: TypedStream[Task] | None = None
         if redis is not None:
-            self.trajectories = TypedStream(
-                redis, self.keys.trajectories, TrajectoryGroup, TRAJECTORY_GROUP, dead_key=self.keys.dead,
-                visibility_timeout_ms=settings.visibility_timeout_ms, max_deliveries=settings.max_deliveries)
-            self.tasks = TypedStream(redis, self.keys.tasks, Task, TASK_GROUP, dead_key=self.keys.dead)
+            self.trajectories = trajectories_stream(redis, self.keys,
+                                                    visibility_timeout_ms=settings.visibility_timeout_ms,
+                                                    max_deliveries=settings.max_deliveries)
+            self.tasks = tasks_stream(redis, self.keys)
 
     # ------------------------------------------------------------------ start-up
 

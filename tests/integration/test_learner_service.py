@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from searchr1.core.schemas import Task, TrajectoryGroup
 from searchr1.core.servers import HttpServer
-from searchr1.core.streams import StreamKeys, TypedStream
+from searchr1.core.streams import StreamKeys, TypedStream, tasks_stream, trajectories_stream
 from searchr1.core.weights import fetch_snapshot, latest, snapshot_digest
 from searchr1.learner.checkpoint import Checkpointer
 from searchr1.learner.metrics import LearnerMetrics, StepLog
@@ -62,7 +62,7 @@ def _learner(settings, redis, consumer="learner-0") -> Learner:
 
 def _producer(redis) -> TypedStream[TrajectoryGroup]:
     keys = StreamKeys("t")
-    return TypedStream(redis, keys.trajectories, TrajectoryGroup, "learner", dead_key=keys.dead)
+    return trajectories_stream(redis, keys)
 
 
 def _groups(prefix: str, n: int, version: int = 0) -> list[TrajectoryGroup]:
@@ -208,7 +208,7 @@ async def test_dispatcher_keeps_max_inflight(tmp_path, redis):
     from searchr1.learner.settings import DispatcherSettings
 
     keys = StreamKeys("d")
-    tasks = TypedStream(redis, keys.tasks, Task, "rollout", dead_key=keys.dead)
+    tasks = tasks_stream(redis, keys)
     await tasks.ensure_group()
     specs = [TaskSpec(f"q{i}", f"question {i}", ["a"]) for i in range(5)]
     d = Dispatcher(tasks, specs, DispatcherSettings(max_inflight=3, epochs=2, seed=7, group_size=5))
@@ -227,7 +227,7 @@ async def test_dispatcher_keeps_max_inflight(tmp_path, redis):
     assert d.exhausted
 
     paced_keys = StreamKeys("p")
-    paced_stream = TypedStream(redis, paced_keys.tasks, Task, "rollout", dead_key=paced_keys.dead)
+    paced_stream = tasks_stream(redis, paced_keys)
     await paced_stream.ensure_group()
     paced = Dispatcher(paced_stream, specs, DispatcherSettings(max_inflight=10, epochs=2), budget=2)
     assert await paced.fill() == 2 and await paced.fill() == 0
@@ -254,7 +254,7 @@ async def test_run_learner_end_to_end_with_dispatcher_and_http(tmp_path, redis, 
                          dispatcher={"dataset": str(data), "max_inflight": 4, "group_size": 3, "poll_s": 0.05},
                          weights={"dir": str(tmp_path / "weights"), "http": True})
     keys = StreamKeys("t")
-    tasks = TypedStream(redis, keys.tasks, Task, "rollout", dead_key=keys.dead)
+    tasks = tasks_stream(redis, keys)
     producer = _producer(redis)
     stop = asyncio.Event()
     seen: list[str] = []
@@ -302,7 +302,7 @@ async def test_run_learner_stops_when_the_dataset_is_exhausted(tmp_path, redis, 
     settings = _settings(tmp_path, redis_server.url, model_path,
                          dispatcher={"dataset": str(data), "epochs": 1, "group_size": 2, "poll_s": 0.05})
     keys = StreamKeys("t")
-    tasks = TypedStream(redis, keys.tasks, Task, "rollout", dead_key=keys.dead)
+    tasks = tasks_stream(redis, keys)
     producer = _producer(redis)
     stop = asyncio.Event()
 

@@ -8,8 +8,8 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-from searchr1.core.schemas import Task, TrajectoryGroup, WeightVersion
-from searchr1.core.streams import StreamKeys, TypedStream
+from searchr1.core.schemas import Task, WeightVersion
+from searchr1.core.streams import StreamKeys, tasks_stream, trajectories_stream
 from searchr1.core.weights import announce
 from searchr1.rollout.engine import TurnOutput, TurnRequest
 from searchr1.rollout.metrics import RolloutMetrics
@@ -66,8 +66,8 @@ async def _search(q):
 async def test_score_failure_is_redelivered_and_bad_weights_are_skipped(redis, tmp_path):
     keys = StreamKeys("wr")
     metrics = RolloutMetrics()
-    tasks = TypedStream(redis, keys.tasks, Task, "rollout", dead_key=keys.dead, visibility_timeout_ms=300)
-    groups = TypedStream(redis, keys.trajectories, TrajectoryGroup, "learner", dead_key=keys.dead)
+    tasks = tasks_stream(redis, keys, visibility_timeout_ms=300)
+    groups = trajectories_stream(redis, keys)
     gen = Gen()
     scorer = FlakyScorer()
     sampler = GroupSampler(gen, Codec(), None, _search, scorer, AgentSettings(), RewardSettings(), metrics)
@@ -118,8 +118,8 @@ async def test_a_task_needing_newer_weights_is_sampled_after_loading_them(redis,
 
     keys = StreamKeys("mv")
     metrics = RolloutMetrics()
-    tasks = TypedStream(redis, keys.tasks, Task, "rollout", dead_key=keys.dead)
-    groups = TypedStream(redis, keys.trajectories, TrajectoryGroup, "learner", dead_key=keys.dead)
+    tasks = tasks_stream(redis, keys)
+    groups = trajectories_stream(redis, keys)
     gen = Gen()
     sampler = GroupSampler(gen, Codec(), None, _search, OkScorer(), AgentSettings(), RewardSettings(), metrics)
     loader = WeightLoader(redis, keys, gen, metrics, tmp_path / "dl")
