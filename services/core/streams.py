@@ -7,6 +7,7 @@ and their groups: docs/architecture.md, "Streams").
 - `read(consumer, count, block_ms)` → XREADGROUP of new entries; a malformed entry is moved to the
   dead stream with its reason and acked, never returned and never crashing the reader;
 - `ack(*ids)` → XACK (the caller acks only after the work the entry stands for is safe);
+- `dead_letter(id, reason)` → a valid entry the consumer refuses goes to the dead stream, acked;
 - `reclaim(consumer, count)` → entries pending longer than the visibility timeout are claimed by this
   consumer (XPENDING to see delivery counts, then XCLAIM); past `max_deliveries` they go to the dead
   stream instead with the reason. XAUTOCLAIM would claim in one call but does not report delivery
@@ -204,6 +205,11 @@ class TypedStream(Generic[T]):
             if entry is not None:
                 out.append(entry)
         return out
+
+    async def dead_letter(self, entry_id: str, reason: str) -> None:
+        """Move a delivered entry the consumer will not process to the dead stream with `reason`, and
+        ack it (the same record a malformed entry gets)."""
+        await self._bury_by_id(entry_id, reason)
 
     async def length(self) -> int:
         """Entries in the stream (acked or not; the stream is trimmed separately)."""

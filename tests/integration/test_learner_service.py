@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from searchr1.core.schemas import Task, TrajectoryGroup
+from searchr1.core.schemas import Task, TrajectoryGroup, decode
 from searchr1.core.servers import HttpServer
 from searchr1.core.streams import StreamKeys, TypedStream, tasks_stream, trajectories_stream
 from searchr1.core.weights import fetch_snapshot, latest, snapshot_digest
@@ -202,10 +202,35 @@ async def test_stale_groups_are_dropped_and_counted(tmp_path, redis, redis_serve
     assert await producer.pending() == 0
 
 
+async def test_groups_sampled_at_another_temperature_are_dead_lettered(tmp_path, redis, redis_server,
+                                                                      model_path):
+    """A group sampled at 0.7 is never trained on (the learner's log-probs are at temperature 1): it goes
+    to the dead stream with a reason naming both temperatures, counted, and the rest of the step trains."""
+    from searchr1.core.streams import read_dead
+
+    settings = _settings(tmp_path, redis_server.url, model_path)
+    learner = _learner(settings, redis)
+    await learner.start()
+    producer = _producer(redis)
+    hot = _groups("hot", 1)[0]
+    hot.sampling_temperature = 0.7
+    await producer.publish_many([hot] + _groups("ok", 2))
+    learner.s = learner.s.model_copy(update={"batch": learner.s.batch.model_copy(update={"groups_per_step": 3})})
+    assert await learner.step_once(asyncio.Event())
+    dead = await read_dead(redis, StreamKeys("t").dead)
+    assert len(dead) == 1 and decode(TrajectoryGroup, dead[0].payload).task.task_id == "hot0"
+    assert "temperature 0.7" in dead[0].reason and "temperature 1.0" in dead[0].reason
+    reg = learner.metrics.registry
+    assert reg.get_sample_value("searchr1_learner_groups_dropped_total", {"reason": "temperature"}) == 1
+    assert reg.get_sample_value("searchr1_learner_groups_total") == 2
+    assert learner.state.consumed == {"ok0", "ok1"} and await producer.pending() == 0
+
+
 async def test_dispatcher_keeps_max_inflight(tmp_path, redis):
     from searchr1.learner.data import TaskSpec
     from searchr1.learner.dispatcher import Dispatcher
     from searchr1.learner.settings import DispatcherSettings
+    from searchr1.learner.staleness import StalenessPolicy
 
     keys = StreamKeys("d")
     tasks = tasks_stream(redis, keys)
@@ -229,13 +254,15 @@ async def test_dispatcher_keeps_max_inflight(tmp_path, redis):
     paced_keys = StreamKeys("p")
     paced_stream = tasks_stream(redis, paced_keys)
     await paced_stream.ensure_group()
-    paced = Dispatcher(paced_stream, specs, DispatcherSettings(max_inflight=10, epochs=2), budget=2)
+    policy = StalenessPolicy(max_staleness=0, groups_per_step=2)
+    paced = Dispatcher(paced_stream, specs, DispatcherSettings(max_inflight=10, epochs=2), staleness=policy)
     assert await paced.fill() == 2 and await paced.fill() == 0
-    paced.grant(3)
+    paced.grant(3, version=1)
     assert await paced.fill() == 3 and paced.budget == 0
+    stamped = [decode(Task, f[b"m"]) for _, f in await redis.xrange(paced_keys.tasks)]
+    assert [t.min_policy_version for t in stamped] == [0, 0, 1, 1, 1]
+    assert all(t.sampling.temperature == 1.0 and t.sampling.top_p is None for t in stamped)
     rows = await redis.xrange(keys.tasks)
-    from searchr1.core.schemas import decode
-
     ids = [decode(Task, f[b"m"]).task_id for _, f in rows]
     assert len(ids) == 10 and len(set(ids)) == 10
     assert sorted(i.split("@")[0] for i in ids[:5]) == [f"q{i}" for i in range(5)]

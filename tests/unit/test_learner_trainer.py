@@ -44,7 +44,8 @@ def _traj(prompt, resp, mask, reward=1.0):
 
 
 def test_batch_layout_aligns_with_next_token_targets():
-    g = TrajectoryGroup(task=Task(task_id="t", question="q?"), policy_version=3, worker_id="w", trajectories=[
+    g = TrajectoryGroup(task=Task(task_id="t", question="q?"), policy_version=3, sampling_temperature=1.0,
+                        worker_id="w", trajectories=[
         _traj([5, 6, 7], [8, 9, 10], [1, 0, 1], reward=1.0),
         _traj([5, 6, 7], [11], [1], reward=0.0),
     ])
@@ -63,7 +64,8 @@ def test_batch_layout_aligns_with_next_token_targets():
 
 
 def test_batch_truncation_drops_cut_tokens_from_the_loss():
-    g = TrajectoryGroup(task=Task(task_id="t", question="q?"), policy_version=0, worker_id="w",
+    g = TrajectoryGroup(task=Task(task_id="t", question="q?"), policy_version=0, sampling_temperature=1.0,
+                        worker_id="w",
                         trajectories=[_traj([1, 2], [3, 4, 5, 6], [1, 1, 1, 1])])
     b = build_batch([g], max_seq_len=4)
     assert b.input_ids.tolist() == [[1, 2, 3, 4]]
