@@ -351,3 +351,65 @@ async def test_run_learner_stops_when_the_dataset_is_exhausted(tmp_path, redis, 
     assert state.step == 2 and state.consumed == {"q0@e0", "q1@e0", "q2@e0"}
     steps = [json.loads(line) for line in (tmp_path / "logs" / "t.jsonl").read_text().splitlines()]
     assert [s["groups"] for s in steps] == [2.0, 1.0]
+
+
+class _SlowWandb:
+    """A wandb run whose `log` blocks like a slow network sink."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.logged: list[int] = []
+
+    def log(self, figures, step):
+        import time
+
+        time.sleep(self.seconds)
+        self.logged.append(step)
+
+
+class _SlowPrunePublisher(WeightPublisher):
+    """Pruning that blocks like a slow shared volume."""
+
+    pruned = 0
+
+    def prune(self, keep_version=None):
+        import time
+
+        time.sleep(1.5)
+        self.pruned += 1
+        return super().prune(keep_version)
+
+
+async def test_slow_pruning_and_step_log_sinks_do_not_block_the_event_loop(tmp_path, redis, redis_server,
+                                                                           model_path):
+    """A loop-lag probe ticks every 10 ms through a whole step whose snapshot pruning and wandb logging
+    each block for 1.5 s: run on the loop, either would stall the probe (and the dispatcher) that long."""
+    import time
+
+    settings = _settings(tmp_path, redis_server.url, model_path)
+    sink = _SlowWandb(1.5)
+    publisher = _SlowPrunePublisher(settings.weights.dir, keep=settings.weights.keep)
+    learner = Learner(settings, build_training(settings, DistInfo()),
+                      Checkpointer(settings.checkpoint.dir, settings.checkpoint.keep), publisher, LearnerMetrics(),
+                      StepLog(settings.log_dir / "t.jsonl", sink), redis=redis)
+    await learner.start()
+    await _producer(redis).publish_many(_groups("lag", 2))
+    gaps: list[float] = []
+    done = asyncio.Event()
+
+    async def probe():
+        last = time.perf_counter()
+        while not done.is_set():
+            await asyncio.sleep(0.01)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    ticking = asyncio.create_task(probe())
+    try:
+        assert await learner.step_once(asyncio.Event())
+    finally:
+        done.set()
+        await ticking
+    assert sink.logged == [1] and publisher.pruned == 2  # at start (version 0) and after the step
+    assert max(gaps) < 1.0, f"the event loop stalled for {max(gaps):.2f} s"
