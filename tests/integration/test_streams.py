@@ -143,7 +143,7 @@ async def test_run_streams_share_keys_groups_and_models(redis):
     """The tasks and trajectories streams built by their constructors (as the learner, the rollout
     workers and the status line build them) name the run's keys, one consumer group each, and carry
     their own wire model only."""
-    from searchr1.learner.synthetic import synthetic_group
+    from tests.support.synthetic import synthetic_group
 
     tasks, trajectories = streams.tasks_stream(redis, KEYS), streams.trajectories_stream(redis, KEYS, maxlen=5)
     assert (tasks.key, tasks.group, tasks.model, tasks.dead_key) == (

@@ -30,24 +30,17 @@ def test_each_group_has_real_help():
         assert (cmd.help or "").split("\n")[0].strip() in " ".join(r.output.split())
 
 
-def test_help_is_fast_and_imports_nothing_heavy():
-    """`searchr1 --help` in a fresh interpreter: no heavy module imported, and the CLI answers in under a
-    second (best of three, so a busy machine's scheduling noise does not decide it)."""
+def test_help_imports_nothing_heavy():
+    """`searchr1 --help` in a fresh interpreter answers without importing torch, vLLM, FAISS, transformers,
+    numpy or sentence-transformers (heavy imports live inside the commands, so help stays instant)."""
     code = (
-        "import sys, time; t=time.perf_counter();"
+        "import sys;"
         "from searchr1.cli import build_app; from typer.testing import CliRunner;"
         "r=CliRunner().invoke(build_app(), ['--help']); assert r.exit_code==0;"
-        "heavy=[m for m in ('torch','vllm','faiss','transformers','numpy','sentence_transformers') if m in sys.modules];"
-        "print(heavy, time.perf_counter()-t)"
+        "print([m for m in ('torch','vllm','faiss','transformers','numpy','sentence_transformers') if m in sys.modules])"
     )
-    times = []
-    for _ in range(3):
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-        assert out.stdout.startswith("[]"), out.stdout
-        times.append(float(out.stdout.split()[-1]))
-        if times[-1] < 1.0:
-            break
-    assert min(times) < 1.0, f"searchr1 --help took {times} s"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
 
 
 def test_version():

@@ -7,7 +7,7 @@ import pytest
 from searchr1.learner.sampling import TRAINING_TEMPERATURE, task_sampling, temperature_mismatch
 from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.staleness import StalenessPolicy
-from searchr1.learner.synthetic import synthetic_group
+from tests.support.synthetic import synthetic_group
 
 
 def test_min_policy_version_is_the_version_minus_max_staleness_floored_at_zero():
