@@ -61,7 +61,9 @@ class AgentSettings(Section):
     processors)."""
 
 
-class RetrieverSettings(Section):
+class RetrieverClientSettings(Section):
+    """How this worker calls the retriever (the server's own settings are the retriever service's)."""
+
     addresses: list[str] = Field(default_factory=lambda: ["127.0.0.1:50051"])
     """gRPC addresses (host:port) of retriever replicas."""
     token: str | None = None
@@ -80,7 +82,9 @@ class RetrieverSettings(Section):
     """Queries are cut to this many characters (keep ≤ the retriever's `limits.max_query_chars`)."""
 
 
-class RewardSettings(Section):
+class RewardClientSettings(Section):
+    """How this worker calls the reward service (the server's own settings are the reward service's)."""
+
     url: str = "http://127.0.0.1:8002"
     """Base URL of the reward service."""
     token: str | None = None
@@ -140,9 +144,9 @@ class RolloutSettings(ServiceSettings):
     """Generation engine."""
     agent: AgentSettings = Field(default_factory=AgentSettings)
     """Agent loop limits and sampling defaults."""
-    retriever: RetrieverSettings = Field(default_factory=RetrieverSettings)
+    retriever: RetrieverClientSettings = Field(default_factory=RetrieverClientSettings)
     """Retriever client and search batching."""
-    reward: RewardSettings = Field(default_factory=RewardSettings)
+    reward: RewardClientSettings = Field(default_factory=RewardClientSettings)
     """Reward client and scorer."""
     tasks: TaskSettings = Field(default_factory=TaskSettings)
     """Task stream consumption."""
