@@ -27,9 +27,9 @@ import contextlib
 import random
 from collections.abc import Sequence
 
+from searchr1.core.datasets import Question
 from searchr1.core.schemas import SamplingParams, Task
 from searchr1.core.streams import TypedStream
-from searchr1.learner.data import TaskSpec
 from searchr1.learner.settings import DispatcherSettings
 
 
@@ -43,7 +43,7 @@ def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
 class Dispatcher:
     """Publishes `Task`s to `stream` while `stream.in_flight() < max_inflight`."""
 
-    def __init__(self, stream: TypedStream[Task], specs: Sequence[TaskSpec], settings: DispatcherSettings,
+    def __init__(self, stream: TypedStream[Task], specs: Sequence[Question], settings: DispatcherSettings,
                  *, epoch: int = 0, cursor: int = 0, on_publish=None, budget: int | None = None,
                  min_policy_version: int = 0) -> None:
         if not specs:

@@ -126,6 +126,14 @@ class WeightSettings(Section):
     """Bearer token for downloading snapshots."""
 
 
+class EvalSettings(Section):
+    """`searchr1 eval` reports (the rollout service itself does not read this table)."""
+
+    group_by: list[str] = Field(default_factory=lambda: ["data_source"], min_length=1, max_length=16)
+    """Keys the eval report breaks metrics down by: `data_source` or any key of a question's
+    `metadata`/`extra_info` (a key no question has is left out of the report)."""
+
+
 class RolloutSettings(ServiceSettings):
     """Everything a rollout worker needs."""
 
@@ -152,6 +160,8 @@ class RolloutSettings(ServiceSettings):
     """Task stream consumption."""
     weights: WeightSettings = Field(default_factory=WeightSettings)
     """Weight sync."""
+    eval: EvalSettings = Field(default_factory=EvalSettings)
+    """`searchr1 eval` reports."""
     metrics_host: str = "127.0.0.1"
     """Host the /metrics endpoint binds."""
     metrics_port: int = Field(default=9403, ge=0, le=65535)

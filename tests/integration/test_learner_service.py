@@ -203,14 +203,14 @@ async def test_stale_groups_are_dropped_and_counted(tmp_path, redis, redis_serve
 
 
 async def test_dispatcher_keeps_max_inflight(tmp_path, redis):
-    from searchr1.learner.data import TaskSpec
+    from searchr1.learner.data import Question
     from searchr1.learner.dispatcher import Dispatcher
     from searchr1.learner.settings import DispatcherSettings
 
     keys = StreamKeys("d")
     tasks = TypedStream(redis, keys.tasks, Task, "rollout", dead_key=keys.dead)
     await tasks.ensure_group()
-    specs = [TaskSpec(f"q{i}", f"question {i}", ["a"]) for i in range(5)]
+    specs = [Question(f"q{i}", f"question {i}", ["a"]) for i in range(5)]
     d = Dispatcher(tasks, specs, DispatcherSettings(max_inflight=3, epochs=2, seed=7, group_size=5))
     assert await d.fill() == 3
     assert await d.fill() == 0
