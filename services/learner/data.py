@@ -23,8 +23,10 @@ __all__ = ["DatasetError", "Question", "load_tasks", "oversample", "prepare"]
 
 
 def load_tasks(path: str | Path) -> list[Question]:
-    """Read a `.parquet` (Search-R1) or `.jsonl` dataset."""
-    specs = [parse_row(r, i, default_split="train") for i, r in enumerate(read_rows(path))]
+    """Read a `.parquet` (Search-R1) or `.jsonl` dataset. Tasks carry the raw question (rollout workers
+    apply the template), so a row's templated `prompt` messages are not kept (~1 KB a question)."""
+    specs = [dataclasses.replace(parse_row(r, i, default_split="train"), messages=None)
+             for i, r in enumerate(read_rows(path))]
     if len({s.task_id for s in specs}) != len(specs):
         raise DatasetError(f"{path}: task ids are not unique")
     return specs

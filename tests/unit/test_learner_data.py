@@ -43,6 +43,7 @@ def test_searchr1_parquet_rows(tmp_path):
     assert specs[0].question == "who wrote the iliad"
     assert specs[0].golden_answers == ["Homer", "homer"]  # reward_model.ground_truth.target wins
     assert specs[1].data_source == "hotpotqa" and specs[0].metadata == {"ability": "fact-reasoning"}
+    assert specs[0].messages is None  # the templated prompt is not kept: workers template the question
 
 
 def test_question_recovered_from_prompt_when_missing(tmp_path):
