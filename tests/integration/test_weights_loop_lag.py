@@ -84,16 +84,18 @@ class LagProbe:
     """Sleeps `PROBE_SLEEP_S` in a loop and keeps the worst overshoot (how long the loop stalled)."""
 
     def __init__(self):
-        self.worst = 0.0
-        self.ticks = 0
+        self.overshoots: list[float] = []
         self._stop = asyncio.Event()
+
+    @property
+    def worst(self) -> float:
+        return max(self.overshoots, default=0.0)
 
     async def run(self) -> None:
         while not self._stop.is_set():
             t0 = time.perf_counter()
             await asyncio.sleep(PROBE_SLEEP_S)
-            self.worst = max(self.worst, time.perf_counter() - t0 - PROBE_SLEEP_S)
-            self.ticks += 1
+            self.overshoots.append(time.perf_counter() - t0 - PROBE_SLEEP_S)
 
     def stop(self) -> None:
         self._stop.set()
@@ -116,9 +118,10 @@ async def test_worker_loop_does_not_stall_while_loading_a_500mb_snapshot(redis, 
     stop = asyncio.Event()
     run = asyncio.create_task(worker.run(stop))
     probe = LagProbe()
-    probing = asyncio.create_task(probe.run())
+    probing = None
     try:
         await asyncio.sleep(0.2)  # the worker is serving (polling tasks and weights)
+        probing = asyncio.create_task(probe.run())  # from the announcement until the version is loaded
         t0 = time.monotonic()
         await announce(redis, keys, WeightVersion(version=1, uri=f"file://{snap}", sha256=digest))
         while loader.version < 1:
@@ -127,9 +130,12 @@ async def test_worker_loop_does_not_stall_while_loading_a_500mb_snapshot(redis, 
             await asyncio.sleep(0.01)
     finally:
         probe.stop()
-        await probing
+        if probing is not None:
+            await probing
         stop.set()
         await asyncio.wait_for(run, 10)
     assert engine.reloads == [str(snap)]
-    assert probe.ticks > 10
-    assert probe.worst < MAX_STALL_S, f"event loop stalled {probe.worst * 1000:.0f} ms while loading weights"
+    assert len(probe.overshoots) > 10
+    worst = sorted(probe.overshoots, reverse=True)[:3]
+    assert probe.worst < MAX_STALL_S, (f"event loop stalled {probe.worst * 1000:.0f} ms while loading weights "
+                                       f"(worst three: {[round(x * 1000) for x in worst]} ms)")
