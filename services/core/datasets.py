@@ -1,17 +1,21 @@
 """Question datasets, read once for every service: Search-R1's parquet rows (the output of its
-`scripts/data_process/nq_search.py`) and our tasks JSONL.
+`scripts/data_process/nq_search.py`) and our tasks JSONL, into one type, `Question`.
 
 Search-R1 rows carry `id`, `question`, `golden_answers`, `data_source`, `prompt` ([{role, content}] with the
 already-templated prompt), `ability`, `reward_model.ground_truth.target` and `extra_info {split, index, …}`.
 Our JSONL lines are `{"task_id"?, "question", "golden_answers", "data_source"?, "metadata"?}`.
 
 - `read_rows(path, limit)`: the raw rows of a `.parquet` (pyarrow, imported on use) or `.jsonl` file;
-- `parse_row(row, index)`: one row → `QuestionRow`. The question is the raw `question` (else the
+- `parse_row(row, index)`: one row → `Question`. The question is the raw `question` (else the
   prompt's trailing `Question: …`); gold answers come from `reward_model.ground_truth.target` (what
   Search-R1 scores against), else `golden_answers`; the id is `task_id`/`id`, else
-  `{data_source}-{split}-{index}`; `info` merges `metadata` and `extra_info` as strings.
+  `{data_source}-{split}-{index}`; `metadata` is the row's `metadata` (plus `ability`), `info` merges
+  `metadata` and `extra_info` as strings.
 
-The learner's dispatcher and `searchr1 eval` build their own types from `QuestionRow`.
+`Question` is what the learner's dispatcher turns into wire `Task`s (adding run-time fields: group size,
+epoch, sampling, …) and what `searchr1 eval` evaluates; neither defines a question type of its own.
+Nothing here knows a particular dataset's fields: reports break results down by `group_value(key)` for
+keys their caller configures.
 """
 
 from __future__ import annotations
@@ -31,18 +35,31 @@ class DatasetError(ValueError):
 
 
 @dataclass(frozen=True)
-class QuestionRow:
-    """One dataset question, whatever file it came from."""
+class Question:
+    """One dataset question, whatever file it came from (a wire `Task` minus run-time fields)."""
 
-    id: str
+    task_id: str
     question: str
     golden_answers: list[str]
     data_source: str = "unknown"
+    metadata: dict[str, str] = field(default_factory=dict)
+    """The row's `metadata` as strings, plus `ability` when the row has one: travels with every `Task`
+    made from the question and into prepared tasks JSONL."""
     info: dict[str, str] = field(default_factory=dict)
-    """`metadata` and `extra_info` (question_type, entity_kind, split, …) as strings."""
+    """`metadata` and `extra_info` (split, index, and whatever a dataset adds) as strings, empty values
+    left out: what reports group by."""
     messages: list[dict[str, str]] | None = None
     """Search-R1's `prompt` column (chat messages with the templated question), when present."""
     ability: str | None = None
+
+    def group_value(self, key: str) -> str | None:
+        """The question's value for a report group key: `data_source`, else `info[key]` (None if absent)."""
+        return self.data_source if key == "data_source" else self.info.get(key)
+
+    def to_json(self) -> dict[str, Any]:
+        """The question as one line of our tasks JSONL."""
+        return {"task_id": self.task_id, "question": self.question, "golden_answers": self.golden_answers,
+                "data_source": self.data_source, "metadata": self.metadata}
 
 
 def strings(value: Any) -> list[str]:
@@ -54,8 +71,8 @@ def strings(value: Any) -> list[str]:
     return [str(v) for v in list(value)]
 
 
-def parse_row(row: Mapping[str, Any], index: int, default_split: str = "train") -> QuestionRow:
-    """One Search-R1 parquet row or tasks-JSONL object → `QuestionRow` (see module docstring)."""
+def parse_row(row: Mapping[str, Any], index: int, default_split: str = "train") -> Question:
+    """One Search-R1 parquet row or tasks-JSONL object → `Question` (see module docstring)."""
     prompt = row.get("prompt")
     messages = None
     first_content = ""
@@ -80,14 +97,20 @@ def parse_row(row: Mapping[str, Any], index: int, default_split: str = "train") 
         golds = strings(row.get("golden_answers"))
     source = str(row.get("data_source") or "unknown")
     extra = row.get("extra_info") if isinstance(row.get("extra_info"), Mapping) else {}
-    meta = row.get("metadata") if isinstance(row.get("metadata"), Mapping) else {}
+    meta = row.get("metadata")
+    if meta is not None and not isinstance(meta, Mapping):
+        raise DatasetError(f"row {index}: 'metadata' must be an object, got {type(meta).__name__}")
+    meta = meta or {}
     qid = row.get("task_id") or row.get("id")
     if not qid:
         qid = f"{source}-{extra.get('split', default_split)}-{extra.get('index', index)}"
     info = {str(k): str(v) for k, v in {**meta, **extra}.items() if v is not None and v != ""}
-    ability = row.get("ability")
-    return QuestionRow(id=str(qid), question=str(question).strip(), golden_answers=golds, data_source=source,
-                       info=info, messages=messages, ability=str(ability) if ability else None)
+    ability = str(row["ability"]) if row.get("ability") else None
+    metadata = {str(k): str(v) for k, v in meta.items()}
+    if ability:
+        metadata.setdefault("ability", ability)
+    return Question(task_id=str(qid), question=str(question).strip(), golden_answers=golds, data_source=source,
+                    metadata=metadata, info=info, messages=messages, ability=ability)
 
 
 def read_rows(path: str | Path, limit: int | None = None) -> list[dict[str, Any]]:

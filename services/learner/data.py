@@ -1,5 +1,6 @@
 """Datasets of questions: Search-R1's parquet (`scripts/data_process/nq_search.py` output) or our JSONL,
-read into `TaskSpec`s; and `prepare` (parquet in, our JSONL out) behind `searchr1 data prepare`.
+read into `searchr1.core.datasets.Question`s (the dispatcher adds the run-time fields of a `Task`);
+and `prepare` (parquet in, our JSONL out) behind `searchr1 data prepare`.
 
 Search-R1 rows carry `id`, `question`, `golden_answers`, `data_source`, `prompt` ([{role, content}] with
 the already-templated prompt), `ability`, `reward_model.ground_truth.target` and `extra_info {split,
@@ -12,49 +13,26 @@ Our JSONL: one object per line `{"task_id"?, "question", "golden_answers", "data
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from searchr1.core.datasets import DatasetError, parse_row, read_rows
+from searchr1.core.datasets import DatasetError, Question, parse_row, read_rows
 
-__all__ = ["DatasetError", "TaskSpec", "load_tasks", "oversample", "prepare", "row_to_spec"]
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    """One dataset question (a `Task` minus run-time fields)."""
-
-    task_id: str
-    question: str
-    golden_answers: list[str]
-    data_source: str = "unknown"
-    metadata: dict[str, str] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"task_id": self.task_id, "question": self.question, "golden_answers": self.golden_answers,
-                "data_source": self.data_source, "metadata": self.metadata}
+__all__ = ["DatasetError", "Question", "load_tasks", "oversample", "prepare"]
 
 
-def row_to_spec(row: dict[str, Any], index: int) -> TaskSpec:
-    """One Search-R1 parquet row (or one of our JSONL objects) → `TaskSpec` (`searchr1.core.datasets`)."""
-    r = parse_row(row, index, default_split="train")
-    metadata = {str(k): str(v) for k, v in (row.get("metadata") or {}).items()}
-    if r.ability:
-        metadata.setdefault("ability", r.ability)
-    return TaskSpec(r.id, r.question, r.golden_answers, r.data_source, metadata)
-
-
-def load_tasks(path: str | Path) -> list[TaskSpec]:
-    """Read a `.parquet` (Search-R1) or `.jsonl` dataset."""
-    specs = [row_to_spec(r, i) for i, r in enumerate(read_rows(path))]
+def load_tasks(path: str | Path) -> list[Question]:
+    """Read a `.parquet` (Search-R1) or `.jsonl` dataset. Tasks carry the raw question (rollout workers
+    apply the template), so a row's templated `prompt` messages are not kept (~1 KB a question)."""
+    specs = [dataclasses.replace(parse_row(r, i, default_split="train"), messages=None)
+             for i, r in enumerate(read_rows(path))]
     if len({s.task_id for s in specs}) != len(specs):
         raise DatasetError(f"{path}: task ids are not unique")
     return specs
 
 
-def oversample(specs: list[TaskSpec], repeats: dict[str, int]) -> list[TaskSpec]:
+def oversample(specs: list[Question], repeats: dict[str, int]) -> list[Question]:
     """Each question of a `data_source` named in `repeats` appears that many times per epoch (a data mix,
     as when Search-R1 weights NQ against HotpotQA). Copy k ≥ 2 gets task id `{id}~k`, so the learner's
     replay check (task ids per epoch) still sees every copy as its own task; order is left to the
@@ -67,11 +45,11 @@ def oversample(specs: list[TaskSpec], repeats: dict[str, int]) -> list[TaskSpec]
     bad = {k: v for k, v in repeats.items() if not isinstance(v, int) or v < 1}
     if bad:
         raise DatasetError(f"source repeats must be integers >= 1, got {bad}")
-    out: list[TaskSpec] = []
+    out: list[Question] = []
     for s in specs:
         out.append(s)
         for k in range(2, repeats.get(s.data_source, 1) + 1):
-            out.append(TaskSpec(f"{s.task_id}~{k}", s.question, s.golden_answers, s.data_source, s.metadata))
+            out.append(dataclasses.replace(s, task_id=f"{s.task_id}~{k}"))
     if len({s.task_id for s in out}) != len(out):
         raise DatasetError("source repeats: a copy's task id `{id}~k` collides with a dataset task id")
     return out

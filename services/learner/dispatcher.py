@@ -21,9 +21,9 @@ import contextlib
 import random
 from collections.abc import Sequence
 
+from searchr1.core.datasets import Question
 from searchr1.core.schemas import Task
 from searchr1.core.streams import TypedStream
-from searchr1.learner.data import TaskSpec
 from searchr1.learner.sampling import task_sampling
 from searchr1.learner.settings import DispatcherSettings
 from searchr1.learner.staleness import StalenessPolicy
@@ -41,7 +41,7 @@ class Dispatcher:
     `staleness` policy, while granted). `version` is the learner's version at start; without a policy
     tasks are neither paced nor stamped with a minimum version."""
 
-    def __init__(self, stream: TypedStream[Task], specs: Sequence[TaskSpec], settings: DispatcherSettings,
+    def __init__(self, stream: TypedStream[Task], specs: Sequence[Question], settings: DispatcherSettings,
                  *, epoch: int = 0, cursor: int = 0, on_publish=None, staleness: StalenessPolicy | None = None,
                  version: int = 0) -> None:
         if not specs:

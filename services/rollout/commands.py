@@ -180,10 +180,14 @@ def register(groups: Groups) -> None:
                                                     "settings.")] = None,
         seed: Annotated[int, typer.Option(help="Base seed of the sampled trajectories.")] = 0,
         concurrency: Annotated[int, typer.Option(min=1, max=4096, help="Questions in flight at once.")] = 16,
+        group_by: Annotated[list[str] | None, typer.Option("--group-by", help="Break the report down by this "
+                                                           "key of the questions' metadata, or data_source "
+                                                           "(repeat; default: the config's eval.group_by).")]
+        = None,
     ) -> None:
         """Evaluate a policy: every test question through the agent loop (greedy + K sampled) with the real
-        retriever, scored by the reward service; EM/F1/format/search behaviour per data_source and question
-        type, written to OUT/eval.json and OUT/eval.md."""
+        retriever, scored by the reward service; EM/F1/format/search behaviour overall and per group
+        (data_source and the configured metadata keys), written to OUT/eval.json and OUT/eval.md."""
         import asyncio
         import logging
 
@@ -196,13 +200,8 @@ def register(groups: Groups) -> None:
         from searchr1.rollout.agent import AgentLimits
         from searchr1.rollout.batcher import SearchBatcher
         from searchr1.rollout.engine import HfCodec
-        from searchr1.rollout.evaluate import (
-            EvalConfig,
-            EvalDataError,
-            evaluate,
-            read_questions,
-            summary_table,
-        )
+        from searchr1.rollout.eval_report import summary_table
+        from searchr1.rollout.evaluate import EvalConfig, EvalDataError, evaluate, read_questions
         from searchr1.rollout.service import start_generator
         from searchr1.rollout.settings import RolloutSettings
 
@@ -217,12 +216,15 @@ def register(groups: Groups) -> None:
                 update["reward"] = {**settings.reward.model_dump(), "url": reward}
             if max_turns is not None:
                 update["agent"] = {**settings.agent.model_dump(), "max_turns": max_turns}
+            if group_by:
+                update["eval"] = {**settings.eval.model_dump(), "group_by": list(group_by)}
             settings = RolloutSettings.model_validate({**settings.model_dump(), **update})
             n_questions = len(read_questions(data, limit))
             a = settings.agent
             eval_config = EvalConfig(
                 samples=samples, temperature=temperature, top_p=a.top_p, top_k=a.top_k, seed=seed, greedy=greedy,
                 concurrency=concurrency, template=a.template, extra_args=dict(a.extra_args) or None,
+                group_by=tuple(settings.eval.group_by),
                 limits=AgentLimits(max_turns=a.max_turns, max_tokens_per_turn=a.max_tokens_per_turn,
                                    max_obs_tokens=a.max_obs_tokens, max_response_tokens=a.max_response_tokens,
                                    max_context_tokens=settings.engine.max_model_len))

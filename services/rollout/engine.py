@@ -6,9 +6,11 @@ this protocol, so it is unit-tested with a scripted fake and runs on vLLM in pro
   (`TokensPrompt`), never text; a turn stops at the stop strings (kept in the output) or EOS; the
   log-prob of each sampled token comes from the engine (`logprobs=0` returns exactly the sampled
   token's). Weights are swapped in place with `collective_rpc("reload_weights", weights_path=…)`,
-  then the prefix cache is reset (cached KV was computed under the old weights).
+  then the prefix cache is reset (cached KV was computed under the old weights); the engine core runs
+  in its own process, so the reload never blocks this process's event loop.
 - `HfGenerator`: a tiny transformers fallback for environments without vLLM (one request at a time
-  under a lock, in a thread). Slow; for laptops and `rollout once`, not for training.
+  under a lock, in a thread; a reload reads the new weights and frees the old ones in a thread too).
+  Slow; for laptops and `rollout once`, not for training.
 
 What this module does not do: parse actions, talk to the retriever, or decide turn budgets.
 
@@ -289,8 +291,11 @@ class HfGenerator:
         from transformers import AutoModelForCausalLM
 
         async with self._lock:
-            self._model = await asyncio.to_thread(
+            new = await asyncio.to_thread(
                 lambda: AutoModelForCausalLM.from_pretrained(weights_path, dtype=torch.float32).eval())
+            # the old model's tensors are freed in a thread too: its last reference goes with `old.clear`
+            old, self._model = [self._model], new
+            await asyncio.to_thread(old.clear)
 
     async def close(self) -> None:
         return None

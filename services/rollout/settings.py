@@ -61,7 +61,9 @@ class AgentSettings(Section):
     processors)."""
 
 
-class RetrieverSettings(Section):
+class RetrieverClientSettings(Section):
+    """How this worker calls the retriever (the server's own settings are the retriever service's)."""
+
     addresses: list[str] = Field(default_factory=lambda: ["127.0.0.1:50051"])
     """gRPC addresses (host:port) of retriever replicas."""
     token: str | None = None
@@ -80,7 +82,9 @@ class RetrieverSettings(Section):
     """Queries are cut to this many characters (keep ≤ the retriever's `limits.max_query_chars`)."""
 
 
-class RewardSettings(Section):
+class RewardClientSettings(Section):
+    """How this worker calls the reward service (the server's own settings are the reward service's)."""
+
     url: str = "http://127.0.0.1:8002"
     """Base URL of the reward service."""
     token: str | None = None
@@ -122,6 +126,14 @@ class WeightSettings(Section):
     """Bearer token for downloading snapshots."""
 
 
+class EvalSettings(Section):
+    """`searchr1 eval` reports (the rollout service itself does not read this table)."""
+
+    group_by: list[str] = Field(default_factory=lambda: ["data_source"], min_length=1, max_length=16)
+    """Keys the eval report breaks metrics down by: `data_source` or any key of a question's
+    `metadata`/`extra_info` (a key no question has is left out of the report)."""
+
+
 class RolloutSettings(ServiceSettings):
     """Everything a rollout worker needs."""
 
@@ -140,14 +152,16 @@ class RolloutSettings(ServiceSettings):
     """Generation engine."""
     agent: AgentSettings = Field(default_factory=AgentSettings)
     """Agent loop limits and sampling defaults."""
-    retriever: RetrieverSettings = Field(default_factory=RetrieverSettings)
+    retriever: RetrieverClientSettings = Field(default_factory=RetrieverClientSettings)
     """Retriever client and search batching."""
-    reward: RewardSettings = Field(default_factory=RewardSettings)
+    reward: RewardClientSettings = Field(default_factory=RewardClientSettings)
     """Reward client and scorer."""
     tasks: TaskSettings = Field(default_factory=TaskSettings)
     """Task stream consumption."""
     weights: WeightSettings = Field(default_factory=WeightSettings)
     """Weight sync."""
+    eval: EvalSettings = Field(default_factory=EvalSettings)
+    """`searchr1 eval` reports."""
     metrics_host: str = "127.0.0.1"
     """Host the /metrics endpoint binds."""
     metrics_port: int = Field(default=9403, ge=0, le=65535)

@@ -1,10 +1,14 @@
-"""The rollout side of weight sync (DESIGN §3.4): look up the latest announced `WeightVersion`, fetch
+"""The rollout side of weight sync (docs/architecture.md, "Weight sync"): look up the latest announced `WeightVersion`, fetch
 and verify its snapshot (sha256, via `searchr1.core.weights.fetch_snapshot`), and reload the engine in
 place. The worker calls `maybe_update` only when no trajectory is in flight, so every group is generated
 by exactly one version.
 
 A snapshot that fails verification is skipped (and logged); the worker keeps the weights it has and
 tries again when a newer version is announced.
+
+Nothing here blocks the event loop: verification and downloads run their disk work in threads
+(`fetch_snapshot`), and both engines reload off the loop (vLLM in its engine-core process, the
+transformers fallback in a thread).
 """
 
 from __future__ import annotations

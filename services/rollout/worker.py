@@ -40,7 +40,7 @@ from searchr1.core.streams import Entry, TypedStream
 from searchr1.rollout.agent import AgentLimits, Sampling, SearchFn, TrajectoryResult, run_trajectory
 from searchr1.rollout.engine import Generator, TextCodec
 from searchr1.rollout.metrics import RolloutMetrics
-from searchr1.rollout.settings import AgentSettings, RewardSettings
+from searchr1.rollout.settings import AgentSettings, RewardClientSettings
 from searchr1.rollout.weights import WeightLoader
 
 log = logging.getLogger("searchr1.rollout.worker")
@@ -107,7 +107,7 @@ class GroupSampler:
     search: SearchFn
     scorer: Scorer | None
     agent: AgentSettings
-    reward: RewardSettings
+    reward: RewardClientSettings
     metrics: RolloutMetrics
     max_context_tokens: int | None = None
     """The engine's context length; turns never ask for more (a longer trajectory ends with `length`)."""

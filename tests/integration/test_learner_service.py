@@ -227,7 +227,7 @@ async def test_groups_sampled_at_another_temperature_are_dead_lettered(tmp_path,
 
 
 async def test_dispatcher_keeps_max_inflight(tmp_path, redis):
-    from searchr1.learner.data import TaskSpec
+    from searchr1.learner.data import Question
     from searchr1.learner.dispatcher import Dispatcher
     from searchr1.learner.settings import DispatcherSettings
     from searchr1.learner.staleness import StalenessPolicy
@@ -235,7 +235,7 @@ async def test_dispatcher_keeps_max_inflight(tmp_path, redis):
     keys = StreamKeys("d")
     tasks = tasks_stream(redis, keys)
     await tasks.ensure_group()
-    specs = [TaskSpec(f"q{i}", f"question {i}", ["a"]) for i in range(5)]
+    specs = [Question(f"q{i}", f"question {i}", ["a"]) for i in range(5)]
     d = Dispatcher(tasks, specs, DispatcherSettings(max_inflight=3, epochs=2, seed=7, group_size=5))
     assert await d.fill() == 3
     assert await d.fill() == 0

@@ -40,7 +40,8 @@ async def test_eval_command_end_to_end(tmp_path):
         for i, (q, g) in enumerate(QUESTIONS)))
     config = tmp_path / "run.toml"
     config.write_text('[rollout.engine]\ngpu_memory_utilization = 0.05\ndtype = "float32"\n'
-                      "[rollout.agent]\nmax_tokens_per_turn = 32\nmax_response_tokens = 400\n")
+                      "[rollout.agent]\nmax_tokens_per_turn = 32\nmax_response_tokens = 400\n"
+                      '[rollout.eval]\ngroup_by = ["data_source", "knowledge"]\n')
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     try:
         rc, out = await _searchr1("eval", "--model", str(model), "--data", str(data), "--retriever",
@@ -56,7 +57,7 @@ async def test_eval_command_end_to_end(tmp_path):
     assert doc["meta"]["questions"] == 4 and doc["meta"]["max_turns"] == 2
     assert doc["meta"]["max_tokens_per_turn"] == 32  # from the config
     assert len(doc["records"]) == 4 * 3
-    assert set(doc["summary"]["sampled"]["by"]) == {"data_source", "knowledge"}
+    assert list(doc["summary"]["sampled"]["by"]) == ["data_source", "knowledge"]  # the config's group keys
     assert (tmp_path / "out" / "eval.md").read_text().startswith("# Evaluation")
     # the engine is freed by close(); left to interpreter exit, vLLM's AsyncLLM.__del__ prints a traceback
     assert "Exception ignored" not in out and "Traceback" not in out, out[-3000:]

@@ -21,7 +21,8 @@ from searchr1.core.protocol import make_prompt
 from searchr1.rollout.agent import AgentLimits
 from searchr1.rollout.batcher import SearchBatcher
 from searchr1.rollout.engine import HfCodec
-from searchr1.rollout.evaluate import METRICS, EvalConfig, evaluate
+from searchr1.rollout.eval_stats import METRICS
+from searchr1.rollout.evaluate import EvalConfig, evaluate
 from searchr1.rollout.steering import steer_args, word_tokens
 from tests.support.rollout_stack import QUESTIONS, start_retriever, start_reward, start_vllm
 from tests.support.tiny_lm import build_tiny_lm
@@ -72,6 +73,7 @@ async def _run(stack, data, out, samples: int, seed: int = 0):
     batcher = SearchBatcher(client, top_k=2, max_wait_s=0.002)
     extra = steer_args(tokenizer, p_search=0.8, max_searches=2, search_tokens=word_tokens(tokenizer))
     config = EvalConfig(samples=samples, temperature=1.0, seed=seed, concurrency=4, extra_args=extra,
+                        group_by=("data_source", "question_type", "entity_kind", "knowledge"),
                         limits=AgentLimits(max_turns=2, max_tokens_per_turn=48, max_obs_tokens=120,
                                            max_response_tokens=600, max_context_tokens=4096))
     try:

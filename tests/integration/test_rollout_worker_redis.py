@@ -13,7 +13,7 @@ from searchr1.core.streams import StreamKeys, tasks_stream, trajectories_stream
 from searchr1.core.weights import announce
 from searchr1.rollout.engine import TurnOutput, TurnRequest
 from searchr1.rollout.metrics import RolloutMetrics
-from searchr1.rollout.settings import AgentSettings, RewardSettings
+from searchr1.rollout.settings import AgentSettings, RewardClientSettings
 from searchr1.rollout.weights import WeightLoader
 from searchr1.rollout.worker import GroupSampler, Worker
 
@@ -70,7 +70,7 @@ async def test_score_failure_is_redelivered_and_bad_weights_are_skipped(redis, t
     groups = trajectories_stream(redis, keys)
     gen = Gen()
     scorer = FlakyScorer()
-    sampler = GroupSampler(gen, Codec(), None, _search, scorer, AgentSettings(), RewardSettings(), metrics)
+    sampler = GroupSampler(gen, Codec(), None, _search, scorer, AgentSettings(), RewardClientSettings(), metrics)
     loader = WeightLoader(redis, keys, gen, metrics, tmp_path)
     worker = Worker(sampler, tasks, groups, loader, metrics, "w", block_ms=50, reclaim_interval_s=0.1,
                     weight_poll_s=0.05)
@@ -121,7 +121,7 @@ async def test_a_task_needing_newer_weights_is_sampled_after_loading_them(redis,
     tasks = tasks_stream(redis, keys)
     groups = trajectories_stream(redis, keys)
     gen = Gen()
-    sampler = GroupSampler(gen, Codec(), None, _search, OkScorer(), AgentSettings(), RewardSettings(), metrics)
+    sampler = GroupSampler(gen, Codec(), None, _search, OkScorer(), AgentSettings(), RewardClientSettings(), metrics)
     loader = WeightLoader(redis, keys, gen, metrics, tmp_path / "dl")
     worker = Worker(sampler, tasks, groups, loader, metrics, "w", block_ms=50, weight_poll_s=3600.0)
     await tasks.ensure_group()
@@ -174,7 +174,7 @@ async def test_a_task_setting_the_default_temperature_is_not_overridden_and_the_
 
     gen = RecordingGen()
     agent = AgentSettings(temperature=0.7, top_p=0.9)
-    sampler = GroupSampler(gen, Codec(), None, _search, OkScorer(), agent, RewardSettings(), RolloutMetrics())
+    sampler = GroupSampler(gen, Codec(), None, _search, OkScorer(), agent, RewardClientSettings(), RolloutMetrics())
     explicit = Task(task_id="e", question="q", group_size=2, sampling=SamplingParams(temperature=1.0, top_p=1.0))
     group = await sampler.sample_group(explicit, 0, "w", "e")
     assert group.sampling_temperature == 1.0 and set(gen.temperatures) == {1.0}

@@ -21,9 +21,12 @@ SEARCH_R1_ROW = {
 
 def test_search_r1_row():
     r = parse_row(SEARCH_R1_ROW, 0)
-    assert (r.id, r.question, r.data_source, r.ability) == ("test_7", "who wrote hamlet", "nq", "fact-reasoning")
+    assert (r.task_id, r.question, r.data_source, r.ability) == ("test_7", "who wrote hamlet", "nq", "fact-reasoning")
     assert r.golden_answers == ["William Shakespeare", "Shakespeare"]  # what Search-R1 scores against
     assert r.info == {"split": "test", "index": "7", "question_type": "author"}
+    assert r.metadata == {"ability": "fact-reasoning"}  # what travels with the task: not extra_info
+    assert (r.group_value("data_source"), r.group_value("question_type"), r.group_value("nope")) == \
+        ("nq", "author", None)
     assert r.messages[0]["role"] == "user"
 
 
@@ -31,10 +34,12 @@ def test_fallbacks():
     row = {k: v for k, v in SEARCH_R1_ROW.items() if k not in ("question", "id", "reward_model")}
     r = parse_row(row, 3)
     assert r.question == "who wrote hamlet?"  # recovered from the templated prompt
-    assert r.golden_answers == ["Shakespeare"] and r.id == "nq-test-7"
+    assert r.golden_answers == ["Shakespeare"] and r.task_id == "nq-test-7"
     ours = parse_row({"task_id": "t", "question": " q ", "golden_answers": "a", "metadata": {"k": 1}}, 0)
-    assert (ours.id, ours.question, ours.golden_answers, ours.info) == ("t", "q", ["a"], {"k": "1"})
-    assert parse_row({"question": "q"}, 5, default_split="test").id == "unknown-test-5"
+    assert (ours.task_id, ours.question, ours.golden_answers, ours.info) == ("t", "q", ["a"], {"k": "1"})
+    assert ours.to_json() == {"task_id": "t", "question": "q", "golden_answers": ["a"], "data_source": "unknown",
+                              "metadata": {"k": "1"}}
+    assert parse_row({"question": "q"}, 5, default_split="test").task_id == "unknown-test-5"
 
 
 def test_bad_rows():
@@ -42,6 +47,8 @@ def test_bad_rows():
         parse_row({"prompt": [{"content": "nothing"}]}, 0)
     with pytest.raises(DatasetError, match="role, content"):
         parse_row({"question": "q", "prompt": [{"content": "x"}]}, 0)
+    with pytest.raises(DatasetError, match="row 2: 'metadata' must be an object"):
+        parse_row({"question": "q", "metadata": ["k"]}, 2)
 
 
 def test_read_rows(tmp_path):

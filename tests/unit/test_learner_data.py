@@ -10,7 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from searchr1.cli import build_app
-from searchr1.learner.data import DatasetError, load_tasks, prepare, row_to_spec
+from searchr1.core.datasets import parse_row
+from searchr1.learner.data import DatasetError, load_tasks, prepare
 from searchr1.learner.dispatcher import epoch_order
 
 PROMPT = ("Answer the given question. ... For example, <answer> Beijing </answer>. "
@@ -42,6 +43,7 @@ def test_searchr1_parquet_rows(tmp_path):
     assert specs[0].question == "who wrote the iliad"
     assert specs[0].golden_answers == ["Homer", "homer"]  # reward_model.ground_truth.target wins
     assert specs[1].data_source == "hotpotqa" and specs[0].metadata == {"ability": "fact-reasoning"}
+    assert specs[0].messages is None  # the templated prompt is not kept: workers template the question
 
 
 def test_question_recovered_from_prompt_when_missing(tmp_path):
@@ -76,7 +78,7 @@ def test_bad_inputs_are_clear_errors(tmp_path):
     with pytest.raises(DatasetError, match="unique"):
         load_tasks(dup)
     with pytest.raises(DatasetError, match="no 'question'"):
-        row_to_spec({"prompt": [{"content": "nothing here"}]}, 0)
+        parse_row({"prompt": [{"content": "nothing here"}]}, 0)
 
 
 def test_epoch_order_is_seeded_and_differs_per_epoch():
@@ -86,11 +88,11 @@ def test_epoch_order_is_seeded_and_differs_per_epoch():
 
 
 def test_dispatcher_resumes_the_same_order():
-    from searchr1.learner.data import TaskSpec
+    from searchr1.learner.data import Question
     from searchr1.learner.dispatcher import Dispatcher
     from searchr1.learner.settings import DispatcherSettings
 
-    specs = [TaskSpec(f"q{i}", f"question {i}", ["a"]) for i in range(4)]
+    specs = [Question(f"q{i}", f"question {i}", ["a"]) for i in range(4)]
     s = DispatcherSettings(seed=1, epochs=3, group_size=2)
     first = Dispatcher(None, specs, s)
     ids = [first._next().task_id for _ in range(10)]
@@ -101,12 +103,12 @@ def test_dispatcher_resumes_the_same_order():
 
 
 def test_source_repeats_oversample_a_data_source():
-    from searchr1.learner.data import TaskSpec, oversample
+    from searchr1.learner.data import Question, oversample
     from searchr1.learner.dispatcher import Dispatcher
     from searchr1.learner.settings import DispatcherSettings
 
-    specs = [TaskSpec("k0", "known?", ["a"], "known"), TaskSpec("u0", "unknown?", ["b"], "unknown"),
-             TaskSpec("u1", "unknown 2?", ["c"], "unknown")]
+    specs = [Question("k0", "known?", ["a"], "known"), Question("u0", "unknown?", ["b"], "unknown"),
+             Question("u1", "unknown 2?", ["c"], "unknown")]
     out = oversample(specs, {"known": 3})
     assert [s.task_id for s in out] == ["k0", "k0~2", "k0~3", "u0", "u1"]
     assert {s.question for s in out[:3]} == {"known?"} and out[2].data_source == "known"
@@ -121,6 +123,6 @@ def test_source_repeats_oversample_a_data_source():
     with pytest.raises(DatasetError, match=">= 1"):
         oversample(specs, {"known": 0})
     with pytest.raises(DatasetError, match="collides"):
-        oversample(specs + [TaskSpec("k0~2", "another?", ["d"], "unknown")], {"known": 2})
+        oversample(specs + [Question("k0~2", "another?", ["d"], "unknown")], {"known": 2})
     with pytest.raises(ValueError, match="greater than or equal to 1"):
         DispatcherSettings(source_repeats={"known": 0})

@@ -1,6 +1,7 @@
 """`searchr1 eval` pieces without a model or servers: the test-set reader (a parquet the test writes in
-Search-R1's row shape, and our tasks JSONL), the pure aggregation (hand-checked numbers), the Markdown and
-rich reports, and `run_eval` against a scripted generator and a fake reward client."""
+Search-R1's row shape, and our tasks JSONL), the pure aggregation by configurable group keys (hand-checked
+numbers), the Markdown and rich reports, and `run_eval` against a scripted generator and a fake reward
+client."""
 
 from __future__ import annotations
 
@@ -10,26 +11,30 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from searchr1.core.datasets import Question
 from searchr1.core.protocol import make_prompt, render_prompt
 from searchr1.rollout.agent import AgentLimits
 from searchr1.rollout.engine import TurnOutput, TurnRequest
+from searchr1.rollout.eval_report import markdown_report, summary_table
+from searchr1.rollout.eval_stats import MISSING, aggregate, metrics_of
 from searchr1.rollout.evaluate import (
-    MISSING,
     EvalConfig,
     EvalDataError,
-    EvalQuestion,
     EvalRecord,
-    aggregate,
     evaluate,
-    markdown_report,
-    metrics_of,
     prompt_text,
     read_questions,
     row_to_question,
     run_eval,
     sample_seed,
-    summary_table,
 )
+
+WORLD_GROUPS = ("data_source", "question_type", "entity_kind", "knowledge")
+"""The tiny world's breakdown, as its config names it (`[rollout.eval] group_by`)."""
+
+
+def _groups(q: Question) -> tuple:
+    return tuple(q.group_value(k) for k in WORLD_GROUPS)
 
 # ------------------------------------------------------------------------------------------------ reader
 
@@ -61,13 +66,12 @@ def test_reads_searchr1_parquet_rows_unchanged(tmp_path):
                           "author", "person", False)]
     path = _write_parquet(tmp_path / "test.parquet", rows)
     qs = read_questions(path)
-    assert [q.qid for q in qs] == ["test_0", "test_1"]
+    assert [q.task_id for q in qs] == ["test_0", "test_1"]
     assert qs[0].question == "what is the capital of france?"
     assert qs[1].golden_answers == ["Jane Austen", "Austen"]
-    assert (qs[1].data_source, qs[1].question_type, qs[1].entity_kind, qs[1].knowledge) == \
-        ("world_unknown_two_hop", "author", "person", "unknown")
+    assert _groups(qs[1]) == ("world_unknown_two_hop", "author", "person", "unknown")
     assert qs[0].messages == [{"role": "user", "content": make_prompt("what is the capital of france?")}]
-    assert [q.qid for q in read_questions(path, limit=1)] == ["test_0"]
+    assert [q.task_id for q in read_questions(path, limit=1)] == ["test_0"]
 
 
 def test_reads_plain_nq_style_rows_and_prefers_ground_truth_target(tmp_path):
@@ -78,11 +82,11 @@ def test_reads_plain_nq_style_rows_and_prefers_ground_truth_target(tmp_path):
              "extra_info": {"split": "test", "index": 0}}]
     q = read_questions(_write_parquet(tmp_path / "nq.parquet", rows))[0]
     assert q.golden_answers == ["A", "B"]
-    assert (q.question_type, q.entity_kind, q.knowledge) == (None, None, None)
+    assert _groups(q) == ("nq", None, None, None)
     # no id column: the id is made from data_source, split and index
     q2 = row_to_question({"question": "q", "golden_answers": ["a"], "data_source": "hotpotqa",
                           "extra_info": {"split": "test", "index": 7}}, 0)
-    assert q2.qid == "hotpotqa-test-7" and q2.messages is None
+    assert q2.task_id == "hotpotqa-test-7" and q2.messages is None
 
 
 def test_reads_tasks_jsonl(tmp_path):
@@ -93,8 +97,8 @@ def test_reads_tasks_jsonl(tmp_path):
              {"task_id": "world-test-1", "question": "q1?", "golden_answers": ["b"]}]
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\n\n")
     qs = read_questions(path)
-    assert [(q.qid, q.question_type, q.knowledge, q.data_source) for q in qs] == \
-        [("world-test-0", "capital", "known", "d"), ("world-test-1", None, None, "unknown")]
+    assert [(q.task_id, *_groups(q)) for q in qs] == \
+        [("world-test-0", "d", "capital", "city", "known"), ("world-test-1", "unknown", None, None, None)]
 
 
 @pytest.mark.parametrize("content, match", [
@@ -130,10 +134,10 @@ class ChatTok:
 
 def test_prompt_from_row_messages_or_question():
     msgs = [{"role": "user", "content": "CUSTOM Question: q?\n"}]
-    q = EvalQuestion("a", "q?", ["x"], messages=msgs)
+    q = Question("a", "q?", ["x"], messages=msgs)
     assert prompt_text(q, ChatTok()) == "<user>CUSTOM Question: q?\n</user><assistant>"
     assert prompt_text(q, object()) == "CUSTOM Question: q?\n"  # base model: the content, as Search-R1
-    bare = EvalQuestion("b", "q", ["x"])
+    bare = Question("b", "q", ["x"])
     assert prompt_text(bare, ChatTok()) == render_prompt("q", ChatTok())
 
 
@@ -142,10 +146,10 @@ def test_prompt_from_row_messages_or_question():
 
 def rec(qid, mode="greedy", sample=0, ds="A", qtype=None, kind=None, knowledge=None, em=0.0, f1=0.0, sr1=0.0,
         fmt=0.0, searches=0, turns=1, tokens=10, gen=5, finish="answer"):
-    return EvalRecord(qid=qid, mode=mode, sample=sample, data_source=ds, question_type=qtype, entity_kind=kind,
-                      knowledge=knowledge, question="q", golden_answers=["a"], response="r", answer="a",
-                      finish_reason=finish, num_turns=turns, num_searches=searches, response_tokens=tokens,
-                      generated_tokens=gen, em=em, f1=f1, searchr1_em=sr1, format_valid=fmt)
+    return EvalRecord(qid=qid, mode=mode, sample=sample, data_source=ds, question="q", golden_answers=["a"],
+                      response="r", answer="a", finish_reason=finish, num_turns=turns, num_searches=searches,
+                      response_tokens=tokens, generated_tokens=gen, em=em, f1=f1, searchr1_em=sr1, format_valid=fmt,
+                      groups={"question_type": qtype, "entity_kind": kind, "knowledge": knowledge})
 
 
 RECORDS = [
@@ -179,7 +183,7 @@ def test_metrics_hand_checked_greedy():
 
 
 def test_aggregate_per_mode_and_group_hand_checked():
-    s = aggregate(RECORDS)
+    s = aggregate(RECORDS, WORLD_GROUPS)
     assert set(s) == {"greedy", "sampled"}
     g = s["greedy"]
     assert set(g["by"]) == {"data_source", "question_type", "entity_kind", "knowledge"}
@@ -204,15 +208,30 @@ def test_aggregate_per_mode_and_group_hand_checked():
 
 def test_aggregate_leaves_out_absent_group_keys_and_accepts_json_records():
     recs = [rec("q1", ds="nq", em=1), rec("q2", ds="hotpotqa")]
-    s = aggregate([r.to_json() for r in recs])  # eval.json's records aggregate the same way
+    s = aggregate([r.to_json() for r in recs], WORLD_GROUPS)  # eval.json's records aggregate the same way
     assert list(s) == ["greedy"]
     assert list(s["greedy"]["by"]) == ["data_source"]
     assert list(s["greedy"]["by"]["data_source"]) == ["hotpotqa", "nq"]
-    assert s == aggregate(recs)
+    assert s == aggregate(recs, WORLD_GROUPS)
+
+
+def test_group_keys_are_the_callers_choice():
+    by_default = aggregate(RECORDS)  # data_source only: no dataset's fields are built in
+    assert list(by_default["greedy"]["by"]) == ["data_source"]
+    assert by_default["greedy"]["by"]["data_source"] == aggregate(RECORDS, WORLD_GROUPS)["greedy"]["by"]["data_source"]
+    s = aggregate(RECORDS, ("knowledge", "data_source"))  # the caller's order
+    assert list(s["greedy"]["by"]) == ["knowledge", "data_source"]
+    assert s["greedy"]["by"]["knowledge"]["known"]["em"] == 1.0
+    assert aggregate(RECORDS, ("no_such_key",))["greedy"]["by"] == {}
+    # the eval.json record keeps each group value as a field of its own, right after data_source
+    assert list(RECORDS[0].to_json())[:8] == ["qid", "mode", "sample", "data_source", "question_type",
+                                              "entity_kind", "knowledge", "question"]
+    with pytest.raises(ValueError, match="record field"):
+        EvalConfig(group_by=("data_source", "em"))
 
 
 def test_markdown_report_tables():
-    md = markdown_report(aggregate(RECORDS), {"model": "m", "temperature": 1.0, "samples": 2})
+    md = markdown_report(aggregate(RECORDS, WORLD_GROUPS), {"model": "m", "temperature": 1.0, "samples": 2})
     assert "- **model**: m" in md
     assert "## Greedy (temperature 0)" in md and "## Sampled (temperature 1.0, 2 per question)" in md
     assert md.count("### by data_source") == 2
@@ -226,7 +245,7 @@ def test_summary_table_renders_all_groups():
     from rich.console import Console
 
     console = Console(width=200, record=True)
-    console.print(summary_table(aggregate(RECORDS)))
+    console.print(summary_table(aggregate(RECORDS, WORLD_GROUPS)))
     text = console.export_text()
     for name in ("all", "data_source", "question_type", "knowledge", "  two", "  known", MISSING):
         assert name in text
@@ -308,7 +327,7 @@ async def _search(query: str):
 
 
 async def test_run_eval_greedy_and_sampled_records_and_scores():
-    qs = [EvalQuestion(f"q{i}", f"question {i}", ["Paris"] if i % 2 == 0 else ["Lyon"], data_source=f"d{i % 2}")
+    qs = [Question(f"q{i}", f"question {i}", ["Paris"] if i % 2 == 0 else ["Lyon"], data_source=f"d{i % 2}")
           for i in range(5)]
     gen, scorer = ScriptedGenerator(), FakeScorer()
     seen: list[int] = []
@@ -345,13 +364,16 @@ async def test_evaluate_writes_json_and_markdown(tmp_path):
                           "capital", "city", i < 2) for i in range(3)]
     data = _write_parquet(tmp_path / "test.parquet", rows)
     run = await evaluate(data, tmp_path / "out", ScriptedGenerator(), CharCodec(), None, _search, FakeScorer(),
-                         EvalConfig(samples=1, limits=AgentLimits(max_turns=2)), meta={"model": "scripted"})
+                         EvalConfig(samples=1, limits=AgentLimits(max_turns=2), group_by=WORLD_GROUPS),
+                         meta={"model": "scripted"})
     doc = json.loads((tmp_path / "out" / "eval.json").read_text())
     assert set(doc) == {"meta", "summary", "records"}
     assert doc["meta"]["model"] == "scripted" and doc["meta"]["questions"] == 3 and doc["meta"]["samples"] == 1
     assert len(doc["records"]) == 6
     assert doc["summary"]["greedy"]["overall"]["em"] == 1.0 and doc["summary"]["sampled"]["overall"]["em"] == 0.0
     assert set(doc["summary"]["greedy"]["by"]["knowledge"]) == {"known", "unknown"}
+    assert list(doc["summary"]["greedy"]["by"]) == list(WORLD_GROUPS) and doc["meta"]["group_by"] == list(WORLD_GROUPS)
+    assert (doc["records"][0]["question_type"], doc["records"][0]["knowledge"]) == ("capital", "known")
     assert doc == run.document
     md = (tmp_path / "out" / "eval.md").read_text()
     assert "### by knowledge" in md and "| world_unknown_single_hop | 1 | 1 |" in md
