@@ -5,7 +5,7 @@ dependence, no hashing of strings).
 
 Kinds: countries (capital), cities (country, founding year), people (birth city, birth year,
 occupation, employer), companies (headquarters, founder, industry, founding year). Names are built from
-words of a fixed lexicon of syllable words (`name_lexicon`), so no real model knows them, and each word
+words of a fixed lexicon of syllable words (`names.name_lexicon`), so no real model knows them, and each word
 is one token of the world's tokenizer. A small closed set of entities is *known*: their relations point
 only to other known entities, and the warm start teaches their facts by heart, so questions about them
 need no search. Unknown entities relate only to unknown entities, so an unknown single-hop question
@@ -14,23 +14,23 @@ needs one search and an unknown two-hop question two.
 Each passage is the entity's fact sentences (`fact_sentence`) in a seeded order; a trace's final
 `<think>` restates exactly one of them, so reading is copying the value out of the passage.
 
-Not here: files (`build.py`), tokens (`tokenizer.py`), traces (`traces.py`).
+Not here: names (`names.py`), files (`build.py`), tokens (`tokenizer.py`), traces (`traces.py`).
 """
 
 from __future__ import annotations
 
-import functools
 import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from searchr1.world.names import (  # noqa: F401  (re-exported: the world's name vocabulary)
+    COMPANY_SUFFIXES,
+    STOP_WORDS,
+    Names,
+    name_lexicon,
+)
 from searchr1.world.settings import GeneratorSettings
 
-_ONSETS = ("b", "br", "c", "d", "dr", "f", "g", "gr", "h", "j", "k", "kr", "l", "m", "n", "p", "pr",
-           "qu", "r", "s", "sh", "st", "t", "th", "tr", "v", "w", "z")
-_VOWELS = ("a", "e", "i", "o", "u", "a", "e", "o", "ae", "ai", "ei", "ou", "y")
-_CODAS = ("", "", "", "", "n", "r", "l", "s", "th", "x", "m", "nd", "rk")
-COMPANY_SUFFIXES = ("Works", "Labs", "Holdings", "Systems", "Foundry", "Trading", "Group", "Mills")
 OCCUPATIONS = ("painter", "engineer", "chemist", "sculptor", "architect", "botanist", "pilot", "composer",
                "surgeon", "cartographer", "weaver", "astronomer", "glassblower", "lawyer")
 INDUSTRIES = ("shipping", "mining", "textile", "software", "glassware", "banking", "farming", "printing",
@@ -251,84 +251,7 @@ def _article(word: str) -> str:
     return "an" if word[:1].lower() in "aeiou" else "a"
 
 
-def _syllable_word(rng: random.Random, syllables: int) -> str:
-    return "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS) for _ in range(syllables)).capitalize()
-
-
-@functools.lru_cache(maxsize=8)
-def name_lexicon(size: int) -> tuple[str, ...]:
-    """The closed set of capitalised syllable words every name is built from (the same for every world
-    and seed): each is one token of the world's tokenizer (` Word`), so copying a name out of a passage
-    is copying one or two tokens. Words of 3–9 letters, none a prefix of an English word of the fixed
-    texts (`STOP_WORDS`) or of a company suffix. Fresh warm-start worlds and the target world draw from
-    the same lexicon with different combinations and facts, so every name token is trained and
-    memorising facts cannot work."""
-    rng = random.Random("name-lexicon-v1")
-    words: list[str] = []
-    seen: set[str] = set()
-    for _ in range(200 * size + 10_000):
-        w = _syllable_word(rng, rng.choice((1, 2, 2)))
-        if 3 <= len(w) <= 9 and w not in seen and not any(f.startswith(w) for f in _FIXED_WORDS):
-            seen.add(w)
-            words.append(w)
-            if len(words) == size:
-                return tuple(words)
-    raise ValueError(f"cannot build a name lexicon of {size} words from the syllable set")
-
-
-STOP_WORDS = frozenset(
-    "the and but for who what which when where why how was were are is its his her him she they them than "
-    "then that this there these those with from into onto year born works city company country founded by "
-    "headquartered industry occupation capital doc title question answer search think information need find "
-    "results mention will again found beijing you your can call must reason every time get new knowledge "
-    "conduct reasoning first inside lack some engine query return top searched between provide directly "
-    "without detailed illustrations example".split())
-"""Lower-cased English words of the prompt, templates and trace phrases: never used as name words."""
-_FIXED_WORDS = tuple(w.capitalize() for w in sorted(STOP_WORDS)) + COMPANY_SUFFIXES
-# a name word is never a prefix of these (the tokenizer matches name words inside longer words too)
-
-
-class _Names:
-    """Names from the lexicon (`name_lexicon`): every name word is unique within a world, so a search for
-    a name finds exactly its passage; full names reserved in advance are avoided (the warm start reserves
-    the target world's, so it never trains on a held-out entity — with other facts or not)."""
-
-    def __init__(self, rng: random.Random, lexicon: tuple[str, ...], reserved: list[str],
-                 taken_words: list[str]):
-        self.rng = rng
-        self.lexicon = lexicon
-        self.used = set(reserved)
-        self.used_words = {w for name in taken_words for w in name.split() if w not in COMPANY_SUFFIXES}
-
-    def _unique(self, make, max_tries: int = 10_000) -> str:
-        for _ in range(max_tries):
-            name = make()
-            distinct = [w for w in name.split() if w not in COMPANY_SUFFIXES]
-            if name not in self.used and not any(w in self.used_words for w in distinct) \
-                    and len(set(distinct)) == len(distinct):
-                self.used.add(name)
-                self.used_words.update(distinct)
-                return name
-        raise RuntimeError(f"could not find a fresh name: the world needs more than the {len(self.lexicon)} "
-                           f"name words (raise generator.name_words)")
-
-    def _word(self) -> str:
-        return self.rng.choice(self.lexicon)
-
-    def person(self) -> str:
-        return self._unique(lambda: f"{self._word()} {self._word()}")
-
-    def city(self) -> str:
-        return self._unique(self._word)
-
-    def country(self) -> str:
-        return self._unique(self._word)
-
-    def company(self) -> str:
-        return self._unique(lambda: f"{self._word()} {self.rng.choice(COMPANY_SUFFIXES)}")
-
-
-def _make_group(rng: random.Random, names: _Names, counts: dict[str, int], known: bool,
+def _make_group(rng: random.Random, names: Names, counts: dict[str, int], known: bool,
                 prefix: str) -> list[Entity]:
     """A closed group of entities whose relations stay inside the group."""
     countries = [Entity(f"{prefix}country-{i:04d}", "country", names.country(), known, {})
@@ -368,7 +291,7 @@ def generate_known(settings: GeneratorSettings, seed: int) -> list[Entity]:
     rng = random.Random(f"known-{seed}")
     counts = {"country": settings.known_countries, "city": settings.known_cities,
               "person": settings.known_people, "company": settings.known_companies}
-    return _make_group(rng, _Names(rng, name_lexicon(settings.name_words), [], []), counts, True, "k-")
+    return _make_group(rng, Names(rng, name_lexicon(settings.name_words), [], []), counts, True, "k-")
 
 
 def generate_world(settings: GeneratorSettings, seed: int, known: list[Entity] | None = None,
@@ -380,7 +303,7 @@ def generate_world(settings: GeneratorSettings, seed: int, known: list[Entity] |
     known = generate_known(settings, seed) if known is None else [Entity.from_json(e.to_json()) for e in known]
     rng = random.Random(f"world-{seed}")
     known_names = [e.name for e in known]
-    names = _Names(rng, name_lexicon(settings.name_words), known_names + list(reserved_names), known_names)
+    names = Names(rng, name_lexicon(settings.name_words), known_names + list(reserved_names), known_names)
     counts = {"country": settings.countries - settings.known_countries,
               "city": settings.cities - settings.known_cities,
               "person": settings.people - settings.known_people,
