@@ -10,7 +10,7 @@ The command lines live in `DEFAULT_TEMPLATES` only (run configs may override the
 `[launcher.templates]`): lists of arguments after the `searchr1` command, where `{name}` is replaced by
 the values listed in `Placeholders`. This module runs nothing; `supervisor.py` does.
 
-Departure from the brief: Redis is started as a supervised process like the others (same logs, process
+Redis is started as a supervised process like the others (same logs, process
 group, death detection and shutdown order) using `searchr1.core.redis_server.find_redis_server` and the
 arguments `RedisServer` uses, instead of through the `RedisServer` helper itself.
 """

@@ -1,1 +1,1 @@
-"""searchr1 retriever service (see DESIGN §3.4)."""
+"""searchr1 retriever service (docs/architecture.md, "Services"; docs/retriever.md)."""
