@@ -1,4 +1,4 @@
-"""`searchr1 demo`: the tiny world end to end, through the real services, on one CPU box.
+"""`searchr1 demo`: the tiny world end to end, through the real services, on a few CPU cores.
 
 Stages (each a subprocess or a supervised launch, so a failure names the step and its log):
 
