@@ -29,6 +29,7 @@ from typing import Any
 
 from rich.console import Console
 
+from searchr1.launcher.logs import ConsoleFilter, console_text
 from searchr1.launcher.report import write_report
 from searchr1.launcher.settings import LauncherSettings
 from searchr1.launcher.specs import LaunchPlan, build_plan, eval_plan, total_steps
@@ -110,18 +111,16 @@ class Demo:
         log = self.paths.run_dir / "logs" / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         self._say(stage, f"searchr1 {' '.join(args)}  (log: {log})")
-        with log.open("ab") as f:
-            if not self.verbose:
-                rc = subprocess.run([*self.base, *args], stdout=f, stderr=subprocess.STDOUT).returncode
-            else:  # the file and the console both get every line
-                with subprocess.Popen([*self.base, *args], stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT) as proc:
-                    assert proc.stdout is not None
-                    for line in proc.stdout:
-                        f.write(line)
-                        self.console.print(f"{name} │ " + line.decode(errors="replace").rstrip(), markup=False,
-                                           highlight=False, soft_wrap=True)
-                rc = proc.returncode
+        keep = ConsoleFilter()
+        with log.open("ab") as f, subprocess.Popen([*self.base, *args], stdout=subprocess.PIPE,
+                                                   stderr=subprocess.STDOUT) as proc:
+            assert proc.stdout is not None
+            for raw in proc.stdout:  # the file gets every line, the console what matters (all if verbose)
+                f.write(raw)
+                text = console_text(raw.rstrip(b"\n"))
+                if text and (keep(text) or self.verbose):
+                    self.console.print(f"{name} │ {text}", markup=False, highlight=False, soft_wrap=True)
+        rc = proc.returncode
         if rc != 0:
             tail = log.read_text(errors="replace").splitlines()[-15:]
             raise DemoError(f"{name} failed with exit code {rc}; last lines of {log}:\n" + "\n".join(tail))
