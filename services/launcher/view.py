@@ -47,20 +47,26 @@ def progress_text(step: float | None, total: int | None, seconds_per_step: float
 
 
 class StepPace:
-    """Seconds per learner step, measured from the first step seen (start-up time does not count)."""
+    """Seconds per learner step, timed from the first step change seen: the start-up and the wait for the
+    first step (vLLM start-up, the first rollout) do not count."""
 
     def __init__(self) -> None:
-        self._first: tuple[float, float] | None = None
+        self._last: float | None = None
+        self._anchor: tuple[float, float] | None = None
         self.seconds_per_step: float | None = None
 
     def observe(self, step: float | None, now: float | None = None) -> None:
         if step is None:
             return
         now = time.monotonic() if now is None else now
-        if self._first is None or step < self._first[0]:
-            self._first = (step, now)
-        elif step > self._first[0]:
-            self.seconds_per_step = (now - self._first[1]) / (step - self._first[0])
+        if self._last is not None and step < self._last:  # a restart: measure afresh
+            self._anchor, self.seconds_per_step = None, None
+        elif self._last is not None and step > self._last:
+            if self._anchor is None:
+                self._anchor = (step, now)
+            else:
+                self.seconds_per_step = (now - self._anchor[1]) / (step - self._anchor[0])
+        self._last = step
 
 
 class LiveView:

@@ -29,17 +29,23 @@ def test_progress_text():
     assert progress_text(3, None, 2.0) == ""
 
 
-def test_step_pace_counts_from_the_first_step_seen():
+def test_step_pace_is_timed_from_the_first_step_change():
     pace = StepPace()
     pace.observe(None, now=0.0)
-    pace.observe(0, now=100.0)  # start-up (100 s) does not count
-    assert pace.seconds_per_step is None
+    pace.observe(0, now=100.0)
     pace.observe(0, now=104.0)
+    pace.observe(1, now=230.0)  # the wait for the first step (start-up, first rollout) does not count
     assert pace.seconds_per_step is None
-    pace.observe(2, now=110.0)
+    pace.observe(1, now=233.0)
+    pace.observe(3, now=240.0)
     assert pace.seconds_per_step == 5.0
-    pace.observe(4, now=130.0)
-    assert pace.seconds_per_step == 7.5
+    pace.observe(5, now=250.0)
+    assert pace.seconds_per_step == 5.0
+    pace.observe(0, now=300.0)  # a restart
+    assert pace.seconds_per_step is None
+    pace.observe(1, now=310.0)
+    pace.observe(2, now=314.0)
+    assert pace.seconds_per_step == 4.0
 
 
 def test_live_view_draws_nothing_off_a_terminal():
