@@ -87,8 +87,10 @@ def demo(
 ) -> None:
     """The tiny world end to end: world build and warm start (both cached), evaluation of the warm start,
     GRPO training through the real services (`searchr1 up`), evaluation of the result, and a report
-    (RUN_DIR/report.md + report.png) with a one-screen summary. Every process's output is in RUN_DIR/logs;
-    the console shows the stages, a progress bar and what needs attention (everything with --verbose)."""
+    (RUN_DIR/report.md + report.png) with a one-screen summary.
+
+    Every process's output is in RUN_DIR/logs; the console shows the stages, a progress bar and what needs
+    attention (everything with --verbose)."""
     import sys
 
     from rich.console import Console
