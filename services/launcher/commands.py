@@ -29,12 +29,15 @@ def up(
         "--run-dir", help="Run directory (logs in RUN_DIR/logs); default: run_dir of the launcher table.")] = None,
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="Print the processes and command lines that would run, then exit.")] = False,
+    verbose: Annotated[bool, typer.Option(
+        "--verbose", "-v", help="Stream every line of every process to the console (by default it shows "
+                                "warnings, errors and tracebacks; RUN_DIR/logs always has everything).")] = False,
 ) -> None:
     """Run the whole system locally: Redis, retriever, reward, rollout workers and learner.
 
-    Processes start in dependency order, each gated on its health check; their logs go to one prefixed
-    stream and to RUN_DIR/logs; a status line shows training progress. Ctrl-C (or the learner ending)
-    stops everything."""
+    Processes start in dependency order, each gated on its health check; each one's output goes to
+    RUN_DIR/logs/NAME.log, and the console shows the warnings, errors and tracebacks (every line with
+    --verbose) above a progress bar and a status line. Ctrl-C (or the learner ending) stops everything."""
     import asyncio
     import shlex
 
@@ -42,7 +45,7 @@ def up(
 
     from searchr1.core.settings import ConfigError, load_settings
     from searchr1.launcher.settings import LauncherSettings
-    from searchr1.launcher.specs import build_plan
+    from searchr1.launcher.specs import build_plan, total_steps
     from searchr1.launcher.status import StatusCollector
     from searchr1.launcher.supervisor import EXIT_REFUSED, Supervisor
 
@@ -67,7 +70,8 @@ def up(
         plan, console=console, grace_period_s=settings.grace_period_s,
         log_tail_lines=settings.log_tail_lines, die_with_launcher=settings.die_with_launcher,
         collector=collector, status_refresh_s=settings.status.refresh_s,
-        status_plain_interval_s=settings.status.plain_interval_s)
+        status_plain_interval_s=settings.status.plain_interval_s, verbose=verbose,
+        total_steps=total_steps(config))
     raise typer.Exit(asyncio.run(supervisor.run()))
 
 
@@ -77,10 +81,16 @@ def demo(
         = Path("configs/tiny-cpu.toml"),
     run_dir: Annotated[Path | None, typer.Option(
         "--run-dir", help="Run directory (must be new); default: run_dir of the launcher table.")] = None,
+    verbose: Annotated[bool, typer.Option(
+        "--verbose", "-v", help="Stream every line of every process to the console (by default it shows "
+                                "warnings, errors and tracebacks; RUN_DIR/logs always has everything).")] = False,
 ) -> None:
     """The tiny world end to end: world build and warm start (both cached), evaluation of the warm start,
     GRPO training through the real services (`searchr1 up`), evaluation of the result, and a report
-    (RUN_DIR/report.md + report.png) with a one-screen summary."""
+    (RUN_DIR/report.md + report.png) with a one-screen summary.
+
+    Every process's output is in RUN_DIR/logs; the console shows the stages, a progress bar and what needs
+    attention (everything with --verbose)."""
     import sys
 
     from rich.console import Console
@@ -95,7 +105,8 @@ def demo(
     try:
         settings = load_settings(LauncherSettings, config)
         paths = resolve_paths(settings, config.resolve(), run_dir)
-        report, lines = Demo(settings, config.resolve(), paths, console, cli_command(settings)).run()
+        report, lines = Demo(settings, config.resolve(), paths, console, cli_command(settings),
+                             verbose=verbose).run()
     except (ConfigError, ValueError, DemoError) as exc:
         console.print(f"[bold red]searchr1 demo: {exc}[/]")
         raise typer.Exit(1) from None

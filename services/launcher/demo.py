@@ -1,4 +1,4 @@
-"""`searchr1 demo`: the tiny world end to end, through the real services, on one CPU box.
+"""`searchr1 demo`: the tiny world end to end, through the real services, on a few CPU cores.
 
 Stages (each a subprocess or a supervised launch, so a failure names the step and its log):
 
@@ -8,6 +8,10 @@ Stages (each a subprocess or a supervised launch, so a failure names the step an
 4. train      `searchr1 up` (Redis, retriever, reward, rollout workers, GRPO learner)
 5. eval       the last published snapshot (with WARM's tokenizer)   → RUN/eval-after/
 6. report     RUN/report.md, report.png, report.json + a one-screen summary
+
+The console names each stage as `[n/6] stage` and, during stages 3-5, shows the supervisor's quiet view
+(warnings, errors, a progress bar with ETA, the status line); every process's full output is in
+RUN/logs/<name>.log, and `verbose` streams it all to the console as well.
 
 Imports only `searchr1.core` and this package; the services run as subprocesses.
 """
@@ -25,11 +29,14 @@ from typing import Any
 
 from rich.console import Console
 
+from searchr1.launcher.logs import ConsoleFilter, console_text
 from searchr1.launcher.report import write_report
 from searchr1.launcher.settings import LauncherSettings
-from searchr1.launcher.specs import LaunchPlan, build_plan, eval_plan
+from searchr1.launcher.specs import LaunchPlan, build_plan, eval_plan, total_steps
 from searchr1.launcher.status import StatusCollector
 from searchr1.launcher.supervisor import Supervisor
+
+STAGES = ("world", "warm start", "eval-before", "train", "eval-after", "report")
 
 
 class DemoError(RuntimeError):
@@ -81,23 +88,39 @@ def assemble_model(warmstart: Path, snapshot: Path, out: Path) -> Path:
 
 
 class Demo:
-    """Runs the stages; `console` shows progress and every service's prefixed log lines."""
+    """Runs the stages; `console` shows each stage and what needs attention (everything when `verbose`)."""
 
     def __init__(self, settings: LauncherSettings, config: Path, paths: DemoPaths, console: Console,
-                 base_command: list[str]) -> None:
+                 base_command: list[str], verbose: bool = False) -> None:
         self.s = settings
         self.config = config
         self.paths = paths
         self.console = console
         self.base = base_command
+        self.verbose = verbose
         self.timings: dict[str, float] = {}
 
-    def _run(self, name: str, args: list[str]) -> None:
+    def _say(self, stage: str, message: str) -> None:
+        n = STAGES.index(stage) + 1
+        self.console.print(f"[bold cyan]demo [{n}/{len(STAGES)}] {stage}[/]: {message}", soft_wrap=True)
+
+    def _title(self, stage: str) -> str:
+        return f"[{STAGES.index(stage) + 1}/{len(STAGES)}] {stage}"
+
+    def _run(self, stage: str, name: str, args: list[str]) -> None:
         log = self.paths.run_dir / "logs" / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        self.console.print(f"[bold cyan]demo[/] {name}: searchr1 {' '.join(args)}  (log: {log})")
-        with log.open("ab") as f:
-            rc = subprocess.run([*self.base, *args], stdout=f, stderr=subprocess.STDOUT).returncode
+        self._say(stage, f"searchr1 {' '.join(args)}  (log: {log})")
+        keep = ConsoleFilter()
+        with log.open("ab") as f, subprocess.Popen([*self.base, *args], stdout=subprocess.PIPE,
+                                                   stderr=subprocess.STDOUT) as proc:
+            assert proc.stdout is not None
+            for raw in proc.stdout:  # the file gets every line, the console what matters (all if verbose)
+                f.write(raw)
+                text = console_text(raw.rstrip(b"\n"))
+                if text and (keep(text) or self.verbose):
+                    self.console.print(f"{name} │ {text}", markup=False, highlight=False, soft_wrap=True)
+        rc = proc.returncode
         if rc != 0:
             tail = log.read_text(errors="replace").splitlines()[-15:]
             raise DemoError(f"{name} failed with exit code {rc}; last lines of {log}:\n" + "\n".join(tail))
@@ -111,22 +134,24 @@ class Demo:
 
     def world(self) -> None:
         if (self.paths.world / "manifest.json").is_file():
-            self.console.print(f"[bold cyan]demo[/] world: cached at {self.paths.world}")
+            self._say("world", f"cached at {self.paths.world}")
             return
-        self._run("world-build", ["world", "build", "--seed", str(self.s.demo.seed), "--out", str(self.paths.world)])
+        self._run("world", "world-build", ["world", "build", "--seed", str(self.s.demo.seed), "--out", str(self.paths.world)])
 
     def warmstart(self) -> None:
         if has_weights(self.paths.warmstart):
-            self.console.print(f"[bold cyan]demo[/] warm start: cached at {self.paths.warmstart}")
+            self._say("warm start", f"cached at {self.paths.warmstart}")
             return
-        self._run("warmstart", ["world", "warmstart", "--world", str(self.paths.world), "--out",
+        self._run("warm start", "warmstart", ["world", "warmstart", "--world", str(self.paths.world), "--out",
                                 str(self.paths.warmstart), *self.s.demo.warmstart_args])
 
-    async def _supervise(self, plan: LaunchPlan, collector: StatusCollector | None = None) -> int:
+    async def _supervise(self, stage: str, plan: LaunchPlan, collector: StatusCollector | None = None) -> int:
         sup = Supervisor(plan, console=self.console, grace_period_s=self.s.grace_period_s,
                          log_tail_lines=self.s.log_tail_lines, die_with_launcher=self.s.die_with_launcher,
                          collector=collector, status_refresh_s=self.s.status.refresh_s,
-                         status_plain_interval_s=self.s.status.plain_interval_s)
+                         status_plain_interval_s=self.s.status.plain_interval_s, verbose=self.verbose,
+                         title=self._title(stage),
+                         total_steps=total_steps(self.config) if collector is not None else None)
         return await sup.run()
 
     def evaluate(self, name: str, model: Path) -> dict[str, Any]:
@@ -135,8 +160,8 @@ class Demo:
         plan = eval_plan(plan, ["--model", str(model), "--data", str(self.paths.eval_data), "--out", str(out),
                                 *self.s.demo.eval_args], self.s.templates)
         plan.specs[-1].name = name
-        self.console.print(f"[bold cyan]demo[/] {name}: evaluating {model}")
-        rc = asyncio.run(self._supervise(plan))
+        self._say(name, f"evaluating {model}")
+        rc = asyncio.run(self._supervise(name, plan))
         if rc != 0:
             raise DemoError(f"{name} failed with exit code {rc} (logs in {plan.log_dir})")
         return json.loads((out / "eval.json").read_text())
@@ -147,8 +172,8 @@ class Demo:
             redis_url=plan.redis_url, run=plan.run, metrics_jsonl=plan.metrics_jsonl,
             learner_metrics_url=plan.learner_metrics_url, jsonl_keys=self.s.status.jsonl_keys,
             prometheus_names=self.s.status.prometheus_names)
-        self.console.print("[bold cyan]demo[/] train: searchr1 up (GRPO through the real services)")
-        rc = asyncio.run(self._supervise(plan, collector))
+        self._say("train", "searchr1 up (GRPO through the real services)")
+        rc = asyncio.run(self._supervise("train", plan, collector))
         if rc != 0:
             raise DemoError(f"training (searchr1 up) ended with exit code {rc} (logs in {plan.log_dir})")
 
@@ -168,4 +193,5 @@ class Demo:
         after = self._timed("eval-after", self.evaluate, "eval-after", final)
         meta = {"config": str(self.config), "world": str(p.world), "warm start": str(p.warmstart),
                 "final snapshot": snap.name, "stage seconds": {k: round(v, 1) for k, v in self.timings.items()}}
+        self._say("report", f"writing {p.run_dir / 'report.md'}")
         return write_report(p.run_dir, p.steps_log, before, after, meta)

@@ -1,14 +1,22 @@
-"""The log multiplexer: every process's stdout and stderr, line by line, into one coloured stream with a
-`name │` prefix (rich), and each process's lines into its own `RUN_DIR/logs/<name>.log`.
+"""The log multiplexer: every process's stdout and stderr, line by line, into its own
+`RUN_DIR/logs/<name>.log` (everything, as written) and onto one coloured console stream with a `name │`
+prefix (rich) — all of it with `verbose`, otherwise only the lines that matter to a person.
+
+What matters (`ConsoleFilter`, per pipe, since a traceback spans lines): the WARNING and above of this
+system's own loggers (`searchr1.*`), ERROR and CRITICAL lines of anyone, and Python tracebacks with their
+exception lines. Everything else — third-party INFO and WARNING lines (vLLM's start-up, Triton, NUMA,
+uvicorn's access log, Redis's banner), deprecation warnings, progress bars — stays in the files only.
+A process exiting is the supervisor's to report (with the tail of its file).
 
 Lines are split on `\\n`; for the console a line holding carriage returns (progress bars) shows only its
 last segment, while the file keeps the line as written. Reading is chunked, so a very long line never
-stalls a pipe. It does not interpret the lines (no levels, no parsing).
+stalls a pipe.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 from collections import deque
 from pathlib import Path
 from typing import BinaryIO
@@ -34,6 +42,57 @@ def console_text(line: bytes) -> str:
     return (segments[-1] if segments else b"").decode("utf-8", errors="replace")
 
 
+_LEVEL = re.compile(r"(?<![\w.-])(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)(?![\w.-])")
+_OWN_LOGGER = re.compile(r"^:?\s+searchr1(?:[.:\s]|$)")
+_WORKER_PREFIX = re.compile(r"^\((?:[\w-]+ )?pid=\d+\)\s?")
+_SEVERE = frozenset({"ERROR", "CRITICAL", "FATAL"})
+TRACEBACK = "Traceback (most recent call last):"
+
+
+def line_level(text: str) -> tuple[str | None, bool]:
+    """The first logging level word of a line (`WARNING`, `ERROR`...; None if none) and whether the logger
+    named right after it is one of this system's (`... WARNING searchr1.rollout.worker: ...`)."""
+    match = _LEVEL.search(text)
+    if match is None:
+        return None, False
+    return match.group(1), bool(_OWN_LOGGER.match(text[match.end():]))
+
+
+def worth_showing(text: str) -> bool:
+    """Whether one (non-traceback) line belongs on the quiet console: our WARNING and above, anyone's ERROR."""
+    level, own = line_level(text)
+    if level in _SEVERE:
+        return True
+    return own and level in ("WARNING", "WARN")
+
+
+class ConsoleFilter:
+    """Decides, line by line, what of one pipe reaches the quiet console (see the module docstring).
+
+    A traceback is shown whole: the `Traceback (most recent call last):` line, its indented frames, the
+    exception line and that line's indented continuation (a pydantic error's details, say). A vLLM worker's
+    `(EngineCore pid=N) ` prefix is looked through."""
+
+    def __init__(self) -> None:
+        self._state = "idle"  # idle | frames | detail
+
+    def __call__(self, text: str) -> bool:
+        body = _WORKER_PREFIX.sub("", text)
+        if body.startswith(TRACEBACK):
+            self._state = "frames"
+            return True
+        indented = body[:1].isspace()
+        if self._state == "frames":
+            if not indented:  # the exception line ends the frames
+                self._state = "detail"
+            return True
+        if self._state == "detail":
+            if indented and body.strip():
+                return True
+            self._state = "idle"
+        return worth_showing(body)
+
+
 def tail(path: Path, lines: int) -> list[str]:
     """The last `lines` lines of a text file ([] if it does not exist)."""
     if lines <= 0 or not path.is_file():
@@ -49,9 +108,11 @@ def tail(path: Path, lines: int) -> list[str]:
 class LogMux:
     """Prefixes, colours and fans out process output; the launcher's own messages go through `say`."""
 
-    def __init__(self, console: Console, log_dir: Path, names: list[str]) -> None:
+    def __init__(self, console: Console, log_dir: Path, names: list[str], *, verbose: bool = False) -> None:
         self.console = console
         self.log_dir = log_dir
+        self.verbose = verbose
+        """Stream every line to the console (else only what `ConsoleFilter` keeps)."""
         self.width = max([len(LAUNCHER), *(len(n) for n in names)])
         self._styles = {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(names)}
         self._styles[LAUNCHER] = "bold white"
@@ -92,22 +153,24 @@ class LogMux:
             self.emit(LAUNCHER, line, style)
 
     async def pump(self, name: str, stream: asyncio.StreamReader) -> None:
-        """Copy one pipe to the console and the process's log file until EOF."""
+        """Copy one pipe to the process's log file (all of it) and the console (all of it when verbose, else
+        what a `ConsoleFilter` keeps) until EOF."""
         f = self._files.get(name) or self.open(name)
+        keep = ConsoleFilter()
         rest = b""
         while True:
             chunk = await stream.read(_CHUNK)
             if not chunk:
                 break
             lines, rest = split_lines(rest + chunk)
-            self._write(name, f, lines)
+            self._write(name, f, lines, keep)
             if len(rest) > 1024 * 1024:  # an endless line: flush it as is
-                self._write(name, f, [rest])
+                self._write(name, f, [rest], keep)
                 rest = b""
         if rest:
-            self._write(name, f, [rest.rstrip(b"\r")])
+            self._write(name, f, [rest.rstrip(b"\r")], keep)
 
-    def _write(self, name: str, f: BinaryIO, lines: list[bytes]) -> None:
+    def _write(self, name: str, f: BinaryIO, lines: list[bytes], keep: ConsoleFilter) -> None:
         if not lines:
             return
         if not f.closed:
@@ -115,5 +178,5 @@ class LogMux:
             f.flush()
         for line in lines:
             text = console_text(line)
-            if text:
+            if text and (keep(text) or self.verbose):
                 self.emit(name, text)

@@ -10,7 +10,7 @@ The command lines live in `DEFAULT_TEMPLATES` only (run configs may override the
 `[launcher.templates]`): lists of arguments after the `searchr1` command, where `{name}` is replaced by
 the values listed in `Placeholders`. This module runs nothing; `supervisor.py` does.
 
-Departure from the brief: Redis is started as a supervised process like the others (same logs, process
+Redis is started as a supervised process like the others (same logs, process
 group, death detection and shutdown order) using `searchr1.core.redis_server.find_redis_server` and the
 arguments `RedisServer` uses, instead of through the `RedisServer` helper itself.
 """
@@ -24,7 +24,7 @@ from typing import Any
 
 from searchr1.core.redis_server import RedisNotFound, find_redis_server
 from searchr1.core.servers import free_port, port_is_free
-from searchr1.core.settings import ConfigError
+from searchr1.core.settings import ConfigError, read_config_file
 from searchr1.launcher.health import Gate, GrpcHealthGate, HttpGate, RedisPingGate
 from searchr1.launcher.settings import LauncherSettings
 
@@ -122,6 +122,19 @@ class LaunchPlan:
     @property
     def log_dir(self) -> Path:
         return self.run_dir / "logs"
+
+
+def total_steps(config: Path) -> int | None:
+    """The learner's `[learner.optim] total_steps` in the run config, for the progress bar (None when the
+    file does not name it: the bar then shows activity without an end)."""
+    try:
+        table: Any = read_config_file(config)
+    except (OSError, ValueError):
+        return None
+    for key in ("learner", "optim"):
+        table = table.get(key) if isinstance(table, dict) else None
+    steps = table.get("total_steps") if isinstance(table, dict) else None
+    return steps if isinstance(steps, int) and not isinstance(steps, bool) and steps > 0 else None
 
 
 def cli_command(settings: LauncherSettings) -> list[str]:

@@ -13,6 +13,10 @@ Every child runs in its own session/process group (`start_new_session=True`), so
 reaches only the launcher, which then stops the children in order, and a child's own children (vLLM's
 engine process, say) are signalled with it. On Linux each child also gets PR_SET_PDEATHSIG=SIGTERM, so
 even a launcher killed with SIGKILL does not leave its children running.
+
+The console (`LogMux`, `LiveView`): each process's whole output goes to `RUN_DIR/logs/<name>.log`; the
+console gets the launcher's own messages, the lines that matter (this system's warnings, errors,
+tracebacks) — every line with `verbose` — and at the bottom the stage, a progress bar and the status line.
 """
 
 from __future__ import annotations
@@ -29,14 +33,13 @@ from dataclasses import dataclass, field
 from itertools import groupby
 
 from rich.console import Console
-from rich.live import Live
-from rich.text import Text
 
 from searchr1.core.aio import stop_task
 from searchr1.launcher.health import check_all
 from searchr1.launcher.logs import LogMux, tail
 from searchr1.launcher.specs import LaunchPlan, ProcessSpec
 from searchr1.launcher.status import StatusCollector, render_status
+from searchr1.launcher.view import LiveView
 
 EXIT_FAILED = 1
 EXIT_REFUSED = 2
@@ -115,7 +118,8 @@ class Supervisor:
     def __init__(self, plan: LaunchPlan, *, console: Console, grace_period_s: float = 10.0,
                  log_tail_lines: int = 20, die_with_launcher: bool = True,
                  collector: StatusCollector | None = None, status_refresh_s: float = 1.0,
-                 status_plain_interval_s: float = 15.0) -> None:
+                 status_plain_interval_s: float = 15.0, verbose: bool = False, title: str = "searchr1 up",
+                 total_steps: int | None = None) -> None:
         self.plan = plan
         self.console = console
         self.grace_period_s = grace_period_s
@@ -124,14 +128,15 @@ class Supervisor:
         self.collector = collector
         self.status_refresh_s = status_refresh_s
         self.status_plain_interval_s = status_plain_interval_s
-        self.mux = LogMux(console, plan.log_dir, [s.name for s in plan.specs])
+        self.verbose = verbose
+        self.mux = LogMux(console, plan.log_dir, [s.name for s in plan.specs], verbose=verbose)
+        self.view = LiveView(console, title, total_steps)
         self.running: dict[str, Running] = {}
         self._wake = asyncio.Event()
         self._force = asyncio.Event()
         self._signal: int | None = None
         self._status_task: asyncio.Task | None = None
         self._status_halt = asyncio.Event()
-        self._live: Live | None = None
         self.last_status: str | None = None
         """The last rendered status line (printed once more when the run ends)."""
 
@@ -151,6 +156,9 @@ class Supervisor:
         self.plan.log_dir.mkdir(parents=True, exist_ok=True)
         self._install_signals()
         code = EXIT_FAILED
+        if not self.verbose:
+            self.mux.say(f"logs in {self.plan.log_dir} (--verbose streams them here)")
+        self.view.start()
         try:
             try:
                 await self._start_all()
@@ -164,11 +172,13 @@ class Supervisor:
                     self._say_tail(name)
         finally:  # whatever happened above (even a bug or a cancellation), nothing is left running
             await self._stop_status()
+            self.view.phase("stopping")
             await asyncio.shield(self._stop_all())
             self._remove_signals()
             if self.collector is not None:
                 await self.collector.close()
             self.mux.close_all()
+            self.view.stop()
         self.mux.say(f"exit code {code}", "bold" if code == 0 else "bold red")
         return code
 
@@ -178,11 +188,14 @@ class Supervisor:
             for spec in specs:
                 self._check_stop()
                 await self._spawn(spec)
+            names = ", ".join(s.name for s in specs)
+            self.view.phase(f"running {names}" if all(s.oneshot for s in specs) else f"waiting for {names}")
             if all(s.oneshot for s in specs):
                 await self._wait_oneshot(specs)
             else:
                 await self._gate(specs)
         self.mux.say(f"all processes up; logs in {self.plan.log_dir}", "bold green")
+        self.view.phase("running" if self.collector is None else "training")
 
     async def _watch(self) -> int:
         if self.collector is not None:
@@ -195,10 +208,12 @@ class Supervisor:
 
     # ---------------------------------------------------------------- start
     async def _spawn(self, spec: ProcessSpec) -> Running:
-        self.mux.say(f"starting {spec.name}: {shlex.join(spec.argv)}")
+        self.mux.say(f"starting {spec.name}: {shlex.join(spec.argv)}" if self.verbose else f"starting {spec.name}")
+        self.view.phase(f"starting {spec.name}")
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env}
         log = self.mux.open(spec.name)
-        log.write(f"--- searchr1 up: {spec.name} starting at {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())
+        log.write(f"--- searchr1 up: {spec.name} starting at {time.strftime('%Y-%m-%d %H:%M:%S')}: "
+                  f"{shlex.join(spec.argv)} ---\n".encode())
         log.flush()
         for directory in spec.make_dirs:
             directory.mkdir(parents=True, exist_ok=True)
@@ -377,29 +392,20 @@ class Supervisor:
     async def _status_loop(self) -> None:
         assert self.collector is not None
         last_plain = 0.0
-        if self.console.is_terminal:
-            self._live = Live(Text(""), console=self.console, refresh_per_second=4, transient=True,
-                              redirect_stdout=False, redirect_stderr=False)
-            self._live.start()
-        try:
-            while not self._status_halt.is_set():  # a cancel can be lost in a Redis call (core.aio)
-                try:
-                    async with asyncio.timeout(max(2.0, self.status_refresh_s)):
-                        snap = await self.collector.collect()
-                except (TimeoutError, OSError):
-                    snap = None
-                if snap is not None:
-                    line = self.last_status = render_status(snap)
-                    if self._live is not None:
-                        self._live.update(Text(line, style="bold"))
-                    elif time.monotonic() - last_plain >= self.status_plain_interval_s:
-                        last_plain = time.monotonic()
-                        self.mux.say(f"status: {line}", "bold")
-                await asyncio.sleep(self.status_refresh_s)
-        finally:
-            if self._live is not None:
-                self._live.stop()
-                self._live = None
+        while not self._status_halt.is_set():  # a cancel can be lost in a Redis call (core.aio)
+            try:
+                async with asyncio.timeout(max(2.0, self.status_refresh_s)):
+                    snap = await self.collector.collect()
+            except (TimeoutError, OSError):
+                snap = None
+            if snap is not None:
+                line = self.last_status = render_status(snap)
+                self.view.update(snap.step, line)
+                if not self.view.active and time.monotonic() - last_plain >= self.status_plain_interval_s:
+                    last_plain = time.monotonic()
+                    progress = self.view.plain_progress(snap.step)
+                    self.mux.say(f"status: {line}" + (f"  [{progress}]" if progress else ""), "bold")
+            await asyncio.sleep(self.status_refresh_s)
 
     async def _stop_status(self) -> None:
         if self._status_task is not None:

@@ -1,1 +1,1 @@
-"""searchr1 learner service (see DESIGN §3.4)."""
+"""searchr1 learner service (docs/architecture.md, "Services"; docs/learner.md)."""

@@ -1,1 +1,1 @@
-"""searchr1 reward service (see DESIGN §3.4)."""
+"""searchr1 reward service (docs/architecture.md, "Services"; docs/reward.md)."""

@@ -1,1 +1,1 @@
-"""searchr1 rollout service (see DESIGN §3.4)."""
+"""searchr1 rollout service (docs/architecture.md, "Services"; docs/rollout.md)."""

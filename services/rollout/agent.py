@@ -1,4 +1,4 @@
-"""The multi-turn search agent: one trajectory as a small state machine (DESIGN §3.1).
+"""The multi-turn search agent: one trajectory as a small state machine (docs/architecture.md, "Protocol").
 
     GENERATE turn ──stop `</answer>`──────────────────────────────► done (answer)
        │  ├─stop `</search>` → SEARCH → observation (mask 0) ──► GENERATE (next turn)

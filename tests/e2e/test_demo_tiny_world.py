@@ -50,7 +50,7 @@ def shortened_config(root: Path, steps: int = STEPS) -> str:
     return text
 
 
-@pytest.mark.timeout(2400)  # 10 min on this 2-core box (5.9 s/step); a shared one can double it
+@pytest.mark.timeout(2400)  # 10 min on 2 cores (5.9 s/step); shared cores can double it
 def test_demo_learns_through_the_real_services(tmp_path):
     cfg = tmp_path / "e2e.toml"
     cfg.write_text(shortened_config(tmp_path))

@@ -57,7 +57,8 @@ def save():
 
 save()
 print(f"hello from {name}", flush=True)
-print(f"warning from {name}", file=sys.stderr, flush=True)
+print(f"(EngineCore pid=1) INFO 11-24 04:52:48 [core.py:133] noise from {name}", file=sys.stderr, flush=True)
+print(f"2026-11-24 04:52:48,000 WARNING searchr1.fake: warning from {name}", file=sys.stderr, flush=True)
 
 if name == "index-build":
     Path(a.out).mkdir(parents=True)
@@ -205,14 +206,15 @@ def write_config(tmp_path: Path, *, workers: int = 1, retriever: list[str] = (),
     return cfg
 
 
-def launch(tmp_path: Path, cfg: Path, *extra_env: tuple[str, str]) -> tuple[subprocess.Popen, Path, Path]:
+def launch(tmp_path: Path, cfg: Path, *extra_env: tuple[str, str], flags: tuple[str, ...] = ()
+           ) -> tuple[subprocess.Popen, Path, Path]:
     records = tmp_path / "records"
     records.mkdir(exist_ok=True)
     run_dir = tmp_path / "run"
     env = {**os.environ, "FAKE_RECORD_DIR": str(records), "PYTHONUNBUFFERED": "1", **dict(extra_env)}
     env.pop("LAUNCHER_RUN_DIR", None)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "searchr1.launcher", "--config", str(cfg), "--run-dir", str(run_dir)],
+        [sys.executable, "-m", "searchr1.launcher", "--config", str(cfg), "--run-dir", str(run_dir), *flags],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path,
     )
     return proc, records, run_dir
@@ -307,17 +309,21 @@ def test_learner_exit_ends_the_run_with_its_code_in_dependency_order(tmp_path):
                for line in status), status
 
 
-def test_logs_are_prefixed_and_written_per_process(tmp_path):
+@pytest.mark.parametrize("verbose", [False, True])
+def test_logs_are_prefixed_and_written_per_process(tmp_path, verbose):
     cfg = write_config(tmp_path, workers=1, learner=["--fake-exit-after", "0.2"])
-    proc, _records, run_dir = launch(tmp_path, cfg)
+    proc, _records, run_dir = launch(tmp_path, cfg, flags=("--verbose",) if verbose else ())
     code, out = finish(proc)
     assert code == 0, out
     lines = out.splitlines()
+    assert ("(--verbose streams them here)" in out) != verbose, out
     for name in ("retriever", "reward", "rollout-0", "learner"):
-        assert any(line.strip().startswith(f"{name} │ hello from {name}") for line in lines), (name, out)
-        assert any(f"{name} │ warning from {name}" in line for line in lines), name
+        # the console: our warnings always, everything else only with --verbose
+        assert any(f"{name} │ " in line and f"searchr1.fake: warning from {name}" in line for line in lines), name
+        assert any(line.strip().startswith(f"{name} │ hello from {name}") for line in lines) == verbose, out
+        assert any(f"noise from {name}" in line for line in lines) == verbose, out
         log = (run_dir / "logs" / f"{name}.log").read_text()
-        assert f"hello from {name}" in log and f"warning from {name}" in log
+        assert f"hello from {name}" in log and f"warning from {name}" in log and f"noise from {name}" in log
         assert "│" not in log  # files hold the process's own lines, unprefixed
     assert "PONG" not in (run_dir / "logs" / "redis.log").read_text() or True
     assert (run_dir / "logs" / "redis.log").exists()

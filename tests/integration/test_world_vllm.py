@@ -1,5 +1,5 @@
 """vLLM (CPU build) loads a world's model directory and generates with the protocol's stop strings, on the
-same prompt token ids as the HF tokenizer. Slow (the engine takes minutes to start on a shared box):
+same prompt token ids as the HF tokenizer. Slow (the engine takes minutes to start on shared cores):
 run with `-m slow`."""
 
 from __future__ import annotations

@@ -1,10 +1,24 @@
 """Demo helpers: paths from the run config, the latest snapshot, assembling a loadable final model,
-and the eval plan (retriever + reward + one main `searchr1 eval`)."""
+the eval plan (retriever + reward + one main `searchr1 eval`), and a one-shot stage's console: its
+`[n/6]` line and its warnings, or every line with `verbose`; its log file keeps everything either way."""
 
 from __future__ import annotations
 
+import io
+import sys
+
+import pytest
+from rich.console import Console
+
 from searchr1.core.settings import load_settings
-from searchr1.launcher.demo import assemble_model, has_weights, latest_snapshot, resolve_paths
+from searchr1.launcher.demo import (
+    Demo,
+    DemoError,
+    assemble_model,
+    has_weights,
+    latest_snapshot,
+    resolve_paths,
+)
 from searchr1.launcher.settings import LauncherSettings
 from searchr1.launcher.specs import build_plan, eval_plan
 
@@ -75,3 +89,33 @@ def test_eval_plan_keeps_services_and_runs_eval_as_main(tmp_path, monkeypatch):
     assert argv[argv.index("--retriever") + 1] == plan.values["retriever_grpc"]
     assert argv[argv.index("--reward") + 1] == plan.values["reward_url"]
     assert argv[-4:] == ["--model", "M", "--data", "D"]
+
+
+_STAGE_SCRIPT = """
+import sys
+print("2026-11-24 04:52:19,583 INFO vllm.config: noise", flush=True)
+print("2026-11-24 04:52:19,584 WARNING searchr1.world: something to see", file=sys.stderr, flush=True)
+sys.exit(int(sys.argv[-1]))
+"""
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_a_stage_shows_its_line_and_keeps_its_output_in_the_log(tmp_path, monkeypatch, verbose):
+    monkeypatch.chdir(tmp_path)
+    cfg = _config(tmp_path)
+    s = load_settings(LauncherSettings, cfg)
+    script = tmp_path / "stage.py"
+    script.write_text(_STAGE_SCRIPT)
+    buf = io.StringIO()
+    console = Console(file=buf, width=200, force_terminal=False, color_system=None)
+    demo = Demo(s, cfg, resolve_paths(s, cfg, None), console, [sys.executable, str(script)], verbose=verbose)
+    demo._run("world", "world-build", ["0"])
+    out = buf.getvalue().splitlines()
+    assert out[0].startswith("demo [1/6] world: searchr1 0  (log: ") and out[0].endswith("world-build.log)")
+    warning = "world-build │ 2026-11-24 04:52:19,584 WARNING searchr1.world: something to see"
+    assert out[1:] == (["world-build │ 2026-11-24 04:52:19,583 INFO vllm.config: noise", warning]
+                       if verbose else [warning])
+    log = (tmp_path / "RUN" / "logs" / "world-build.log").read_text()
+    assert "INFO vllm.config: noise" in log and "WARNING searchr1.world: something to see" in log
+    with pytest.raises(DemoError, match=r"world-build failed with exit code 3(.|\n)*something to see"):
+        demo._run("world", "world-build", ["3"])
