@@ -38,7 +38,7 @@ def register(groups: Groups) -> None:
         from searchr1.learner.service import run_learner
         from searchr1.learner.settings import LearnerSettings
 
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         overrides: dict = {}
         settings = load_settings(LearnerSettings, config)
         if model:
