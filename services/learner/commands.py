@@ -1,5 +1,5 @@
 """CLI commands of the learner service, registered into `searchr1` by `searchr1.cli`:
-`searchr1 train --config …` and `searchr1 data prepare`.
+`searchr1 train --config …`, `searchr1 data prepare` and `searchr1 data fetch`.
 
 Keep this module light: Typer at import time only; heavy imports go inside the commands.
 """
@@ -69,3 +69,36 @@ def register(groups: Groups) -> None:
         except DatasetError as exc:
             raise typer.BadParameter(str(exc)) from exc
         typer.echo(f"wrote {n} tasks to {dst}")
+
+    @groups.data.command("fetch")
+    def fetch(
+        out: Annotated[Path, typer.Argument(help="Directory for train.parquet and test.parquet.")],
+        template: Annotated[str, typer.Option(help="base | instruct (the same rows; see searchr1.learner.fetch).")]
+        = "base",
+        train_sources: Annotated[str, typer.Option(help="Comma-separated FlashRAG configs for train.parquet "
+                                                   "('' to skip).")] = "nq,hotpotqa",
+        test_sources: Annotated[str, typer.Option(help="Comma-separated FlashRAG configs for test.parquet "
+                                                  "('' to skip).")]
+        = "nq,triviaqa,popqa,hotpotqa,2wikimultihopqa,musique,bamboogle",
+        repo: Annotated[str, typer.Option(help="Hub dataset repository, or a local copy of it.")]
+        = "RUC-NLPIR/FlashRAG_datasets",
+        revision: Annotated[str | None, typer.Option(help="Hub revision (branch, tag or commit).")] = None,
+        cache_dir: Annotated[Path | None, typer.Option(help="datasets cache directory.")] = None,
+    ) -> None:
+        """Build Search-R1's train/test parquet (nq+hotpotqa; the 7 evaluation sets) from the FlashRAG datasets."""
+        from searchr1.learner.data import DatasetError
+        from searchr1.learner.fetch import fetch_search_r1_data
+
+        def names(text: str) -> list[str]:
+            return [n.strip() for n in text.split(",") if n.strip()]
+
+        try:
+            result = fetch_search_r1_data(out, train_sources=names(train_sources), test_sources=names(test_sources),
+                                          repo=repo, template=template, revision=revision,
+                                          cache_dir=str(cache_dir) if cache_dir else None)
+        except (DatasetError, ValueError) as exc:
+            raise typer.BadParameter(str(exc)) from exc
+        for path, counts in ((result.train, result.train_counts), (result.test, result.test_counts)):
+            if path is not None:
+                detail = ", ".join(f"{k} {v}" for k, v in counts.items())
+                typer.echo(f"wrote {sum(counts.values())} rows to {path} ({detail})")

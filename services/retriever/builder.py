@@ -198,11 +198,21 @@ def faiss_kind(index) -> str:
     raise ValueError(f"unsupported FAISS index type {type(index).__name__} (flat, HNSW or IVF-PQ expected)")
 
 
+def faiss_metric(index) -> str:
+    """ip / l2 for a FAISS index's metric type."""
+    import faiss
+
+    names = {faiss.METRIC_INNER_PRODUCT: "ip", faiss.METRIC_L2: "l2"}
+    if index.metric_type not in names:
+        raise ValueError(f"unsupported FAISS metric type {index.metric_type} (inner product or L2 expected)")
+    return names[index.metric_type]
+
+
 def import_faiss_index(faiss_path: str | Path, corpus_path: str | Path, out: str | Path, spec: EncoderSpec,
                        *, link: bool = True) -> Manifest:
     """Adopt an existing FAISS index (e.g. Search-R1's prebuilt `e5_Flat.index` over wiki-18, rows = corpus
-    lines) without re-encoding: check its row count against the corpus, write offsets and the manifest,
-    and symlink (or copy) the index file. The encoder spec is taken on trust — it must be the one that
+    lines) without re-encoding: check its row count against the corpus, write offsets and the manifest
+    (encoder, convention, dimension, metric), and symlink (or copy) the index file. The encoder spec is taken on trust — it must be the one that
     made the vectors (Search-R1's: intfloat/e5-base-v2, e5 convention, mean pooling, normalised)."""
     import faiss
 
@@ -223,6 +233,7 @@ def import_faiss_index(faiss_path: str | Path, corpus_path: str | Path, out: str
     else:
         shutil.copyfile(faiss_path, target)
     manifest = Manifest(kind=kind, count=int(index.ntotal), corpus=corpus_info(corpus_path, scan), dim=int(index.d),
-                        encoder=asdict(spec), faiss=asdict(FaissParams()), created_at=time.time())
+                        encoder=asdict(spec), faiss=asdict(FaissParams()), metric=faiss_metric(index),
+                        created_at=time.time())
     manifest.write(out)
     return manifest

@@ -1,5 +1,6 @@
 """CLI commands of the retriever service, registered into `searchr1` by `searchr1.cli`:
-`searchr1 index build`, `searchr1 index info` and `searchr1 serve retriever`.
+`searchr1 index build`, `index import`, `index fetch`, `index convert`, `index info` and
+`searchr1 serve retriever`.
 
 Keep this module light: Typer at import time only; heavy imports go inside the commands.
 """
@@ -104,6 +105,74 @@ def register(groups: Groups) -> None:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None
         typer.echo(f"imported {m.kind} index of {m.count} × {m.dim} into {out}", err=True)
+
+    @groups.index.command("fetch")
+    def fetch(
+        out: Annotated[Path, typer.Option(help="Download directory (e5_Flat.index and wiki-18.jsonl land here).")],
+        index_repo: Annotated[str, typer.Option(help="Hub dataset holding the index parts.")]
+        = "PeterJinGo/wiki-18-e5-index",
+        parts: Annotated[str, typer.Option(help="Comma-separated part files, concatenated in this order.")]
+        = "part_aa,part_ab",
+        corpus_repo: Annotated[str, typer.Option(help="Hub dataset holding the corpus.")] = "PeterJinGo/wiki-18-corpus",
+        corpus_file: Annotated[str, typer.Option(help="Corpus file in that dataset (.gz is decompressed).")]
+        = "wiki-18.jsonl.gz",
+        revision: Annotated[str | None, typer.Option(help="Hub revision of both datasets.")] = None,
+        endpoint: Annotated[str | None, typer.Option(help="Hub endpoint (default: HF_ENDPOINT or huggingface.co).")]
+        = None,
+        sha256: Annotated[str | None, typer.Option(help="Expected sha256 of the concatenated index.")] = None,
+        verify: Annotated[bool, typer.Option(help="Read the concatenated index back and check its sha256.")] = True,
+        keep_parts: Annotated[bool, typer.Option(help="Keep the parts (and the .gz) after assembling.")] = True,
+        encoder: Annotated[str | None, typer.Option(help="Local directory of the encoder that made the vectors "
+                                                    "(intfloat/e5-base-v2): import into OUT/index too.")] = None,
+        convention: Annotated[str, typer.Option(help="Import: auto | e5 | bge | plain.")] = "e5",
+    ) -> None:
+        """Fetch Search-R1's wiki-18 corpus and e5 Flat index from the hub (resumable, sha256-checked)."""
+        from searchr1.retriever.fetch import FetchError, fetch_corpus, fetch_index
+
+        try:
+            idx = fetch_index(out, repo_id=index_repo, parts=[p.strip() for p in parts.split(",") if p.strip()],
+                              revision=revision, endpoint=endpoint, expected_sha256=sha256, verify=verify,
+                              keep_parts=keep_parts)
+            corpus = fetch_corpus(out, repo_id=corpus_repo, filename=corpus_file, revision=revision,
+                                  endpoint=endpoint, keep_archive=keep_parts)
+        except (FetchError, ValueError, OSError) as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+        for f in (idx, corpus):
+            typer.echo(f"{'kept' if f.reused else 'fetched'} {f.path} ({f.size} bytes, sha256 {f.sha256})", err=True)
+        if encoder is None:
+            typer.echo(f"next: searchr1 index import --faiss {idx.path} --corpus {corpus.path} --out {out / 'index'} "
+                       "--encoder <local e5-base-v2 directory> --convention e5", err=True)
+            return
+        import_index(faiss_index=idx.path, corpus=corpus.path, out=out / "index", encoder=encoder,
+                     convention=convention)
+
+    @groups.index.command("convert")
+    def convert(
+        src: Annotated[Path, typer.Option("--from", help="Flat index directory (built or imported).", exists=True,
+                                          file_okay=False)],
+        out: Annotated[Path, typer.Option(help="Index directory to write.")],
+        kind: Annotated[str, typer.Option(help="ivfpq (small: for hosts that cannot hold the Flat index) | hnsw.")]
+        = "ivfpq",
+        nlist: Annotated[int, typer.Option(min=1, help="IVF cells (clamped to count/39).")] = 4096,
+        pq_m: Annotated[int, typer.Option(min=0, help="PQ sub-quantizers (0: dim/8).")] = 0,
+        hnsw_m: Annotated[int, typer.Option(min=4, help="HNSW graph degree.")] = 32,
+        ef_construction: Annotated[int, typer.Option(min=8, help="HNSW efConstruction.")] = 200,
+        threads: Annotated[int, typer.Option(min=1, help="FAISS threads.")] = 1,
+    ) -> None:
+        """Rewrite a Flat index as IVF-PQ or HNSW without re-encoding (reads the Flat file memory-mapped)."""
+        from searchr1.retriever.convert import convert_index
+        from searchr1.retriever.indexes import FaissParams, configure_faiss
+        from searchr1.retriever.manifest import IndexMismatchError
+
+        configure_faiss(threads)
+        params = FaissParams(hnsw_m=hnsw_m, hnsw_ef_construction=ef_construction, ivf_nlist=nlist, pq_m=pq_m)
+        try:
+            m = convert_index(src, out, kind, params=params)
+        except (IndexMismatchError, ValueError) as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+        typer.echo(f"converted {m.count} × {m.dim} into a {m.kind} index in {out}", err=True)
 
     @groups.index.command("info")
     def info(index: Annotated[Path, typer.Argument(help="Index directory.", exists=True, file_okay=False)]) -> None:

@@ -88,8 +88,12 @@ def load_index(
     threads: int = 1,
     bm25_numba: bool | None = None,
     gpu: bool = False,
+    mmap: bool = False,
 ) -> LoadedIndex:
-    """Open an index directory: check manifest vs corpus, encoder and index file, then build its searcher."""
+    """Open an index directory: check manifest vs corpus, encoder and index file, then build its searcher.
+
+    `mmap`: map the FAISS file read-only instead of reading it into memory (a Flat index larger than RAM
+    is then paged in by the OS as it is searched; not combined with `gpu`)."""
     index_dir = Path(index_dir)
     manifest = Manifest.read(index_dir)
     cpath = Path(corpus_path).resolve() if corpus_path else Path(manifest.corpus.path)
@@ -109,7 +113,8 @@ def load_index(
     spec = manifest.encoder_spec
     assert spec is not None
     check_encoder(manifest, expected_encoder)
-    index = faiss.read_index(str(index_dir / FAISS_FILE))
+    flags = faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY if mmap and not gpu else 0
+    index = faiss.read_index(str(index_dir / FAISS_FILE), flags)
     if index.ntotal != manifest.count or index.d != manifest.dim:
         raise IndexMismatchError(f"{index_dir / FAISS_FILE} holds {index.ntotal}×{index.d}, the manifest says "
                                  f"{manifest.count}×{manifest.dim}")

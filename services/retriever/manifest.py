@@ -70,6 +70,8 @@ class Manifest:
     """EncoderSpec as a dict (None for bm25)."""
     faiss: dict[str, Any] = field(default_factory=dict)
     """FaissParams used to build (dense kinds)."""
+    metric: str = "ip"
+    """Similarity of the dense index: ip (inner product, what builds write) or l2 (an imported index)."""
     format_version: int = FORMAT_VERSION
     created_at: float = 0.0
 

@@ -50,6 +50,7 @@ def open_index(settings: RetrieverSettings) -> LoadedIndex:
     def _load(path) -> LoadedIndex:
         return load_index(path, encoder_factory=encoder_factory, corpus_path=settings.corpus,
                           full_check=settings.full_checksum, threads=settings.faiss_threads, gpu=s.faiss_gpu,
+                          mmap=s.faiss_mmap,
                           search_params={"hnsw_ef_search": s.hnsw_ef_search, "ivf_nprobe": s.ivf_nprobe})
 
     loaded = _load(settings.index)

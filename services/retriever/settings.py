@@ -51,6 +51,9 @@ class SearchSettings(Section):
     """Torch device of the query encoder (cpu, cuda, cuda:1…)."""
     faiss_gpu: bool = False
     """Shard the FAISS index over all visible GPUs (needs a faiss-gpu build; HNSW stays on CPU)."""
+    faiss_mmap: bool = False
+    """Memory-map the FAISS index file read-only instead of loading it (for a Flat index larger than RAM;
+    searches then read pages from disk; ignored with faiss_gpu)."""
     fp16: bool = False
     """Half precision on CUDA."""
     encoder_batch_size: int = Field(default=128, ge=1, le=65_536)

@@ -1,0 +1,191 @@
+"""Placement of one run on one multi-GPU node: from a `[placement]` table, which GPUs each process sees
+and the arguments that follow from it. Pure: it computes, it starts nothing.
+
+For each process it gives `CUDA_VISIBLE_DEVICES` and the environment overrides of that service's
+settings (vLLM's `tensor_parallel_size` and `gpu_memory_utilization` for each rollout worker, the
+retriever's device), and for the learner the `torchrun` command prefix (`--nproc_per_node`, master
+address and port) that starts its FSDP ranks. The rollout GPUs are cut, in the order listed, into
+groups of `tensor_parallel_size`, one vLLM worker per group.
+
+Errors are raised for a GPU out of range, a GPU listed twice, GPUs shared between roles (unless
+`colocate`: the learner and the rollout workers on the same GPUs, as Search-R1 runs them), a rollout GPU
+count that the tensor-parallel size does not divide, and ports that collide.
+
+Departure from Search-R1: Search-R1 (veRL's hybrid engine) puts the actor, reference and vLLM rollout on
+every GPU in turn; here the rollout workers and the learner are separate processes that may run side by
+side on disjoint GPUs (the default) or share them (`colocate`, with vLLM's memory fraction leaving the
+rest to FSDP). What it does not do: start processes or pick free ports (`searchr1.launcher.specs`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from searchr1.core.settings import Section, ServiceSettings
+
+__all__ = ["PlacementError", "PlacementSettings", "Placement", "ProcessPlacement", "plan_placement"]
+
+
+class PlacementError(ValueError):
+    """A placement that cannot run; the message names the GPUs or ports at fault."""
+
+
+class RolloutPlacement(Section):
+    gpus: list[int] = Field(default_factory=list)
+    """GPU indices the vLLM workers use, cut in this order into groups of `tensor_parallel_size`."""
+    tensor_parallel_size: int = Field(default=1, ge=1, le=64)
+    """GPUs one vLLM engine spans (`rollout.engine.tensor_parallel_size`)."""
+    gpu_memory_utilization: float = Field(default=0.85, gt=0.0, le=1.0)
+    """Fraction of each GPU's memory vLLM reserves (`rollout.engine.gpu_memory_utilization`); with
+    `colocate` it must leave room for the learner (Search-R1 runs 0.6)."""
+    vllm_port: int | None = Field(default=None, ge=1024, le=65535)
+    """First port of vLLM's own distributed set-up (`VLLM_PORT`); worker i gets `vllm_port + 100·i`
+    (None: vLLM picks free ports)."""
+
+
+class LearnerPlacement(Section):
+    gpus: list[int] = Field(default_factory=list)
+    """GPU indices of the learner's FSDP ranks, one rank per GPU, started by torchrun."""
+    master_addr: str = "127.0.0.1"
+    """torchrun `--master_addr` (one node: loopback)."""
+    master_port: int = Field(default=29500, ge=1024, le=65535)
+    """torchrun `--master_port`."""
+
+
+class RetrieverPlacement(Section):
+    device: Literal["cpu", "gpu"] = "cpu"
+    """Where the query encoder (and, with `faiss_gpu`, the FAISS index) runs."""
+    gpu: int | None = Field(default=None, ge=0)
+    """The GPU index when `device = "gpu"`."""
+    faiss_gpu: bool = False
+    """Also put the FAISS index on that GPU (`retriever.search.faiss_gpu`; a faiss-gpu build; the 61 GiB
+    wiki-18 Flat index does not fit one 80 GB GPU next to anything else)."""
+
+
+class PlacementSettings(ServiceSettings):
+    """Settings of the run's placement: table `[placement]` of the run config, env prefix `PLACEMENT_`."""
+
+    model_config = ServiceSettings.model_config | {"env_prefix": "PLACEMENT_"}
+    section: ClassVar[str] = "placement"
+
+    gpus: int = Field(default=8, ge=1, le=64)
+    """GPUs on the node (indices 0 … gpus-1)."""
+    colocate: bool = False
+    """Let the learner and the rollout workers share GPUs (vLLM takes `gpu_memory_utilization` of each)."""
+    rollout: RolloutPlacement = Field(default_factory=RolloutPlacement)
+    """The vLLM rollout workers."""
+    learner: LearnerPlacement = Field(default_factory=LearnerPlacement)
+    """The learner's FSDP ranks."""
+    retriever: RetrieverPlacement = Field(default_factory=RetrieverPlacement)
+    """The retriever."""
+
+    @model_validator(mode="after")
+    def _gpu_needs_index(self) -> PlacementSettings:
+        if self.retriever.device == "gpu" and self.retriever.gpu is None:
+            raise ValueError("retriever.device = 'gpu' needs retriever.gpu (a GPU index)")
+        if self.retriever.device == "cpu" and (self.retriever.gpu is not None or self.retriever.faiss_gpu):
+            raise ValueError("retriever.gpu / retriever.faiss_gpu need retriever.device = 'gpu'")
+        return self
+
+
+@dataclass(frozen=True)
+class ProcessPlacement:
+    """One process's share of the node."""
+
+    name: str
+    """`rollout-{i}`, `learner` or `retriever` (the launcher's process names)."""
+    gpus: tuple[int, ...]
+    """Physical GPU indices it sees (empty: CPU only)."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment to set: `CUDA_VISIBLE_DEVICES` (empty string hides every GPU) and settings overrides."""
+    command_prefix: tuple[str, ...] = ()
+    """Program and arguments before `-m searchr1.cli …` (torchrun for the learner; empty: the interpreter)."""
+
+    @property
+    def cuda_visible_devices(self) -> str:
+        return self.env["CUDA_VISIBLE_DEVICES"]
+
+
+@dataclass(frozen=True)
+class Placement:
+    rollout: tuple[ProcessPlacement, ...]
+    learner: ProcessPlacement
+    retriever: ProcessPlacement
+
+    def by_name(self) -> dict[str, ProcessPlacement]:
+        return {p.name: p for p in (*self.rollout, self.learner, self.retriever)}
+
+
+def _devices(gpus: tuple[int, ...]) -> str:
+    return ",".join(str(g) for g in gpus)
+
+
+def _check_gpus(role: str, gpus: list[int], n: int) -> None:
+    bad = [g for g in gpus if not 0 <= g < n]
+    if bad:
+        raise PlacementError(f"{role} GPUs {bad} are out of range: the node has GPUs 0..{n - 1}")
+    dup = sorted({g for g in gpus if gpus.count(g) > 1})
+    if dup:
+        raise PlacementError(f"{role} lists GPUs {dup} more than once")
+
+
+def plan_placement(s: PlacementSettings) -> Placement:
+    """Each process's GPUs, environment and (learner) torchrun prefix; see the module docstring."""
+    r, lr, ret = s.rollout, s.learner, s.retriever
+    if not r.gpus:
+        raise PlacementError("rollout.gpus is empty: the vLLM workers need at least one GPU")
+    if not lr.gpus:
+        raise PlacementError("learner.gpus is empty: the learner needs at least one GPU")
+    _check_gpus("rollout", r.gpus, s.gpus)
+    _check_gpus("learner", lr.gpus, s.gpus)
+    ret_gpus = [ret.gpu] if ret.device == "gpu" and ret.gpu is not None else []
+    _check_gpus("retriever", ret_gpus, s.gpus)
+    shared = sorted(set(r.gpus) & set(lr.gpus))
+    if shared and not s.colocate:
+        raise PlacementError(f"GPUs {shared} are given to both the rollout workers and the learner; "
+                             "give them disjoint GPUs or set colocate = true")
+    if s.colocate and r.gpu_memory_utilization > 0.9:
+        raise PlacementError(f"colocate with rollout.gpu_memory_utilization = {r.gpu_memory_utilization} "
+                             "leaves the learner no room; use at most 0.9 (Search-R1 runs 0.6)")
+    busy = set(r.gpus) | set(lr.gpus)
+    if ret_gpus and ret_gpus[0] in busy and not s.colocate:
+        raise PlacementError(f"retriever GPU {ret_gpus[0]} is also given to the rollout workers or the learner; "
+                             "pick a free GPU, run it on CPU, or set colocate = true")
+    tp = r.tensor_parallel_size
+    if len(r.gpus) % tp:
+        raise PlacementError(f"{len(r.gpus)} rollout GPUs cannot be cut into groups of tensor_parallel_size {tp}")
+
+    workers = len(r.gpus) // tp
+    ports = {lr.master_port: "learner.master_port"}
+    rollout = []
+    for i in range(workers):
+        group = tuple(r.gpus[i * tp:(i + 1) * tp])
+        env = {"CUDA_VISIBLE_DEVICES": _devices(group),
+               "ROLLOUT_ENGINE__TENSOR_PARALLEL_SIZE": str(tp),
+               "ROLLOUT_ENGINE__GPU_MEMORY_UTILIZATION": str(r.gpu_memory_utilization)}
+        if r.vllm_port is not None:
+            port = r.vllm_port + 100 * i
+            if port > 65535 or port in ports:
+                raise PlacementError(f"rollout-{i}'s vLLM port {port} is out of range or taken by "
+                                     f"{ports.get(port, 'nothing valid')}")
+            ports[port] = f"rollout-{i} vLLM port"
+            env["VLLM_PORT"] = str(port)
+        rollout.append(ProcessPlacement(f"rollout-{i}", group, env))
+
+    lgpus = tuple(lr.gpus)
+    learner = ProcessPlacement(
+        "learner", lgpus, {"CUDA_VISIBLE_DEVICES": _devices(lgpus), "LEARNER_DEVICE": "cuda"},
+        ("torchrun", "--nnodes", "1", "--nproc_per_node", str(len(lgpus)), "--master_addr", lr.master_addr,
+         "--master_port", str(lr.master_port)))
+
+    if ret_gpus:
+        retriever = ProcessPlacement("retriever", (ret_gpus[0],), {
+            "CUDA_VISIBLE_DEVICES": str(ret_gpus[0]), "RETRIEVER_SEARCH__DEVICE": "cuda",
+            "RETRIEVER_SEARCH__FAISS_GPU": "true" if ret.faiss_gpu else "false"})
+    else:
+        retriever = ProcessPlacement("retriever", (), {"CUDA_VISIBLE_DEVICES": "", "RETRIEVER_SEARCH__DEVICE": "cpu",
+                                                       "RETRIEVER_SEARCH__FAISS_GPU": "false"})
+    return Placement(tuple(rollout), learner, retriever)

@@ -1,0 +1,93 @@
+"""Every run config under configs/ validates against the settings class of each table it holds (unknown
+keys and bad values are errors), and the Search-R1 paper configs (configs/searchr1-*.toml) agree with
+Search-R1 v0.2's hyperparameters and with their own [placement] table."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+
+import pytest
+
+from searchr1.core.settings import load_settings, read_config_file
+from searchr1.launcher.placement import plan_placement
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+SETTINGS = {
+    "launcher": ("searchr1.launcher.settings", "LauncherSettings"),
+    "retriever": ("searchr1.retriever.settings", "RetrieverSettings"),
+    "reward": ("searchr1.reward.settings", "RewardSettings"),
+    "rollout": ("searchr1.rollout.settings", "RolloutSettings"),
+    "learner": ("searchr1.learner.settings", "LearnerSettings"),
+    "placement": ("searchr1.launcher.placement", "PlacementSettings"),
+    "world": ("searchr1.world.settings", "WorldSettings"),
+}
+PAPER = sorted(CONFIGS.glob("searchr1-*.toml"))
+ALL = sorted(CONFIGS.glob("*.toml"))
+
+
+def _load(cls_path: tuple[str, str], config: Path, monkeypatch: pytest.MonkeyPatch):
+    cls = getattr(importlib.import_module(cls_path[0]), cls_path[1])
+    for key in [k for k in os.environ if k.startswith(cls.model_config["env_prefix"])]:
+        monkeypatch.delenv(key)
+    return load_settings(cls, config)
+
+
+@pytest.mark.parametrize("config", ALL, ids=lambda p: p.stem)
+def test_every_table_validates(config: Path, monkeypatch: pytest.MonkeyPatch):
+    tables = [t for t in read_config_file(config) if t in SETTINGS]
+    assert tables, f"{config.name} holds no service table"
+    for table in tables:
+        _load(SETTINGS[table], config, monkeypatch)  # raises on an unknown key or a bad value
+
+
+def test_paper_configs_exist():
+    assert [p.stem for p in PAPER] == sorted(f"searchr1-{size}{it}-{algo}" for size in ("3b", "7b")
+                                             for it in ("", "-instruct") for algo in ("grpo", "ppo"))
+
+
+@pytest.mark.parametrize("config", PAPER, ids=lambda p: p.stem)
+def test_paper_config_matches_search_r1_v02(config: Path, monkeypatch: pytest.MonkeyPatch):
+    learner = _load(SETTINGS["learner"], config, monkeypatch)
+    rollout = _load(SETTINGS["rollout"], config, monkeypatch)
+    size, instruct, algo = config.stem.split("-")[1], "-instruct-" in config.stem, config.stem.split("-")[-1]
+    model = f"models/Qwen2.5-{size.upper()}{'-Instruct' if instruct else ''}"
+    assert learner.model.path == rollout.model == model
+    assert (learner.optim.lr, learner.optim.warmup_ratio, learner.optim.total_steps) == (1e-6, 0.285, 1005)
+    assert (learner.batch.groups_per_step, learner.batch.mini_batches) == (512, 2)
+    assert learner.dispatcher.dataset == "data/nq_hotpotqa_train/train.parquet" and learner.dispatcher.epochs == 15
+    assert (rollout.agent.max_turns, rollout.agent.max_tokens_per_turn, rollout.agent.max_obs_tokens) == (4, 500, 500)
+    assert rollout.retriever.top_k == 3 and rollout.reward.scorer == "searchr1_em"
+    if algo == "grpo":
+        assert learner.algorithm.advantage == "grpo" and learner.dispatcher.group_size == 5
+        assert (learner.algorithm.use_kl_loss, learner.algorithm.kl_loss_coef,
+                learner.algorithm.kl_loss_type) == (True, 0.001, "low_var_kl")
+    else:
+        assert learner.algorithm.advantage == "gae" and learner.dispatcher.group_size == 1
+        assert (learner.optim.critic_lr, learner.optim.critic_warmup_ratio) == (1e-5, 0.015)
+        assert (learner.algorithm.kl_in_reward, learner.algorithm.kl_coef) == (True, 0.001)
+        assert learner.dispatcher.top_p == 1.0
+
+
+@pytest.mark.parametrize("config", PAPER, ids=lambda p: p.stem)
+def test_paper_config_launcher_follows_its_placement(config: Path, monkeypatch: pytest.MonkeyPatch):
+    placement = plan_placement(_load(SETTINGS["placement"], config, monkeypatch))
+    launcher = _load(SETTINGS["launcher"], config, monkeypatch)
+    rollout = _load(SETTINGS["rollout"], config, monkeypatch)
+    retriever = _load(SETTINGS["retriever"], config, monkeypatch)
+    learner = _load(SETTINGS["learner"], config, monkeypatch)
+    assert launcher.rollout.workers == len(placement.rollout)
+    worker_env = launcher.rollout.env["CUDA_VISIBLE_DEVICES"]
+    assert [worker_env.format(worker_index=i) for i in range(launcher.rollout.workers)] == \
+        [w.cuda_visible_devices for w in placement.rollout]
+    assert launcher.learner.env["CUDA_VISIBLE_DEVICES"] == placement.learner.cuda_visible_devices
+    assert launcher.retriever.env["CUDA_VISIBLE_DEVICES"] == placement.retriever.cuda_visible_devices
+    assert tuple(launcher.commands["learner"]) == (*placement.learner.command_prefix, "-m", "searchr1.cli")
+    env = placement.rollout[0].env
+    assert str(rollout.engine.tensor_parallel_size) == env["ROLLOUT_ENGINE__TENSOR_PARALLEL_SIZE"]
+    assert str(rollout.engine.gpu_memory_utilization) == env["ROLLOUT_ENGINE__GPU_MEMORY_UTILIZATION"]
+    assert retriever.search.device == placement.retriever.env["RETRIEVER_SEARCH__DEVICE"]
+    assert learner.device == placement.learner.env["LEARNER_DEVICE"]
+    # each FSDP rank takes an equal share of a step's groups
+    assert learner.batch.groups_per_step % len(placement.learner.gpus) == 0
