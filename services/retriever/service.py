@@ -155,7 +155,9 @@ def create_app(service: RetrieverService, *, token: str | None = None):
     app = FastAPI(title="searchr1 retriever", docs_url=None, redoc_url=None)
     metrics = service.metrics
 
-    @app.post("/retrieve")
+    # the body is parsed by hand (whatever the content type); the schema still tells clients its shape
+    @app.post("/retrieve", openapi_extra={"requestBody": {"required": True, "content": {
+        "application/json": {"schema": RetrieveRequest.model_json_schema()}}}})
     async def retrieve(request: Request) -> JSONResponse:
         t0 = time.perf_counter()
         code = "OK"
