@@ -120,7 +120,9 @@ async def start_retriever(settings: RetrieverSettings, loaded: LoadedIndex,
                               settings.host, settings.http_port)
             await http.start()
         if settings.metrics_port is not None:
-            metrics_server = start_metrics_server(metrics.registry, settings.host, settings.metrics_port)
+            closed = settings.token if not settings.metrics_open else None
+            metrics_server = start_metrics_server(metrics.registry, settings.host, settings.metrics_port,
+                                                  token=closed)
     except BaseException:
         await grpc_server.stop(0)
         if http is not None:

@@ -91,7 +91,7 @@ class RetrieverSettings(ServiceSettings):
     """Bearer token both APIs require (health stays open; metrics too unless `metrics_open` is False). None:
     no auth."""
     metrics_open: bool = True
-    """With a token set: False makes /metrics on the HTTP port require it too."""
+    """With a token set: False makes /metrics require it too (on the HTTP port and on `metrics_port`)."""
     torch_threads: int = Field(default=1, ge=1, le=1024)
     """torch intra-op threads for the query encoder (1 each for torch and FAISS worked best on 2 cores)."""
     faiss_threads: int = Field(default=1, ge=1, le=1024)

@@ -51,7 +51,8 @@ async def assert_http_guarded(base_url: str, method: str, path: str, **kw) -> No
 
 
 async def test_retriever_grpc_http_and_closed_metrics(bm25_index):
-    settings = RetrieverSettings(grpc_port=0, http_port=0, index=bm25_index, token=TOKEN, metrics_open=False)
+    settings = RetrieverSettings(grpc_port=0, http_port=0, metrics_port=0, index=bm25_index, token=TOKEN,
+                                 metrics_open=False)
     running = await start_retriever(settings, load_index(bm25_index, encoder_factory=None))
     try:
         request = retriever_pb2.SearchRequest(queries=["moon"], top_k=1)
@@ -75,6 +76,7 @@ async def test_retriever_grpc_http_and_closed_metrics(bm25_index):
         url = running.http.url
         await assert_http_guarded(url, "POST", "/retrieve", json={"queries": ["moon"], "topk": 1})
         await assert_http_guarded(url, "GET", "/metrics")
+        await assert_http_guarded(f"http://127.0.0.1:{running.metrics_server.port}", "GET", "/metrics")
         await assert_http_guarded(url, "GET", "/openapi.json")
         async with httpx.AsyncClient(base_url=url, timeout=30) as http:
             assert (await http.get("/health")).status_code == 200
@@ -83,9 +85,12 @@ async def test_retriever_grpc_http_and_closed_metrics(bm25_index):
 
 
 async def test_retriever_metrics_open_by_default_with_a_token(bm25_index):
-    settings = RetrieverSettings(grpc_port=0, http_port=0, index=bm25_index, token=TOKEN)
+    settings = RetrieverSettings(grpc_port=0, http_port=0, metrics_port=0, index=bm25_index, token=TOKEN)
     running = await start_retriever(settings, load_index(bm25_index, encoder_factory=None))
     try:
+        async with httpx.AsyncClient(timeout=30) as http:
+            r = await http.get(f"http://127.0.0.1:{running.metrics_server.port}/metrics")
+            assert r.status_code == 200 and "searchr1_retriever" in r.text
         async with httpx.AsyncClient(base_url=running.http.url, timeout=30) as http:
             assert (await http.get("/metrics")).status_code == 200
             assert (await http.post("/retrieve", json={"queries": ["moon"]})).status_code == 401
