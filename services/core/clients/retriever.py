@@ -5,9 +5,9 @@ retries with the shared policy of `searchr1.core.retry` (exponential backoff wit
 DEADLINE_EXCEEDED / RESOURCE_EXHAUSTED, never on INVALID_ARGUMENT or auth errors), and round-robin over
 replica addresses that skips the replica that just failed. Retries are bounded by a count and, optionally,
 a deadline over all attempts; `on_retry` / `on_give_up` callbacks let the caller count them. Channels
-reconnect within `max_backoff_s` of a restarted replica coming back (gRPC's default reconnect backoff grows
-to two minutes, so a channel would sit in TRANSIENT_FAILURE long after the server is back). Within one address the channel balances
-round-robin too: a `host:port` becomes the target `dns:///host:port`, so every replica behind one DNS
+reconnect within min(`max_backoff_s`, 1 s) of a restarted replica coming back (gRPC's default reconnect
+backoff grows to two minutes, so a channel would sit in TRANSIENT_FAILURE long after the server is back).
+Within one address the channel balances round-robin too: a `host:port` becomes the target `dns:///host:port`, so every replica behind one DNS
 name (a headless Kubernetes service, several A records) gets its share of calls; a target that already
 names a resolver (`dns:`, `ipv4:`, `ipv6:`, `unix:` …) is used as given. No numpy/torch/faiss: it lives
 in core and the rollout service uses it.
