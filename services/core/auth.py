@@ -1,8 +1,8 @@
 """Optional bearer-token auth for HTTP (ASGI middleware) and gRPC (server interceptor), plus the
 client-side helpers. With no token configured, nothing is checked.
 
-Health and metrics stay open so probes and Prometheus work without the secret. Tokens are compared
-in constant time.
+Health stays open so probes work without the secret; metrics stay open by default so Prometheus does
+too, and are closed with `open_paths(metrics_open=False)`. Tokens are compared in constant time.
 """
 
 from __future__ import annotations
@@ -16,7 +16,13 @@ import grpc
 
 HEALTH_GRPC_PREFIX = "/grpc.health.v1.Health/"
 REFLECTION_GRPC_PREFIX = "/grpc.reflection."
-DEFAULT_OPEN_PATHS = ("/health", "/healthz", "/readyz", "/metrics")
+HEALTH_PATHS = ("/health", "/healthz", "/readyz")
+DEFAULT_OPEN_PATHS = (*HEALTH_PATHS, "/metrics")
+
+
+def open_paths(*, metrics_open: bool = True) -> tuple[str, ...]:
+    """The HTTP paths served without the token: health always, `/metrics` unless `metrics_open` is False."""
+    return DEFAULT_OPEN_PATHS if metrics_open else HEALTH_PATHS
 
 
 def token_matches(header_value: str | None, token: str) -> bool:

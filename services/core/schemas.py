@@ -31,9 +31,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 SCHEMA_VERSION = 2
 
-FinishReason = Literal["answer", "eos", "max_turns", "length", "error"]
+FinishReason = Literal["answer", "eos", "max_turns", "length", "retriever_unavailable", "error"]
 """Why a trajectory ended: it answered; the model emitted EOS without an answer; it used every turn
-without answering; a token limit was hit; or the environment failed (search/reward error)."""
+without answering; a token limit was hit; the retriever could not be reached within the client's retries;
+or the environment failed otherwise (a refused search)."""
 
 Split = Literal["train", "test", "validation"]
 

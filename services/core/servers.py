@@ -1,5 +1,6 @@
 """Server plumbing shared by the services, so no service copies it: an asyncio gRPC server with the
-standard health service, reflection and optional bearer auth; a uvicorn HTTP server that can run on
+standard health service, reflection, optional bearer auth and a clear INVALID_ARGUMENT for request bytes
+that do not parse (bad wire format, non-UTF-8 string fields); a uvicorn HTTP server that can run on
 port 0 inside an existing event loop; and graceful shutdown on SIGINT/SIGTERM.
 
 Services pass their servicers / FastAPI app in; this module knows nothing about retrieval or rewards.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import signal
 import socket
 from collections.abc import Callable, Iterable, Sequence
@@ -23,6 +25,35 @@ from searchr1.core.aio import stop_task
 from searchr1.core.auth import BearerAuthInterceptor
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
+    """Parse unary requests inside the call, so bytes that are not a valid message (broken wire format,
+    a string field holding non-UTF-8 bytes) end the call with INVALID_ARGUMENT and the parser's message.
+
+    Without it grpc-python parses before the handler runs and answers UNKNOWN ("Unexpected DecodeError"),
+    which clients treat as a server fault. Streaming-request methods and sync handlers are left as they are.
+    """
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Any],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if (handler is None or handler.request_streaming or handler.request_deserializer is None
+                or not handler.unary_unary or not inspect.iscoroutinefunction(handler.unary_unary)):
+            return handler
+        parse, inner, method = handler.request_deserializer, handler.unary_unary, handler_call_details.method
+
+        async def parsed(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+            try:
+                request = parse(raw)
+            except Exception as exc:  # noqa: BLE001 - any parser failure is the request's fault
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed {method} request: {exc}")
+            return await inner(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(parsed, response_serializer=handler.response_serializer)
 
 
 class GrpcServer:
@@ -42,7 +73,7 @@ class GrpcServer:
         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
         reflection_enabled: bool = True,
     ) -> None:
-        chain = list(interceptors)
+        chain = [MalformedRequestInterceptor(), *interceptors]
         if token:
             chain.insert(0, BearerAuthInterceptor(token))
         self._server = grpc.aio.server(

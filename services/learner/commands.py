@@ -34,13 +34,17 @@ def register(groups: Groups) -> None:
         import asyncio
         import logging
 
-        from searchr1.core.settings import load_settings
+        from searchr1.core.settings import ConfigError, load_settings
         from searchr1.learner.service import run_learner
         from searchr1.learner.settings import LearnerSettings
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         overrides: dict = {}
-        settings = load_settings(LearnerSettings, config)
+        try:
+            settings = load_settings(LearnerSettings, config)
+        except (ConfigError, ValueError) as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
         if model:
             overrides["model"] = settings.model.model_copy(update={"path": model})
         if dataset:

@@ -21,6 +21,7 @@ from typing import Any
 from fastapi import FastAPI, HTTPException
 from fastapi.responses import FileResponse
 
+from searchr1.core.auth import BearerAuthMiddleware
 from searchr1.core.schemas import WeightVersion
 from searchr1.core.streams import StreamKeys
 from searchr1.core.weights import announce, snapshot_digest, snapshot_listing
@@ -81,9 +82,12 @@ class WeightPublisher:
         return doomed
 
 
-def weights_app(publisher: WeightPublisher) -> FastAPI:
-    """FastAPI app serving the publisher's snapshots with the HTTP files protocol."""
+def weights_app(publisher: WeightPublisher, *, token: str | None = None) -> FastAPI:
+    """FastAPI app serving the publisher's snapshots with the HTTP files protocol; with `token`, every
+    path but `/healthz` needs `Authorization: Bearer <token>`."""
     app = FastAPI(title="searchr1 learner weights")
+    if token:
+        app.add_middleware(BearerAuthMiddleware, token=token)
 
     def _dir(version: int) -> Path:
         path = publisher.path(version)

@@ -368,7 +368,8 @@ async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = No
         step_log = StepLog(settings.log_dir / f"{settings.redis.run}.jsonl", wandb_run)
         redis = connect(settings.redis.url)
         if settings.weights.http:
-            http = HttpServer(weights_app(publisher), settings.weights.host, settings.weights.port)
+            http = HttpServer(weights_app(publisher, token=settings.weights.token), settings.weights.host,
+                              settings.weights.port)
             await http.start()
             publisher.base_url = f"http://{settings.weights.public_host or settings.weights.host}:{http.port}"
         if settings.metrics_port is not None:

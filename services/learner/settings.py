@@ -163,6 +163,8 @@ class WeightsSettings(Section):
     """HTTP port (0 = any free port)."""
     public_host: str | None = None
     """Host name workers use to reach the learner (default: `host`)."""
+    token: str | None = None
+    """Bearer token the snapshot server requires (workers send their `weights.token`). None: no auth."""
 
 
 class CheckpointSettings(Section):

@@ -117,10 +117,13 @@ async def start_retriever(settings: RetrieverSettings, loaded: LoadedIndex,
     try:
         await grpc_server.start()
         if settings.http_port is not None:
-            http = HttpServer(create_app(service, token=settings.token), settings.host, settings.http_port)
+            http = HttpServer(create_app(service, token=settings.token, metrics_open=settings.metrics_open),
+                              settings.host, settings.http_port)
             await http.start()
         if settings.metrics_port is not None:
-            metrics_server = start_metrics_server(metrics.registry, settings.host, settings.metrics_port)
+            closed = settings.token if not settings.metrics_open else None
+            metrics_server = start_metrics_server(metrics.registry, settings.host, settings.metrics_port,
+                                                  token=closed)
     except BaseException:
         await grpc_server.stop(0)
         if http is not None:

@@ -27,7 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from searchr1.core.api import retriever_pb2, retriever_pb2_grpc
-from searchr1.core.auth import BearerAuthMiddleware
+from searchr1.core.auth import BearerAuthMiddleware, open_paths
 from searchr1.core.clients.retriever import Hit
 from searchr1.core.protocol import split_contents
 from searchr1.retriever.batcher import MicroBatcher, QueueFull
@@ -149,13 +149,15 @@ def _errors(errors: Sequence[Any]) -> str:
     return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in errors)
 
 
-def create_app(service: RetrieverService, *, token: str | None = None):
+def create_app(service: RetrieverService, *, token: str | None = None, metrics_open: bool = True):
     """The HTTP API: POST /retrieve, GET /health, GET /metrics (ASGI app, wrapped in bearer auth when
     a token is set)."""
     app = FastAPI(title="searchr1 retriever", docs_url=None, redoc_url=None)
     metrics = service.metrics
 
-    @app.post("/retrieve")
+    # the body is parsed by hand (whatever the content type); the schema still tells clients its shape
+    @app.post("/retrieve", openapi_extra={"requestBody": {"required": True, "content": {
+        "application/json": {"schema": RetrieveRequest.model_json_schema()}}}})
     async def retrieve(request: Request) -> JSONResponse:
         t0 = time.perf_counter()
         code = "OK"
@@ -189,4 +191,4 @@ def create_app(service: RetrieverService, *, token: str | None = None):
     async def prometheus() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    return BearerAuthMiddleware(app, token) if token else app
+    return BearerAuthMiddleware(app, token, open_paths(metrics_open=metrics_open)) if token else app

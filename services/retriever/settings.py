@@ -91,7 +91,10 @@ class RetrieverSettings(ServiceSettings):
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     """Separate Prometheus port; /metrics is also served on the HTTP port."""
     token: str | None = None
-    """Bearer token both APIs require (health and metrics stay open). None: no auth."""
+    """Bearer token both APIs require (health stays open; metrics too unless `metrics_open` is False). None:
+    no auth."""
+    metrics_open: bool = True
+    """With a token set: False makes /metrics require it too (on the HTTP port and on `metrics_port`)."""
     torch_threads: int = Field(default=1, ge=1, le=1024)
     """torch intra-op threads for the query encoder (1 each for torch and FAISS worked best on 2 cores)."""
     faiss_threads: int = Field(default=1, ge=1, le=1024)

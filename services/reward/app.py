@@ -22,7 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from searchr1.core.auth import BearerAuthMiddleware
+from searchr1.core.auth import BearerAuthMiddleware, open_paths
 from searchr1.core.clients.reward import ScoreRequest, ScoreResult
 from searchr1.core.servers import HttpServer, install_shutdown_signals
 from searchr1.reward.judge import JudgeUnavailable, LLMJudge
@@ -167,7 +167,8 @@ def create_app(service: RewardService) -> FastAPI:
                                                       "errors": errors[:50]})
 
     if service.settings.token:
-        app.add_middleware(BearerAuthMiddleware, token=service.settings.token)
+        app.add_middleware(BearerAuthMiddleware, token=service.settings.token,
+                           open_paths=open_paths(metrics_open=service.settings.metrics_open))
     return app
 
 

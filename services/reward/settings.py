@@ -54,7 +54,9 @@ class RewardSettings(ServiceSettings):
     port: int = Field(default=8300, ge=0, le=65535)
     """HTTP port for /v1/score, /v1/scorers, /health and /metrics (0 picks a free one)."""
     token: str | None = None
-    """Bearer token required on /v1/* when set (health and metrics stay open)."""
+    """Bearer token required on /v1/* when set (health stays open; metrics too unless `metrics_open` is False)."""
+    metrics_open: bool = True
+    """With a token set: False makes /metrics require it too."""
     max_batch_items: int = Field(default=4096, ge=1, le=65536)
     """Items accepted in one request; more is a 422."""
     inline_max_items: int = Field(default=32, ge=0, le=65536)

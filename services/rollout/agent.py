@@ -7,6 +7,9 @@
        │  └─response budget used up ──────────────────────────► done (length)
        └─ after `max_turns` turns: one FINAL turn; only an answer counts (a search is not executed)
           ─► done (answer | max_turns | eos | length)
+    a search that fails ends the trajectory: `retriever_unavailable` when the retriever could not be
+    reached within the client's bounded retries, `error` when it refused the query; what was generated
+    so far is kept, so the group is still published and the worker carries on.
 
 Each turn's prompt is `prompt_ids + response_ids so far`, passed to the engine as token ids. The
 response keeps the exact ids the engine sampled (mask 1, their behaviour log-probs) and the
@@ -32,6 +35,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from searchr1.core.clients.retriever import RetrieverError
 from searchr1.core.protocol import INVALID_ACTION_MESSAGE, STOP_STRINGS, observation_for, parse_action
 from searchr1.core.schemas import FinishReason
 from searchr1.rollout.engine import Generator, TextCodec, TurnRequest
@@ -178,7 +182,9 @@ async def run_trajectory(
                 hits = await search(action.content)
             except Exception as exc:  # noqa: BLE001 - the environment failed: end the trajectory, keep what we have
                 res.search_seconds += time.perf_counter() - t1
-                res.finish_reason, res.error = "error", f"search failed: {exc}"
+                unavailable = isinstance(exc, RetrieverError) and exc.unavailable
+                res.finish_reason = "retriever_unavailable" if unavailable else "error"
+                res.error = f"search failed: {exc}"
                 return res
             res.search_seconds += time.perf_counter() - t1
             res.num_searches += 1

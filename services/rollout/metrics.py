@@ -25,6 +25,12 @@ class RolloutMetrics:
         self.trajectories = Counter("searchr1_rollout_trajectories_total", "Finished trajectories by finish reason.",
                                     ["finish_reason"], registry=r)
         self.groups = Counter("searchr1_rollout_groups_total", "Trajectory groups published.", registry=r)
+        self.dependency_retries = Counter("searchr1_rollout_dependency_retries_total",
+                                          "Retried calls to a dependency after a transient failure.",
+                                          ["dependency"], registry=r)
+        self.dependency_failures = Counter("searchr1_rollout_dependency_failures_total",
+                                           "Calls to a dependency that failed after their retries.",
+                                           ["dependency"], registry=r)
         self.task_failures = Counter("searchr1_rollout_task_failures_total",
                                      "Tasks left unacked after a failure, by stage.", ["stage"], registry=r)
         self.turns = Histogram("searchr1_rollout_turns", "Generation turns per trajectory.", buckets=_COUNT,

@@ -98,7 +98,11 @@ async def build_service(settings: RolloutSettings, *, generator: Generator | Non
         if tokenizer is None:
             tokenizer = generator.tokenizer()  # type: ignore[attr-defined]
         r = settings.retriever
-        retriever = RetrieverClient(r.addresses, token=r.token, timeout_s=r.timeout_s, retries=r.retries)
+        retriever = RetrieverClient(
+            r.addresses, token=r.token, timeout_s=r.timeout_s, retries=r.retries, backoff_s=r.backoff_s,
+            max_backoff_s=r.max_backoff_s, deadline_s=r.deadline_s,
+            on_retry=lambda exc: metrics.dependency_retries.labels("retriever").inc(),
+            on_give_up=lambda reason: metrics.dependency_failures.labels("retriever").inc())
         closers.append(retriever.close)
 
         def on_batch(n: int, seconds: float) -> None:
@@ -109,7 +113,11 @@ async def build_service(settings: RolloutSettings, *, generator: Generator | Non
                                 max_wait_s=r.max_wait_ms / 1000.0, max_query_chars=r.max_query_chars,
                                 on_batch=on_batch)
         w = settings.reward
-        reward = RewardClient(w.url, token=w.token, timeout_s=w.timeout_s, retries=w.retries)
+        reward = RewardClient(
+            w.url, token=w.token, timeout_s=w.timeout_s, retries=w.retries, backoff_s=w.backoff_s,
+            max_backoff_s=w.max_backoff_s, deadline_s=w.deadline_s,
+            on_retry=lambda exc: metrics.dependency_retries.labels("reward").inc(),
+            on_give_up=lambda reason: metrics.dependency_failures.labels("reward").inc())
         closers.append(reward.close)
         redis = connect(settings.redis.url)
         closers.append(redis.aclose)

@@ -70,8 +70,15 @@ class RetrieverClientSettings(Section):
     """Bearer token, if the retriever requires one."""
     timeout_s: float = Field(default=10.0, gt=0)
     """Per-call timeout."""
-    retries: int = Field(default=3, ge=0)
-    """Client retries on transient errors."""
+    retries: int = Field(default=3, ge=0, le=1000)
+    """Client retries on transient errors (UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED)."""
+    backoff_s: float = Field(default=0.1, ge=0.0, le=60.0)
+    """First retry's backoff; it doubles per retry (with jitter) up to `max_backoff_s`."""
+    max_backoff_s: float = Field(default=2.0, gt=0.0, le=300.0)
+    """Longest wait between two attempts (also caps the channel's reconnect backoff at 1 s)."""
+    deadline_s: float | None = Field(default=None, gt=0.0)
+    """Bound on all attempts of one search together (None: only `retries` bounds them). When it runs
+    out the trajectory ends with finish reason `retriever_unavailable`."""
     top_k: int = Field(default=3, ge=1, le=100)
     """Passages per search (Search-R1: 3)."""
     max_batch: int = Field(default=64, ge=1)
@@ -91,8 +98,15 @@ class RewardClientSettings(Section):
     """Bearer token, if the reward service requires one."""
     timeout_s: float = Field(default=30.0, gt=0)
     """Per-call timeout."""
-    retries: int = Field(default=3, ge=0)
-    """Client retries on transient errors."""
+    retries: int = Field(default=3, ge=0, le=1000)
+    """Client retries on transient errors (connection errors, timeouts, 429, 5xx)."""
+    backoff_s: float = Field(default=0.1, ge=0.0, le=60.0)
+    """First retry's backoff; it doubles per retry (with jitter) up to `max_backoff_s`."""
+    max_backoff_s: float = Field(default=2.0, gt=0.0, le=300.0)
+    """Longest wait between two attempts."""
+    deadline_s: float | None = Field(default=None, gt=0.0)
+    """Bound on all attempts of one scoring call together (None: only `retries` bounds them). When it
+    runs out the task stays unacked and is redelivered after the visibility timeout."""
     scorer: str = "searchr1_em"
     """Scorer name the reward service applies."""
     item_format: Literal["solution_str", "prompt_response"] = "solution_str"

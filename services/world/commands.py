@@ -19,10 +19,15 @@ ConfigOpt = Annotated[Path | None, typer.Option(
 
 
 def _settings(config: Path | None, **overrides):
-    from searchr1.core.settings import load_settings
+    """WorldSettings from the run config; a bad config exits 2 with the offending field named."""
+    from searchr1.core.settings import ConfigError, load_settings
     from searchr1.world.settings import WorldSettings
 
-    return load_settings(WorldSettings, config, **overrides)
+    try:
+        return load_settings(WorldSettings, config, **overrides)
+    except (ConfigError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 def register(groups: Groups) -> None:

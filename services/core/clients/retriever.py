@@ -3,8 +3,11 @@
 Owns: channels (created lazily inside the running event loop, one per address), a deadline per call,
 retries with the shared policy of `searchr1.core.retry` (exponential backoff with jitter on UNAVAILABLE /
 DEADLINE_EXCEEDED / RESOURCE_EXHAUSTED, never on INVALID_ARGUMENT or auth errors), and round-robin over
-replica addresses that skips the replica that just failed. Within one address the channel balances
-round-robin too: a `host:port` becomes the target `dns:///host:port`, so every replica behind one DNS
+replica addresses that skips the replica that just failed. Retries are bounded by a count and, optionally,
+a deadline over all attempts; `on_retry` / `on_give_up` callbacks let the caller count them. Channels
+reconnect within min(`max_backoff_s`, 1 s) of a restarted replica coming back (gRPC's default reconnect
+backoff grows to two minutes, so a channel would sit in TRANSIENT_FAILURE long after the server is back).
+Within one address the channel balances round-robin too: a `host:port` becomes the target `dns:///host:port`, so every replica behind one DNS
 name (a headless Kubernetes service, several A records) gets its share of calls; a target that already
 names a resolver (`dns:`, `ipv4:`, `ipv6:`, `unix:` …) is used as given. No numpy/torch/faiss: it lives
 in core and the rollout service uses it.
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Self
 
@@ -59,6 +62,12 @@ class RetrieverError(RuntimeError):
         super().__init__(message)
         self.code = code
 
+    @property
+    def unavailable(self) -> bool:
+        """True when the retriever could not be reached (retries exhausted on a transient status), as
+        opposed to a refused request."""
+        return self.code in TRANSIENT_GRPC_CODES
+
 
 class RetrieverClient:
     """`await client.search(queries, top_k)` → one list of hits per query, in order."""
@@ -71,22 +80,36 @@ class RetrieverClient:
         timeout_s: float = 10.0,
         retries: int = 3,
         backoff_s: float = 0.1,
+        max_backoff_s: float = 2.0,
+        deadline_s: float | None = None,
         max_message_bytes: int = 64 << 20,
+        on_retry: Callable[[BaseException], None] | None = None,
+        on_give_up: Callable[[str], None] | None = None,
     ) -> None:
         if isinstance(addresses, str):
             addresses = [addresses]
         if not addresses:
             raise ValueError("RetrieverClient needs at least one address")
-        if timeout_s <= 0 or retries < 0 or backoff_s < 0:
-            raise ValueError("timeout_s must be > 0, retries and backoff_s >= 0")
+        if timeout_s <= 0 or retries < 0 or backoff_s < 0 or max_backoff_s <= 0:
+            raise ValueError("timeout_s and max_backoff_s must be > 0, retries and backoff_s >= 0")
+        if deadline_s is not None and deadline_s <= 0:
+            raise ValueError("deadline_s must be > 0 (or None)")
         self.addresses = list(addresses)
         self._metadata = grpc_metadata(token)
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.deadline_s = deadline_s
+        self.on_retry = on_retry
+        self.on_give_up = on_give_up
+        reconnect_ms = int(min(max_backoff_s, 1.0) * 1000)
         self._options = [("grpc.max_receive_message_length", max_message_bytes),
                          ("grpc.max_send_message_length", max_message_bytes),
-                         ("grpc.lb_policy_name", "round_robin")]
+                         ("grpc.lb_policy_name", "round_robin"),
+                         ("grpc.initial_reconnect_backoff_ms", min(100, reconnect_ms)),
+                         ("grpc.min_reconnect_backoff_ms", min(100, reconnect_ms)),
+                         ("grpc.max_reconnect_backoff_ms", reconnect_ms)]
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, retriever_pb2_grpc.RetrieverStub] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -113,8 +136,17 @@ class RetrieverClient:
         start = next(self._rr)
         attempts = itertools.count()
         address = self.addresses[start % len(self.addresses)]
+        before_sleep = None
+        if self.on_retry is not None:
+            on_retry = self.on_retry
+
+            def before_sleep(state) -> None:
+                on_retry(state.outcome.exception())
+
         try:
-            async for attempt in retrying(retries=self.retries, backoff_s=self.backoff_s):
+            async for attempt in retrying(retries=self.retries, backoff_s=self.backoff_s,
+                                          max_backoff_s=self.max_backoff_s, deadline_s=self.deadline_s,
+                                          before_sleep=before_sleep):
                 with attempt:
                     # a retry goes to the next replica
                     address = self.addresses[(start + next(attempts)) % len(self.addresses)]
@@ -124,8 +156,11 @@ class RetrieverClient:
             if exc.code() not in TRANSIENT_GRPC_CODES:
                 raise RetrieverError(f"retriever {address} refused the search: {exc.code().name}: "
                                      f"{exc.details()}", exc.code()) from exc
-            raise RetrieverError(f"retriever search failed after {next(attempts)} attempts over "
-                                 f"{self.addresses}: {exc.code().name}: {exc.details()}", exc.code()) from exc
+            message = (f"retriever unavailable: search failed after {next(attempts)} attempts over "
+                       f"{self.addresses}: {exc.code().name}: {exc.details()}")
+            if self.on_give_up is not None:
+                self.on_give_up(message)
+            raise RetrieverError(message, exc.code()) from exc
         if len(response.results) != len(queries):
             raise RetrieverError(f"retriever {address} answered {len(response.results)} result lists "
                                  f"for {len(queries)} queries")

@@ -21,7 +21,7 @@ message. Core module: no numpy/torch here.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Self
 
 import httpx
@@ -142,19 +142,27 @@ class RewardClient:
     """Async client of the reward service.
 
     `timeout_s` bounds each attempt; `retries` extra attempts follow a transient failure with
-    exponential backoff (with jitter) from `backoff_s`; an optional `deadline_s` per call bounds all attempts together.
+    exponential backoff (with jitter) from `backoff_s`, capped at `max_backoff_s`; an optional `deadline_s`
+    (per call, or the client's default) bounds all attempts together. `on_retry` is called before each
+    retry and `on_give_up` when a call fails after its transient attempts, for the caller's counters.
     """
 
     def __init__(self, url: str, *, token: str | None = None, timeout_s: float = 30.0, retries: int = 3,
-                 backoff_s: float = 0.1) -> None:
+                 backoff_s: float = 0.1, max_backoff_s: float = 30.0, deadline_s: float | None = None,
+                 on_retry: Callable[[BaseException], None] | None = None,
+                 on_give_up: Callable[[str], None] | None = None) -> None:
         if retries < 0:
             raise ValueError("retries must be >= 0")
-        if timeout_s <= 0:
-            raise ValueError("timeout_s must be > 0")
+        if timeout_s <= 0 or max_backoff_s <= 0 or (deadline_s is not None and deadline_s <= 0):
+            raise ValueError("timeout_s and max_backoff_s must be > 0, deadline_s > 0 or None")
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.deadline_s = deadline_s
+        self.on_retry = on_retry
+        self.on_give_up = on_give_up
         self._http = httpx.AsyncClient(base_url=self.url, headers=http_headers(token),
                                        timeout=httpx.Timeout(timeout_s))
 
@@ -199,10 +207,20 @@ class RewardClient:
 
     async def _request(self, method: str, path: str, *, json: Any = None,
                        deadline_s: float | None = None) -> httpx.Response:
+        deadline_s = self.deadline_s if deadline_s is None else deadline_s
         end = None if deadline_s is None else time.monotonic() + deadline_s
         attempts = 0
+        before_sleep = None
+        if self.on_retry is not None:
+            on_retry = self.on_retry
+
+            def before_sleep(state) -> None:
+                on_retry(state.outcome.exception())
+
         try:
-            async for attempt in retrying(retries=self.retries, backoff_s=self.backoff_s, deadline_s=deadline_s):
+            async for attempt in retrying(retries=self.retries, backoff_s=self.backoff_s,
+                                          max_backoff_s=self.max_backoff_s, deadline_s=deadline_s,
+                                          before_sleep=before_sleep):
                 with attempt:
                     timeout = self.timeout_s if end is None else min(self.timeout_s, end - time.monotonic())
                     if timeout <= 0:
@@ -219,5 +237,7 @@ class RewardClient:
         except (httpx.TransportError, TransientHTTPStatus) as exc:  # the last attempt's transient error
             last = str(exc) if isinstance(exc, TransientHTTPStatus) else f"{type(exc).__name__}: {exc}"
         deadline = end is not None and (attempts <= self.retries or time.monotonic() >= end)
+        if self.on_give_up is not None:
+            self.on_give_up(last)
         raise RewardError(f"reward service at {self.url} failed after {attempts} attempt(s)"
                           f"{' (deadline exceeded)' if deadline else ''}: {last}")

@@ -1,0 +1,145 @@
+"""With a token configured, every HTTP and gRPC call without it is refused — each endpoint of the real
+servers on loopback: the retriever (gRPC Search, HTTP /retrieve, /metrics when closed), the reward service
+(/v1/score, /v1/scorers, /metrics when closed) and the learner's weight file server (the files protocol,
+fetched by the worker's own download code). Health stays open so probes work without the secret."""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+import httpx
+import pytest
+
+from searchr1.core.api import retriever_pb2, retriever_pb2_grpc
+from searchr1.core.clients.retriever import RetrieverClient, RetrieverError
+from searchr1.core.clients.reward import RewardClient, RewardError
+from searchr1.core.schemas import WeightVersion
+from searchr1.core.servers import HttpServer
+from searchr1.core.weights import SnapshotError, fetch_snapshot, snapshot_digest
+from searchr1.learner.publisher import WeightPublisher, weights_app
+from searchr1.retriever.builder import build_index
+from searchr1.retriever.loading import load_index
+from searchr1.retriever.server import start_retriever
+from searchr1.retriever.settings import RetrieverSettings
+from searchr1.reward.app import build_service, create_app
+from searchr1.reward.settings import RewardSettings
+
+TOKEN = "s3cret-token"
+GOOD = {"Authorization": f"Bearer {TOKEN}"}
+WRONG = [{}, {"Authorization": "Bearer nope"}, {"Authorization": f"Basic {TOKEN}"}, {"Authorization": TOKEN}]
+
+
+@pytest.fixture(scope="module")
+def bm25_index(tmp_path_factory):
+    root = tmp_path_factory.mktemp("retriever")
+    corpus = root / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": str(i), "contents": f'"{t}"\n{t} is a word.'}) + "\n"
+                              for i, t in enumerate(["Moon", "Nile", "Chess"])))
+    build_index(corpus, root / "bm25", "bm25")
+    return root / "bm25"
+
+
+async def assert_http_guarded(base_url: str, method: str, path: str, **kw) -> None:
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+        for headers in WRONG:
+            r = await http.request(method, path, headers=headers, **kw)
+            assert r.status_code == 401, (path, headers, r.status_code)
+            assert r.json()["detail"] and r.headers["www-authenticate"] == "Bearer"
+        r = await http.request(method, path, headers=GOOD, **kw)
+        assert r.status_code == 200, (path, r.status_code, r.text)
+
+
+async def test_retriever_grpc_http_and_closed_metrics(bm25_index):
+    settings = RetrieverSettings(grpc_port=0, http_port=0, metrics_port=0, index=bm25_index, token=TOKEN,
+                                 metrics_open=False)
+    running = await start_retriever(settings, load_index(bm25_index, encoder_factory=None))
+    try:
+        request = retriever_pb2.SearchRequest(queries=["moon"], top_k=1)
+        async with grpc.aio.insecure_channel(running.grpc_address) as channel:
+            stub = retriever_pb2_grpc.RetrieverStub(channel)
+            for metadata in [(), (("authorization", "Bearer nope"),), (("authorization", TOKEN),)]:
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await stub.Search(request, metadata=metadata, timeout=30)
+                assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED and err.value.details()
+            # malformed bytes without the token: still UNAUTHENTICATED, never parsed
+            raw = channel.unary_unary("/searchr1.retriever.v1.Retriever/Search")
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await raw(b"\xff\xff", timeout=30)
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            ok = await stub.Search(request, metadata=(("authorization", f"Bearer {TOKEN}"),), timeout=30)
+            assert ok.results[0].hits[0].doc_id == "0"
+        async with RetrieverClient([running.grpc_address], retries=2) as client:
+            with pytest.raises(RetrieverError, match="UNAUTHENTICATED") as err:
+                await client.search(["moon"])
+            assert err.value.code == grpc.StatusCode.UNAUTHENTICATED
+        url = running.http.url
+        await assert_http_guarded(url, "POST", "/retrieve", json={"queries": ["moon"], "topk": 1})
+        await assert_http_guarded(url, "GET", "/metrics")
+        await assert_http_guarded(f"http://127.0.0.1:{running.metrics_server.port}", "GET", "/metrics")
+        await assert_http_guarded(url, "GET", "/openapi.json")
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+            assert (await http.get("/health")).status_code == 200
+    finally:
+        await running.stop()
+
+
+async def test_retriever_metrics_open_by_default_with_a_token(bm25_index):
+    settings = RetrieverSettings(grpc_port=0, http_port=0, metrics_port=0, index=bm25_index, token=TOKEN)
+    running = await start_retriever(settings, load_index(bm25_index, encoder_factory=None))
+    try:
+        async with httpx.AsyncClient(timeout=30) as http:
+            r = await http.get(f"http://127.0.0.1:{running.metrics_server.port}/metrics")
+            assert r.status_code == 200 and "searchr1_retriever" in r.text
+        async with httpx.AsyncClient(base_url=running.http.url, timeout=30) as http:
+            assert (await http.get("/metrics")).status_code == 200
+            assert (await http.post("/retrieve", json={"queries": ["moon"]})).status_code == 401
+    finally:
+        await running.stop()
+
+
+async def test_reward_endpoints_and_closed_metrics():
+    server = HttpServer(create_app(build_service(RewardSettings(port=0, token=TOKEN, metrics_open=False))))
+    await server.start()
+    try:
+        body = {"scorer": "exact_match", "items": [{"prompt": "q", "response": "<answer>a</answer>",
+                                                    "golden_answers": ["a"]}]}
+        await assert_http_guarded(server.url, "POST", "/v1/score", json=body)
+        await assert_http_guarded(server.url, "GET", "/v1/scorers")
+        await assert_http_guarded(server.url, "GET", "/metrics")
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+            assert (await http.get("/health")).status_code == 200
+        async with RewardClient(server.url, retries=2) as client:
+            with pytest.raises(RewardError, match="401") as err:
+                await client.score("exact_match", body["items"])
+            assert err.value.status_code == 401
+        async with RewardClient(server.url, token=TOKEN) as client:
+            assert len((await client.score("exact_match", body["items"])).scores) == 1
+    finally:
+        await server.stop()
+
+
+class FakeHF:
+    def save_pretrained(self, path, state_dict, safe_serialization):
+        path.mkdir(parents=True)
+        (path / "config.json").write_text("{}")
+        (path / "model.safetensors").write_bytes(b"weights" * 100)
+
+
+async def test_learner_weight_server_needs_the_token(tmp_path):
+    publisher = WeightPublisher(tmp_path / "weights")
+    snap = publisher.write(3, FakeHF(), {})
+    server = HttpServer(weights_app(publisher, token=TOKEN))
+    await server.start()
+    try:
+        await assert_http_guarded(server.url, "GET", "/weights/3/files")
+        await assert_http_guarded(server.url, "GET", "/weights/3/files/config.json")
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+            assert (await http.get("/healthz")).status_code == 200
+        announced = WeightVersion(version=3, uri=f"{server.url}/weights/3", sha256=snapshot_digest(snap))
+        with pytest.raises(SnapshotError):
+            await fetch_snapshot(announced, tmp_path / "no-token")
+        got = await fetch_snapshot(announced, tmp_path / "dl", token=TOKEN)
+        assert snapshot_digest(got) == announced.sha256
+    finally:
+        await server.stop()
