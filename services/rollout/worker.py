@@ -15,8 +15,9 @@ Sampling: a task's `SamplingParams` field that is set is used as is; one left un
 worker's `agent` setting. Every group records the temperature it was actually sampled at
 (`TrajectoryGroup.sampling_temperature`), which the learner checks against the one it trains at.
 
-Failure rules: a search failure ends that trajectory with finish reason `error` (the group is still
-published; the learner may drop it); a reward or publish failure leaves the task unacked, so it is
+Failure rules: a retriever that stays unavailable past the client's retry deadline ends that trajectory
+with finish reason `retriever_unavailable`, a refused search with `error` (the group is still published;
+the learner may drop it); a reward or publish failure leaves the task unacked, so it is
 redelivered after the visibility timeout and dead-lettered after `max_deliveries`. SIGTERM drains:
 no new tasks, in-flight groups finish, are published and acked, then the worker exits.
 
