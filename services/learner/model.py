@@ -89,13 +89,19 @@ def load_policy(settings: LearnerSettings, device: torch.device, info: DistInfo)
     return model
 
 
-def load_reference(settings: LearnerSettings, device: torch.device) -> nn.Module:
-    """Frozen copy of the initial policy, for the KL term (every rank keeps a full copy)."""
+def load_reference(settings: LearnerSettings, device: torch.device, info: DistInfo | None = None) -> nn.Module:
+    """Frozen copy of the initial policy, for the KL term. Every rank keeps a full copy, except with an EMA
+    anchor (`ref_ema_tau < 1`) on more than one rank: then it is sharded like the policy, so that
+    `reference.ema_update_` averages local shards (and its forward is a collective, like the policy's)."""
     from transformers import AutoModelForCausalLM
 
+    info = dist_info() if info is None else info
     ref = AutoModelForCausalLM.from_pretrained(
         settings.model.path, dtype=resolve_dtype(settings.model.dtype, device)).to(device)
+    ref.config.use_cache = False
     ref.eval().requires_grad_(False)
+    if settings.algorithm.ref_ema_tau < 1.0 and info.enabled:
+        ref = _shard(ref, info, device)
     return ref
 
 

@@ -255,3 +255,35 @@ def test_ema_update_rejects_mismatched_models_and_bad_tau():
         ema_update_(nn.Linear(2, 2), nn.Linear(2, 3), 0.9)
     with pytest.raises(ValueError, match="tau"):
         ema_update_(nn.Linear(2, 2), nn.Linear(2, 2), 1.5)
+
+
+# ----------------------------------------------------------------------------- settings
+
+
+def test_ema_pg_settings_defaults_and_refusals():
+    from pydantic import ValidationError
+
+    from searchr1.learner.settings import LearnerSettings
+
+    a = LearnerSettings().algorithm
+    assert (a.ref_ema_tau, a.ref_ema_period, a.kl_topk_tokens, a.kl_tail_sampling, a.kl_importance_weight,
+            a.kl_iw_clip, a.dynamic_sampling, a.overlong_filter) == (1.0, 10, 0, True, False, None, False, False)
+    ok = LearnerSettings(algorithm={"ref_ema_tau": 0.9, "kl_loss_type": "full_reverse", "kl_topk_tokens": 32,
+                                    "kl_importance_weight": True, "kl_iw_clip": [0.5, 2.0]}).algorithm
+    assert ok.kl_iw_clip == (0.5, 2.0) and ok.kl_loss_type == "full_reverse"
+    for kind in ("k1", "k2", "k3", "k3plusplus", "k4", "k5", "full_forward"):
+        assert LearnerSettings(algorithm={"kl_loss_type": kind}).algorithm.kl_loss_type == kind
+    with pytest.raises(ValidationError, match="full fine-tuning"):
+        LearnerSettings(algorithm={"ref_ema_tau": 0.9}, model={"lora": {"enabled": True}})
+    with pytest.raises(ValidationError, match="needs a KL term"):
+        LearnerSettings(algorithm={"ref_ema_tau": 0.9, "use_kl_loss": False})
+    with pytest.raises(ValidationError, match="kl_iw_clip"):
+        LearnerSettings(algorithm={"kl_iw_clip": [2.0, 1.0]})
+    with pytest.raises(ValidationError, match="full_reverse / full_forward only"):
+        LearnerSettings(algorithm={"kl_topk_tokens": 32})
+    with pytest.raises(ValidationError):
+        LearnerSettings(algorithm={"ref_ema_tau": 0.0})
+    with pytest.raises(ValidationError):
+        LearnerSettings(algorithm={"ref_ema_period": 0})
+    with pytest.raises(ValidationError, match="grpo / dr_grpo"):
+        LearnerSettings(algorithm={"advantage": "gae", "use_kl_loss": False, "dynamic_sampling": True})
