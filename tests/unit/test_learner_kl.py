@@ -287,3 +287,17 @@ def test_ema_pg_settings_defaults_and_refusals():
         LearnerSettings(algorithm={"ref_ema_period": 0})
     with pytest.raises(ValidationError, match="grpo / dr_grpo"):
         LearnerSettings(algorithm={"advantage": "gae", "use_kl_loss": False, "dynamic_sampling": True})
+
+
+def test_ema_pg_config_maps_the_release_recipe():
+    from pathlib import Path
+
+    from searchr1.core.settings import load_settings
+    from searchr1.learner.settings import LearnerSettings
+
+    path = Path(__file__).resolve().parents[2] / "configs" / "qwen2.5-3b-grpo-ema-pg.toml"
+    s = load_settings(LearnerSettings, path)
+    a = s.algorithm
+    assert (a.ref_ema_tau, a.ref_ema_period, a.kl_loss_type, a.kl_topk_tokens) == (0.9, 10, "full_reverse", 32)
+    assert a.kl_importance_weight and a.kl_tail_sampling and a.clip_high == 0.28 and a.entropy_coef == 0.0
+    assert (s.optim.lr, s.optim.total_steps, s.optim.betas, s.dispatcher.group_size) == (1e-6, 1005, (0.9, 0.95), 5)
