@@ -301,3 +301,114 @@ def test_ema_pg_config_maps_the_release_recipe():
     assert (a.ref_ema_tau, a.ref_ema_period, a.kl_loss_type, a.kl_topk_tokens) == (0.9, 10, "full_reverse", 32)
     assert a.kl_importance_weight and a.kl_tail_sampling and a.clip_high == 0.28 and a.entropy_coef == 0.0
     assert (s.optim.lr, s.optim.total_steps, s.optim.betas, s.dispatcher.group_size) == (1e-6, 1005, (0.9, 0.95), 5)
+
+
+# ----------------------------------------------------------------------------- KL term on a tiny model
+
+VOCAB = 64
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory):
+    from transformers import AutoModelForCausalLM
+
+    from searchr1.learner.synthetic import tiny_qwen2
+
+    path = tiny_qwen2(tmp_path_factory.mktemp("kl") / "tiny", vocab=VOCAB, hidden=32, layers=1)
+    policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64)
+    reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64).requires_grad_(False)
+    with torch.no_grad():
+        for p in reference.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1), dtype=p.dtype))
+    ids = torch.randint(2, VOCAB, (2, 12), generator=torch.Generator().manual_seed(2))
+    attn = torch.ones_like(ids)
+    attn[1, 9:] = 0
+    resp = torch.zeros(2, 11)
+    resp[0, 4:] = 1
+    resp[1, 5:8] = 1
+    return policy, reference, ids, attn, resp
+
+
+def _exact_kl(policy, reference, ids, attn, resp, direction):
+    """Full-vocabulary KL per position from log_softmax of both models' full logits."""
+    with torch.no_grad():
+        lp = torch.log_softmax(policy(input_ids=ids, attention_mask=attn).logits[:, :-1], -1)
+        lq = torch.log_softmax(reference(input_ids=ids, attention_mask=attn).logits[:, :-1], -1)
+    kl = (lp.exp() * (lp - lq)).sum(-1) if direction == "reverse" else (lq.exp() * (lq - lp)).sum(-1)
+    return kl * resp
+
+
+def test_forward_kl_logits_agrees_with_forward_logprobs_and_the_full_logits(tiny_models):
+    from searchr1.learner.model import forward_kl_logits, forward_logprobs
+
+    policy, _, ids, attn, resp = tiny_models
+    with torch.no_grad():
+        ref_lp, ref_ent = forward_logprobs(policy, ids, attn, entropy=True, mask=resp)
+        full = policy(input_ids=ids, attention_mask=attn).logits[:, :-1][resp.bool()]
+        top = forward_kl_logits(policy, ids, attn, resp, entropy=True, topk=5)
+        at = forward_kl_logits(policy, ids, attn, resp, at_ids=top.ids.flip(-1))
+    # forward_logprobs computes in float32; forward_kl_logits keeps the model's float64
+    assert torch.allclose(top.log_prob, ref_lp.double(), atol=1e-5)
+    assert torch.allclose(top.entropy, ref_ent.double(), atol=1e-5)
+    assert torch.equal(top.selected, resp.bool())
+    assert torch.allclose(top.logits, full.topk(5, dim=-1).values, atol=TOL)
+    assert torch.allclose(top.logsumexp, torch.logsumexp(full, -1), atol=TOL)
+    assert torch.allclose(at.logits, top.logits.flip(-1), atol=TOL)
+    with pytest.raises(ValueError, match="not both"):
+        forward_kl_logits(policy, ids, attn, resp, topk=2, at_ids=top.ids)
+
+
+@pytest.mark.parametrize("direction", ["reverse", "forward"])
+def test_kl_term_over_the_whole_vocabulary_equals_the_exact_kl(tiny_models, direction):
+    from searchr1.learner.kl_term import KLTerm
+    from searchr1.learner.settings import AlgorithmSettings
+
+    policy, reference, ids, attn, resp = tiny_models
+    exact = _exact_kl(policy, reference, ids, attn, resp, direction)
+    for k in (0, VOCAB):  # the full logits, and the top-k path with k = vocabulary size (tail always 0)
+        a = AlgorithmSettings(kl_loss_type=f"full_{direction}", kl_topk_tokens=k, kl_importance_weight=True)
+        out = KLTerm(a, enabled=True).forward(policy, reference, ids, attn, resp, entropy=False)
+        assert torch.allclose(out.kl, exact, atol=TOL), k
+        assert out.kl.requires_grad
+
+
+def test_reverse_topk_ids_from_the_prepass_equal_those_of_the_update_forward(tiny_models):
+    from searchr1.learner.kl_term import KLTerm
+    from searchr1.learner.settings import AlgorithmSettings
+
+    policy, reference, ids, attn, resp = tiny_models
+    term = KLTerm(AlgorithmSettings(kl_loss_type="full_reverse", kl_topk_tokens=4), enabled=True)
+    assert term.prepass_topk == 4
+    old, dense = term.prepass_policy(policy, ids, attn, resp)
+    assert dense.shape == (2, 11, 4) and (dense[~resp.bool()] == 0).all()
+    own = term.forward(policy, reference, ids, attn, resp, entropy=False)
+    given = term.forward(policy, reference, ids, attn, resp, entropy=False, old_log_prob=old, topk_ids=dense)
+    assert torch.allclose(own.kl, given.kl, atol=TOL)
+    # the top-4 head is a partial sum of the exact KL's terms; with the tail it estimates the rest
+    no_tail = KLTerm(AlgorithmSettings(kl_loss_type="full_reverse", kl_topk_tokens=4, kl_tail_sampling=False),
+                     enabled=True).forward(policy, reference, ids, attn, resp, entropy=False)
+    assert not torch.allclose(no_tail.kl, own.kl)
+
+
+def test_kl_term_sampled_estimator_with_importance_weight(tiny_models):
+    from searchr1.learner.kl_term import KLTerm
+    from searchr1.learner.model import forward_logprobs
+    from searchr1.learner.settings import AlgorithmSettings
+
+    policy, reference, ids, attn, resp = tiny_models
+    term = KLTerm(AlgorithmSettings(kl_loss_type="k4", kl_importance_weight=True, kl_iw_clip=(0.5, 1.5)),
+                  enabled=True)
+    with torch.no_grad():
+        lp, _ = forward_logprobs(policy, ids, attn, mask=resp)
+        lq, _ = forward_logprobs(reference, ids, attn, mask=resp)
+    old = lp - 1.0 * resp  # π/π_old = e ≈ 2.72 on the response, clipped to 1.5
+    out = term.forward(policy, reference, ids, attn, resp, entropy=False, old_log_prob=old)
+    expected = torch.where(resp.bool(), (lp - lq) * 1.5, torch.zeros_like(lp))
+    assert torch.allclose(out.kl * resp, expected, atol=TOL)
+
+
+def test_ema_due_every_period_steps():
+    from searchr1.learner.kl_term import ema_due
+
+    assert [s for s in range(0, 31) if ema_due(s, 0.9, 10)] == [10, 20, 30]
+    assert not any(ema_due(s, 1.0, 1) for s in range(5))
