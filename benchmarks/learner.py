@@ -274,7 +274,7 @@ def kl_term(args) -> None:
         batch = inputs(length)
         for name, fn in runs.items():
             fn(*batch)  # warm-up
-            got = [_peak_above_start(lambda f=fn: f(*batch)) for _ in range(args.kl_repeats)]
+            got = [_peak_above_start(lambda f=fn, b=batch: f(*b)) for _ in range(args.kl_repeats)]
             print(f"{length:6d} {name:24s} {statistics.median(t for t, _ in got):7.3f} "
                   f"{max(m for _, m in got):9.0f}")
 

@@ -17,7 +17,6 @@ import torch
 from torch import Tensor, nn
 
 
-
 def _local(t: Tensor) -> Tensor:
     """The part of `t` this rank holds (a DTensor's local shard; a plain tensor itself)."""
     return t.to_local() if hasattr(t, "to_local") else t
