@@ -1,4 +1,5 @@
-"""Wire schemas shared by the services (DESIGN §3.2) and their versioned msgpack encoding.
+"""Wire schemas shared by the services (docs/architecture.md, "Wire schemas") and their versioned
+msgpack encoding.
 
 A `TrajectoryGroup` is the unit of transport and of GRPO advantage: one stream entry = one group.
 
@@ -10,6 +11,13 @@ Encoding: `encode(model)` writes a msgpack map `{"v": SCHEMA_VERSION, "kind": <t
 `decode(kind_cls, raw)` checks version and kind and validates every field; anything wrong raises
 `SchemaError` with a message, so a stream reader can dead-letter the entry instead of crashing.
 Nothing is ever unpickled.
+
+Versioning: `SCHEMA_VERSION` is bumped whenever a message's fields change meaning or a required field
+is added, and a reader accepts only its own version, so an entry written by an older writer is
+dead-lettered with the reason "schema version N is not supported" instead of being misread.
+Version 2: `SamplingParams` fields are optional (None = the worker's setting; an explicit value,
+the default included, is honoured), and `TrajectoryGroup.sampling_temperature` records the temperature
+a group was sampled at.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 FinishReason = Literal["answer", "eos", "max_turns", "length", "error"]
 """Why a trajectory ended: it answered; the model emitted EOS without an answer; it used every turn
@@ -39,14 +47,15 @@ class _Wire(BaseModel):
 
 
 class SamplingParams(_Wire):
-    """Sampling parameters for one task's group; rollout config fills what is None."""
+    """Sampling parameters for one task's group: a value set here is used as is; None = the rollout
+    worker's setting decides."""
 
-    temperature: float = Field(default=1.0, ge=0.0, le=10.0)
-    """Softmax temperature; 0 is greedy."""
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    """Nucleus sampling mass."""
-    top_k: int = Field(default=-1, ge=-1)
-    """Top-k cut-off; -1 disables it."""
+    temperature: float | None = Field(default=None, ge=0.0, le=10.0)
+    """Softmax temperature; 0 is greedy. None = the worker's setting."""
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    """Nucleus sampling mass. None = the worker's setting."""
+    top_k: int | None = Field(default=None, ge=-1)
+    """Top-k cut-off; -1 disables it. None = the worker's setting."""
     max_tokens_per_turn: int | None = Field(default=None, ge=1)
     """Per-turn generation budget; None uses the worker's setting."""
     seed: int | None = None
@@ -132,6 +141,9 @@ class TrajectoryGroup(_Wire):
     """The task the group answers."""
     policy_version: int = Field(ge=0)
     """Weight version that generated every trajectory of the group."""
+    sampling_temperature: float = Field(ge=0.0, le=10.0)
+    """Softmax temperature every trajectory of the group was sampled at (the task's, or the worker's
+    setting when the task left it unset)."""
     worker_id: str = Field(min_length=1, max_length=256)
     """Rollout worker that produced the group."""
     trajectories: list[Trajectory] = Field(min_length=1)
@@ -147,7 +159,7 @@ class TrajectoryGroup(_Wire):
 
 
 class WeightVersion(_Wire):
-    """A published policy snapshot announced by the learner (DESIGN §3.4)."""
+    """A published policy snapshot announced by the learner (docs/architecture.md, "Weight sync")."""
 
     version: int = Field(ge=0)
     """Monotonic policy version (number of updates applied)."""

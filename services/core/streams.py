@@ -1,4 +1,5 @@
-"""A small typed layer over Redis Streams with consumer groups (DESIGN §3.3), on redis-py's asyncio client.
+"""A small typed layer over Redis Streams with consumer groups, on redis-py's asyncio client (the streams
+and their groups: docs/architecture.md, "Streams").
 
 `TypedStream[T]` publishes and reads one pydantic wire model per entry (field `m`, versioned msgpack):
 
@@ -6,13 +7,17 @@
 - `read(consumer, count, block_ms)` → XREADGROUP of new entries; a malformed entry is moved to the
   dead stream with its reason and acked, never returned and never crashing the reader;
 - `ack(*ids)` → XACK (the caller acks only after the work the entry stands for is safe);
+- `dead_letter(id, reason)` → a valid entry the consumer refuses goes to the dead stream, acked;
 - `reclaim(consumer, count)` → entries pending longer than the visibility timeout are claimed by this
   consumer (XPENDING to see delivery counts, then XCLAIM); past `max_deliveries` they go to the dead
   stream instead with the reason. XAUTOCLAIM would claim in one call but does not report delivery
   counts, which the dead-letter rule needs;
 - `length()`, `pending()` and `lag()` for backpressure and metrics.
 
-Keys live under `searchr1:{run}:` (`StreamKeys`). What this module does not do: decide when to ack or
+Keys live under `searchr1:{run}:` (`StreamKeys`). The run's two streams are built only by
+`tasks_stream` (Task entries, read by the rollout workers' group `TASKS_GROUP`) and
+`trajectories_stream` (TrajectoryGroup entries, read by the learner's group `TRAJECTORIES_GROUP`), so
+every service and tool agrees on key, model and group. What this module does not do: decide when to ack or
 how many entries to keep in flight; that is each service's loop.
 """
 
@@ -27,11 +32,16 @@ from pydantic import BaseModel
 from redis import asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from searchr1.core.schemas import SchemaError, decode, encode
+from searchr1.core.schemas import SchemaError, Task, TrajectoryGroup, decode, encode
 
 T = TypeVar("T", bound=BaseModel)
 
 PAYLOAD_FIELD = b"m"
+
+TASKS_GROUP = "rollout"
+"""Consumer group of the tasks stream: the rollout workers (the learner's dispatcher only publishes)."""
+TRAJECTORIES_GROUP = "learner"
+"""Consumer group of the trajectories stream: the learner (rank 0)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +206,11 @@ class TypedStream(Generic[T]):
                 out.append(entry)
         return out
 
+    async def dead_letter(self, entry_id: str, reason: str) -> None:
+        """Move a delivered entry the consumer will not process to the dead stream with `reason`, and
+        ack it (the same record a malformed entry gets)."""
+        await self._bury_by_id(entry_id, reason)
+
     async def length(self) -> int:
         """Entries in the stream (acked or not; the stream is trimmed separately)."""
         return int(await self.redis.xlen(self.key))
@@ -248,6 +263,21 @@ class TypedStream(Generic[T]):
             )
             pipe.xack(self.key, self.group, mid)
             await pipe.execute()
+
+
+def tasks_stream(redis: aioredis.Redis, keys: StreamKeys, *, visibility_timeout_ms: int = 60_000,
+                 max_deliveries: int = 3) -> TypedStream[Task]:
+    """The run's tasks stream (dispatcher → rollout workers), consumed by `TASKS_GROUP`."""
+    return TypedStream(redis, keys.tasks, Task, TASKS_GROUP, dead_key=keys.dead,
+                       visibility_timeout_ms=visibility_timeout_ms, max_deliveries=max_deliveries)
+
+
+def trajectories_stream(redis: aioredis.Redis, keys: StreamKeys, *, visibility_timeout_ms: int = 60_000,
+                        max_deliveries: int = 3, maxlen: int | None = None) -> TypedStream[TrajectoryGroup]:
+    """The run's trajectories stream (rollout workers → learner), consumed by `TRAJECTORIES_GROUP`;
+    `maxlen` trims it approximately on publish."""
+    return TypedStream(redis, keys.trajectories, TrajectoryGroup, TRAJECTORIES_GROUP, dead_key=keys.dead,
+                       visibility_timeout_ms=visibility_timeout_ms, max_deliveries=max_deliveries, maxlen=maxlen)
 
 
 async def read_dead(redis: aioredis.Redis, dead_key: str, count: int = 100) -> list[DeadLetter]:

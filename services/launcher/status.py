@@ -22,10 +22,6 @@ from pathlib import Path
 from typing import Any
 
 DASH = "–"
-TASKS_GROUP = "rollout"
-"""Consumer group of the tasks stream (DESIGN §3.3)."""
-TRAJECTORIES_GROUP = "learner"
-"""Consumer group of the trajectories stream (DESIGN §3.3)."""
 LEARNER_FIELDS = ("step", "reward_mean", "em", "searches_per_question")
 
 
@@ -202,8 +198,7 @@ class StatusCollector:
             return {}
         from redis.exceptions import RedisError
 
-        from searchr1.core.schemas import Task, TrajectoryGroup
-        from searchr1.core.streams import StreamKeys, TypedStream, connect
+        from searchr1.core.streams import StreamKeys, connect, tasks_stream, trajectories_stream
         from searchr1.core.weights import latest
 
         if self._redis is None:
@@ -211,9 +206,8 @@ class StatusCollector:
         keys = StreamKeys(self.run)
         out: dict[str, int] = {}
         streams = {
-            "tasks": TypedStream(self._redis, keys.tasks, Task, TASKS_GROUP, dead_key=keys.dead),
-            "trajectories": TypedStream(self._redis, keys.trajectories, TrajectoryGroup, TRAJECTORIES_GROUP,
-                                        dead_key=keys.dead),
+            "tasks": tasks_stream(self._redis, keys),
+            "trajectories": trajectories_stream(self._redis, keys),
         }
         # no stream or group yet, or Redis gone: that number is unknown
         for name, stream in streams.items():

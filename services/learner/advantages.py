@@ -1,4 +1,4 @@
-"""Group-level stages before the update: the staleness filter and advantage estimation on a `Batch`.
+"""Advantage estimation on a `Batch` (which groups are trained on at all is `staleness.py`'s rule).
 
 Estimators are looked up by the config's `algorithm.advantage` in `OUTCOME_ESTIMATORS` (GRPO, Dr. GRPO;
 they need only rewards) — GAE needs the critic's values, so the trainer calls `ppo_advantages` after
@@ -7,26 +7,14 @@ its value pass. All pure (tensors and schemas in, tensors out).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import partial
 
 import torch
 from torch import Tensor
 
-from searchr1.core.schemas import TrajectoryGroup
 from searchr1.learner.batch import Batch
 from searchr1.learner.losses import WHITEN_EPS, gae_advantages, gae_raw, grpo_advantages, kl_penalty
-
-
-def split_stale(
-    groups: Sequence[TrajectoryGroup], current_version: int, max_staleness: int
-) -> tuple[list[TrajectoryGroup], list[TrajectoryGroup]]:
-    """(kept, dropped): a group is dropped when `current_version - policy_version > max_staleness`."""
-    kept, dropped = [], []
-    for g in groups:
-        (dropped if current_version - g.policy_version > max_staleness else kept).append(g)
-    return kept, dropped
-
 
 OUTCOME_ESTIMATORS: dict[str, Callable[..., Tensor]] = {
     "grpo": partial(grpo_advantages, scale_by_std=True),

@@ -41,7 +41,8 @@ class LearnerMetrics:
         r = self.registry
         self.steps = Counter("searchr1_learner_steps_total", "Training steps completed.", registry=r)
         self.groups = Counter("searchr1_learner_groups_total", "Groups trained on.", registry=r)
-        self.dropped = Counter("searchr1_learner_groups_dropped_total", "Groups not trained on, by reason.",
+        self.dropped = Counter("searchr1_learner_groups_dropped_total",
+                               "Groups not trained on, by reason (replay, stale, temperature).",
                                ["reason"], registry=r)
         self.trajectories = Counter("searchr1_learner_trajectories_total", "Trajectories trained on.", registry=r)
         self.tokens = Counter("searchr1_learner_tokens_total", "Tokens (prompt + response) trained on.",
@@ -63,7 +64,8 @@ class LearnerMetrics:
 
 
 class StepLog:
-    """Appends one JSON line per step to `path` (and to wandb when a run is given)."""
+    """Appends one JSON line per step to `path` (and to wandb when a run is given). `write` blocks (file
+    append, wandb): the learner calls it in a thread."""
 
     def __init__(self, path: Path, wandb_run: Any = None) -> None:
         self.path = Path(path)

@@ -1,8 +1,9 @@
-"""Weight publishing (DESIGN §3.4): after each update a snapshot `<dir>/v{version:08d}/` holding an HF
+"""Weight publishing (docs/architecture.md, "Weight sync"): after each update a snapshot `<dir>/v{version:08d}/` holding an HF
 `save_pretrained(..., safe_serialization=True)` output (config.json + model*.safetensors; no optimizer
 state; LoRA merged so workers load full weights), its `snapshot_digest`, and a `WeightVersion`
 announcement on Redis. Snapshots are written to a dot-directory and renamed, so a reader never sees half
-of one; only the newest `keep` are kept.
+of one; only the newest `keep` are kept. `write` and `prune` are blocking file work: from the event
+loop they run in a thread (`announce` does so for its digest and prune).
 
 The URI is the snapshot's absolute path (shared volume), or `{base_url}/weights/{version}` when the
 learner serves snapshots over HTTP with `weights_app` (`GET /weights/{v}/files`,
@@ -68,7 +69,7 @@ class WeightPublisher:
         digest = await asyncio.to_thread(snapshot_digest, self.path(version))
         wv = WeightVersion(version=version, uri=self.uri(version), sha256=digest)
         await announce(redis, keys, wv)
-        self.prune(keep_version=version)
+        await asyncio.to_thread(self.prune, version)
         return wv
 
     def prune(self, keep_version: int | None = None) -> list[int]:

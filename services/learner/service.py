@@ -1,9 +1,11 @@
 """The learner process: one loop that reads top to bottom as named stages
 
-    read groups → filter (replays, staleness) → batch → advantages → train step → checkpoint → ack →
-    publish weights
+    read groups → filter (replays, temperature, staleness) → dead-letter → batch → advantages + train
+    step → checkpoint → ack → publish weights → grant tasks → log
 
 plus the dispatcher task feeding the tasks stream and (optionally) the HTTP server for snapshots.
+Which groups are too stale and how many tasks the dispatcher is granted is the `StalenessPolicy`'s
+rule (`staleness.py`); the temperature check is `sampling.py`'s; figures are computed in `figures.py`.
 
 Delivery guarantees: a trajectory-stream entry is acked only after the step that consumed it is
 checkpointed, and the checkpoint records the consumed task ids; a learner killed before acking re-reads
@@ -12,29 +14,31 @@ those whose task ids the checkpoint already holds. On start the learner resumes 
 checkpoint and (re)announces its current version (version 0 = the initial weights).
 
 Data parallel under torchrun: rank 0 alone talks to Redis and broadcasts each step's groups (msgpack,
-never pickle) to the other ranks; every rank trains on its shard; checkpoints and snapshots are
-gathered to rank 0, which writes them.
+never pickle; `distributed.py`) to the other ranks; every rank trains on its shard; checkpoints and
+snapshots are gathered to rank 0, which writes them.
+
+The event loop never blocks: training, collectives (the broadcast included), checkpoints, snapshot
+writes and pruning, and the step-log write run in threads (`asyncio.to_thread`), one at a time and in the
+same order on every rank, so the dispatcher task on rank 0's loop keeps feeding the tasks stream.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgpack
 import torch
-import torch.distributed as dist
 
 from searchr1.core.aio import stop_task
-from searchr1.core.schemas import Task, TrajectoryGroup, decode, encode
-from searchr1.core.streams import Entry, StreamKeys, TypedStream
-from searchr1.learner.advantages import OUTCOME_ESTIMATORS, outcome_advantages, split_stale
+from searchr1.core.schemas import Task, TrajectoryGroup
+from searchr1.core.streams import Entry, StreamKeys, TypedStream, tasks_stream, trajectories_stream
 from searchr1.learner.batch import Batch, build_batch
 from searchr1.learner.checkpoint import Checkpointer, Component, TrainState
+from searchr1.learner.distributed import broadcast_groups, init_distributed
+from searchr1.learner.figures import by_source, group_figures
 from searchr1.learner.metrics import LearnerMetrics, StepLog
 from searchr1.learner.model import (
     DistInfo,
@@ -45,31 +49,12 @@ from searchr1.learner.model import (
     resolve_device,
 )
 from searchr1.learner.publisher import WeightPublisher
+from searchr1.learner.sampling import temperature_mismatch
 from searchr1.learner.settings import LearnerSettings
+from searchr1.learner.staleness import Dropped, StalenessPolicy
 from searchr1.learner.trainer import Trainer, build_optimizer
 
 log = logging.getLogger("searchr1.learner")
-
-TRAJECTORY_GROUP = "learner"
-TASK_GROUP = "rollout"
-
-
-EM_COMPONENT_KEYS = ("em", "searchr1_em", "exact_match", "answer_correct")
-"""Reward components read as exact match, first found wins (our composite's `em` key, Search-R1's
-`searchr1_em` scorer, our `exact_match` scorer, `searchr1_em_format`'s `answer_correct` fact); inside a
-composite's breakdown also as `<component>.<key>` (e.g. `searchr1_em_format.answer_correct`)."""
-
-
-def em_component(components: dict[str, float]) -> float | None:
-    """The exact-match component of a trajectory's reward breakdown, if it has one."""
-    for key in EM_COMPONENT_KEYS:
-        if key in components:
-            return components[key]
-    for key in EM_COMPONENT_KEYS:
-        for name, value in components.items():
-            if name.endswith("." + key):
-                return value
-    return None
 
 
 @dataclass
@@ -107,32 +92,6 @@ def build_training(settings: LearnerSettings, info: DistInfo) -> Training:
     return Training(trainer, components, int(pad) if pad is not None else 0)
 
 
-# ---------------------------------------------------------------------------- rank-to-rank transport
-
-
-def broadcast_groups(groups: list[TrajectoryGroup] | None, info: DistInfo) -> list[TrajectoryGroup] | None:
-    """Rank 0's groups on every rank (None = stop). msgpack bytes in a uint8 tensor; gloo or NCCL."""
-    if not info.enabled:
-        return groups
-    device = torch.device("cuda") if dist.get_backend() == "nccl" else torch.device("cpu")
-    if info.is_main:
-        payload = b"" if groups is None else msgpack.packb([encode(g) for g in groups], use_bin_type=True)
-        size = torch.tensor([len(payload) if groups is not None else -1], dtype=torch.long, device=device)
-    else:
-        size = torch.zeros(1, dtype=torch.long, device=device)
-    dist.broadcast(size, 0)
-    n = int(size.item())
-    if n < 0:
-        return None
-    buf = (torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device) if info.is_main
-           else torch.empty(n, dtype=torch.uint8, device=device))
-    if n:
-        dist.broadcast(buf, 0)
-    if info.is_main:
-        return groups
-    return [decode(TrajectoryGroup, raw) for raw in msgpack.unpackb(buf.cpu().numpy().tobytes(), raw=False)]
-
-
 # ---------------------------------------------------------------------------- the loop
 
 
@@ -141,9 +100,25 @@ class StepInput:
     """What the read and filter stages produce for one step."""
 
     entries: list[Entry[TrajectoryGroup]] = field(default_factory=list)
+    """Every entry read (reclaimed first)."""
     groups: list[TrajectoryGroup] = field(default_factory=list)
+    """The groups to train on."""
     replays: list[Entry[TrajectoryGroup]] = field(default_factory=list)
-    stale: list[Entry[TrajectoryGroup]] = field(default_factory=list)
+    """Task ids already trained on (acked, not trained)."""
+    stale: list[Dropped[Entry[TrajectoryGroup]]] = field(default_factory=list)
+    """Too stale under the staleness policy (acked, not trained)."""
+    wrong_temperature: list[Dropped[Entry[TrajectoryGroup]]] = field(default_factory=list)
+    """Sampled at another temperature than the learner's (dead-lettered)."""
+
+    @property
+    def skipped(self) -> int:
+        """Entries read and not trained on."""
+        return len(self.replays) + len(self.stale) + len(self.wrong_temperature)
+
+    def trained_ids(self) -> list[str]:
+        """Entry ids of the groups trained on."""
+        skipped = {e.id for e in self.replays} | {d.item.id for d in self.stale + self.wrong_temperature}
+        return [e.id for e in self.entries if e.id not in skipped]
 
 
 class Learner:
@@ -170,16 +145,17 @@ class Learner:
         self.redis = redis
         self.info = info or DistInfo()
         self.keys = StreamKeys(settings.redis.run)
+        self.staleness = StalenessPolicy.from_settings(settings)
         self.state = TrainState()
         self._unacked: list[str] = []
-        self._dispatcher = None
+        self._dispatcher: Any = None  # set by `run` on rank 0
         self.trajectories: TypedStream[TrajectoryGroup] | None = None
         self.tasks: TypedStream[Task] | None = None
         if redis is not None:
-            self.trajectories = TypedStream(
-                redis, self.keys.trajectories, TrajectoryGroup, TRAJECTORY_GROUP, dead_key=self.keys.dead,
-                visibility_timeout_ms=settings.visibility_timeout_ms, max_deliveries=settings.max_deliveries)
-            self.tasks = TypedStream(redis, self.keys.tasks, Task, TASK_GROUP, dead_key=self.keys.dead)
+            self.trajectories = trajectories_stream(redis, self.keys,
+                                                    visibility_timeout_ms=settings.visibility_timeout_ms,
+                                                    max_deliveries=settings.max_deliveries)
+            self.tasks = tasks_stream(redis, self.keys)
 
     # ------------------------------------------------------------------ start-up
 
@@ -216,42 +192,48 @@ class Learner:
             return False
         return await self.tasks.in_flight() == 0 and await self.trajectories.lag() == 0
 
-    def _min_policy_version(self) -> int:
-        """The oldest version a group of a task published now may be generated by and still be trained."""
-        return max(0, self.state.version - self.s.algorithm.max_staleness)
-
     def filter_groups(self, got: StepInput) -> StepInput:
-        """Stage 2: skip replays of task ids already trained on and groups staler than `max_staleness`."""
+        """Stage 2: set aside replays of task ids already trained on, groups sampled at another
+        temperature than the learner's, and groups too stale under the staleness policy."""
         fresh = []
         seen = set(self.state.consumed)
         for e in got.entries:
             tid = e.value.task.task_id
             if tid in seen:
                 got.replays.append(e)
+            elif (reason := temperature_mismatch(e.value)) is not None:
+                got.wrong_temperature.append(Dropped(e, reason))
             else:
                 seen.add(tid)
                 fresh.append(e)
-        kept, dropped = split_stale([e.value for e in fresh], self.state.version, self.s.algorithm.max_staleness)
-        dropped_ids = {id(g) for g in dropped}
-        got.stale = [e for e in fresh if id(e.value) in dropped_ids]
-        got.groups = kept
+        kept, got.stale = self.staleness.split(fresh, self.state.version, group=lambda e: e.value)
+        got.groups = [e.value for e in kept]
         self.metrics.dropped.labels("replay").inc(len(got.replays))
         self.metrics.dropped.labels("stale").inc(len(got.stale))
-        if self._dispatcher is not None:  # replace what will not be trained on
-            self._dispatcher.grant(len(got.replays) + len(got.stale), self._min_policy_version())
+        self.metrics.dropped.labels("temperature").inc(len(got.wrong_temperature))
+        for d in got.stale:
+            log.info("dropping group of task %s: %s", d.item.value.task.task_id, d.reason)
+        self.grant(got.skipped)  # replace what will not be trained on
         return got
 
+    async def dead_letter(self, got: StepInput) -> None:
+        """Stage 3: move the groups that can never be trained on to the dead stream, with the reason."""
+        for d in got.wrong_temperature:
+            log.warning("dead-lettering group of task %s: %s", d.item.value.task.task_id, d.reason)
+            await self.trajectories.dead_letter(d.item.id, d.reason)
+
+    def grant(self, consumed: int) -> None:
+        """Let the dispatcher publish the tasks the staleness policy grants for `consumed` groups, stamped
+        for the current version."""
+        if self._dispatcher is not None:
+            self._dispatcher.grant(self.staleness.grant(consumed), self.state.version)
+
     def make_batch(self, groups: list[TrajectoryGroup]) -> Batch:
-        """Stages 3–4: pad the groups into a batch and compute outcome advantages (GAE happens in the
-        trainer, after the critic's value pass)."""
-        batch = build_batch(groups, pad_id=self.training.pad_id, max_seq_len=self.s.batch.max_seq_len)
-        a = self.s.algorithm
-        if a.advantage in OUTCOME_ESTIMATORS:
-            batch = outcome_advantages(batch, a.advantage, a.grpo_eps)
-        return batch
+        """Stage 4: pad the groups into a batch (the trainer computes the advantages)."""
+        return build_batch(groups, pad_id=self.training.pad_id, max_seq_len=self.s.batch.max_seq_len)
 
     def train(self, batch: Batch) -> dict[str, float]:
-        """Stage 5: one training step (every rank)."""
+        """Stage 5: advantages and one training step (every rank)."""
         return self.training.trainer.train_step(batch, self.state.version)
 
     def checkpoint(self) -> None:
@@ -276,54 +258,20 @@ class Learner:
 
     # ------------------------------------------------------------------ loop
 
-    def _group_figures(self, groups: list[TrajectoryGroup]) -> dict[str, float]:
-        trajs = [t for g in groups for t in g.trajectories]
-        rewards = [t.reward for t in trajs]
-        out = {
-            "groups": float(len(groups)), "trajectories": float(len(trajs)),
-            "reward_mean": statistics.fmean(rewards),
-            "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
-            "searches_per_trajectory": statistics.fmean(t.num_searches for t in trajs),
-            "response_length_mean": statistics.fmean(len(t.response_ids) for t in trajs),
-            "staleness_mean": statistics.fmean(self.state.version - g.policy_version for g in groups),
-        }
-        em = [v for t in trajs if (v := em_component(t.reward_components)) is not None]
-        if em:
-            out["em_mean"] = statistics.fmean(em)
-        return out
-
-    @staticmethod
-    def _by_source(groups: list[TrajectoryGroup]) -> dict[str, dict[str, float]]:
-        """Per-`data_source` reward, EM and searches of the step (the JSONL log's `by_source`), so a run
-        can be split e.g. into known- and unknown-entity questions."""
-        buckets: dict[str, list] = {}
-        for g in groups:
-            buckets.setdefault(g.task.data_source, []).extend(g.trajectories)
-        out: dict[str, dict[str, float]] = {}
-        for source, trajs in sorted(buckets.items()):
-            row = {"trajectories": float(len(trajs)),
-                   "reward_mean": statistics.fmean(t.reward for t in trajs),
-                   "searches_per_trajectory": statistics.fmean(t.num_searches for t in trajs)}
-            em = [v for t in trajs if (v := em_component(t.reward_components)) is not None]
-            if em:
-                row["em_mean"] = statistics.fmean(em)
-            out[source] = row
-        return out
-
     async def step_once(self, stop: asyncio.Event) -> bool:
         """One step on rank 0 (or single process). Returns False when stopped before training."""
         got = await self.read_groups(stop)
         if stop.is_set() and len(got.entries) < self.s.batch.groups_per_step:
             return False  # no partial step on shutdown: the unacked groups are re-read after a restart
         got = self.filter_groups(got)
+        await self.dead_letter(got)
         self._unacked.extend(e.id for e in got.replays)  # already checkpointed: safe to ack now
-        self._unacked.extend(e.id for e in got.stale)
+        self._unacked.extend(d.item.id for d in got.stale)
         if not got.groups:
             await self.ack()
             return not stop.is_set()
-        broadcast_groups(got.groups, self.info)
-        skipped = {e.id for e in got.replays} | {e.id for e in got.stale}
-        await self._train_and_commit(got.groups, [e.id for e in got.entries if e.id not in skipped])
+        await asyncio.to_thread(broadcast_groups, got.groups, self.info)
+        await self._train_and_commit(got.groups, got.trained_ids())
         return True
 
     async def _train_and_commit(self, groups: list[TrajectoryGroup], entry_ids: list[str]) -> None:
@@ -331,8 +279,8 @@ class Learner:
         batch = self.make_batch(groups)
         figures = await asyncio.to_thread(self.train, batch)
         step_seconds = time.perf_counter() - t0
-        figures.update(self._group_figures(groups))
-        figures["by_source"] = self._by_source(groups)  # type: ignore[assignment]  # JSONL only
+        figures.update(group_figures(groups, self.state.version))
+        figures["by_source"] = by_source(groups)  # type: ignore[assignment]  # JSONL only
         figures.update(step_seconds=step_seconds, tokens=float(batch.num_tokens),
                        loss_tokens=float(batch.num_loss_tokens),
                        tokens_per_second=batch.num_tokens / max(step_seconds, 1e-9))
@@ -346,15 +294,15 @@ class Learner:
             await asyncio.to_thread(self.checkpoint)
             await self.ack()
         await self.publish_weights()
-        if self._dispatcher is not None:  # the next tasks are sampled with the weights just announced
-            self._dispatcher.grant(len(groups), self._min_policy_version())
+        self.grant(len(groups))  # the next tasks are sampled with the weights just announced
         if self.info.is_main:
             self.metrics.groups.inc(len(groups))
             self.metrics.trajectories.inc(figures["trajectories"])
             self.metrics.tokens.inc(batch.num_tokens)
             self.metrics.observe_step(figures)
             if self.step_log is not None:
-                self.step_log.write(self.state.step, {"version": self.state.version, **figures})
+                await asyncio.to_thread(self.step_log.write, self.state.step,
+                                        {"version": self.state.version, **figures})
             log.info("step %d: loss %.4f reward %.3f %.0f tok/s", self.state.step, figures.get("loss", 0.0),
                      figures["reward_mean"], figures["tokens_per_second"])
 
@@ -364,7 +312,7 @@ class Learner:
         limit = max_steps if max_steps is not None else self.s.optim.total_steps
         if not self.info.is_main:
             while True:  # rank 0 always ends with a stop broadcast
-                groups = broadcast_groups(None, self.info)
+                groups = await asyncio.to_thread(broadcast_groups, None, self.info)
                 if groups is None:
                     break
                 await self._train_and_commit(groups, [])
@@ -382,7 +330,7 @@ class Learner:
                     break
         finally:
             if self.info.enabled:
-                broadcast_groups(None, self.info)
+                await asyncio.to_thread(broadcast_groups, None, self.info)
             halt.set()
             if disp_task is not None:
                 await stop_task(disp_task, timeout=10.0)
@@ -390,21 +338,6 @@ class Learner:
 
 
 # ---------------------------------------------------------------------------- process entry point
-
-
-def init_distributed() -> DistInfo:
-    """Join the torchrun process group when launched with WORLD_SIZE > 1 (gloo on CPU, NCCL on GPU)."""
-    import os
-
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1 and not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if backend == "nccl":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend)
-    from searchr1.learner.model import dist_info
-
-    return dist_info()
 
 
 async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = None,
@@ -447,13 +380,11 @@ async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = No
         dispatcher = None
         if info.is_main and settings.dispatcher.enabled and settings.dispatcher.dataset:
             pos = state.dispatcher or {}
-            budget = (settings.algorithm.max_staleness + 1) * settings.batch.groups_per_step
             specs = oversample(load_tasks(settings.dispatcher.dataset), settings.dispatcher.source_repeats)
             dispatcher = Dispatcher(learner.tasks, specs, settings.dispatcher,
                                     epoch=pos.get("epoch", 0), cursor=pos.get("cursor", 0),
-                                    on_publish=metrics.tasks.inc,
-                                    budget=budget if settings.dispatcher.paced else None,
-                                    min_policy_version=learner._min_policy_version())
+                                    on_publish=metrics.tasks.inc, staleness=learner.staleness,
+                                    version=state.version)
         return await learner.run(stop, max_steps=max_steps, dispatcher=dispatcher)
     finally:
         if http is not None:

@@ -10,10 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from searchr1.core.settings import RedisSettings, Section, ServiceSettings
+from searchr1.learner.sampling import TRAINING_TEMPERATURE, check_rollout_temperature
 
 
 class LoraSettings(Section):
@@ -162,15 +163,21 @@ class DispatcherSettings(Section):
     source_repeats: dict[str, Annotated[int, Field(ge=1)]] = Field(default_factory=dict)
     """Data mix: `{data_source: k}` puts each question of that source k times in every epoch (k ≥ 1;
     sources not named count once; a name the dataset lacks is an error)."""
-    temperature: float = Field(default=1.0, ge=0.0, le=10.0)
-    """Sampling temperature written into each task."""
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    """Nucleus mass written into each task."""
+    temperature: float = Field(default=TRAINING_TEMPERATURE, ge=0.0, le=10.0)
+    """Sampling temperature written into each task: must be the learner's training temperature, 1
+    (`learner/sampling.py`); any other value is refused at start."""
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    """Nucleus mass written into each task; None = each worker's `agent.top_p`."""
     poll_s: float = Field(default=0.2, gt=0.0)
     """Seconds between backpressure checks."""
     paced: bool = True
     """Publish at most `(max_staleness + 1) × groups_per_step` tasks ahead of the learner's updates (see
-    `dispatcher.py`); False = only `max_inflight` bounds the stream."""
+    `staleness.py`); False = only `max_inflight` bounds the stream."""
+
+    @field_validator("temperature")
+    @classmethod
+    def _training_temperature(cls, value: float) -> float:
+        return check_rollout_temperature(value, "dispatcher.temperature")
 
 
 class WeightsSettings(Section):

@@ -57,4 +57,5 @@ def synthetic_group(
                                 reward=reward, reward_components={"em": reward}, num_turns=2,
                                 num_searches=rng.randrange(0, 3), finish_reason="answer"))
     task = Task(task_id=task_id, question=f"q {task_id}?", golden_answers=["a"], group_size=group_size)
-    return TrajectoryGroup(task=task, policy_version=policy_version, worker_id="synthetic", trajectories=trajs)
+    return TrajectoryGroup(task=task, policy_version=policy_version, sampling_temperature=1.0,
+                           worker_id="synthetic", trajectories=trajs)

@@ -1,7 +1,8 @@
 """One training step over a `Batch`: the optimisation half of the learner (no Redis, no files).
 
 `Trainer.train_step(batch, version)` takes the whole step's batch (identical on every rank), computes
-outcome advantages on all of it, keeps this rank's rows, then for each mini-batch accumulates
+outcome advantages on all of it (the one place they are computed: callers pass the batch as built),
+keeps this rank's rows, then for each mini-batch accumulates
 gradients over micro-batches and applies one AdamW update (gradient clipping); the learning-rate schedule
 steps once per training step.
 
@@ -22,7 +23,8 @@ computed in a no-grad pre-pass; advantages are whitened with the whole step's st
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field, fields
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -85,13 +87,41 @@ def build_optimizer(model: nn.Module, lr: float, settings: LearnerSettings, warm
 
 
 @dataclass
+class PolicyFigures:
+    """One mini-batch's policy-update figures: this rank's share-weighted sums, global once all-reduced."""
+
+    loss: float = 0.0
+    pg_loss: float = 0.0
+    kl_loss: float = 0.0
+    entropy: float = 0.0
+    clip_frac: float = 0.0
+    approx_kl: float = 0.0
+    is_weight_mean: float = 0.0
+
+
+@dataclass
+class CriticFigures:
+    """One mini-batch's critic-update figures: this rank's share-weighted sums, global once all-reduced."""
+
+    value_loss: float = 0.0
+    value_clip_frac: float = 0.0
+
+
+F = TypeVar("F", PolicyFigures, CriticFigures)
+
+
+@dataclass
 class StepStats:
-    """Figures of one step (averaged over its mini-batches, global over ranks)."""
+    """Figures of one step (summed over its mini-batches, global over ranks)."""
 
     values: dict[str, float] = field(default_factory=dict)
 
     def add(self, key: str, value: float) -> None:
         self.values[key] = self.values.get(key, 0.0) + value
+
+    def add_all(self, figures: PolicyFigures | CriticFigures) -> None:
+        for f in fields(figures):
+            self.add(f.name, getattr(figures, f.name))
 
 
 def _all_reduce(values: list[float], info: DistInfo, device: torch.device) -> list[float]:
@@ -100,6 +130,12 @@ def _all_reduce(values: list[float], info: DistInfo, device: torch.device) -> li
     t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t)
     return t.tolist()
+
+
+def _all_reduce_figures(figures: F, info: DistInfo, device: torch.device) -> F:
+    """Sum every field over ranks as one float64 tensor, in the dataclass's field order (the same on
+    every rank)."""
+    return type(figures)(*_all_reduce(list(astuple(figures)), info, device))
 
 
 def _pad_to(t: Tensor, width: int) -> Tensor:
@@ -140,24 +176,16 @@ class Trainer:
         if (a.use_kl_loss and not self.is_ppo or a.kl_in_reward) and reference is None:
             raise ValueError("a KL term needs a reference model")
         self.policy_loss = POLICY_LOSSES[a.policy_loss]
+        # per-step state, set by `_place` at the start of each `train_step`
+        self._lengths: list[int] = []  # attention lengths of this rank's rows (micro-batch grouping)
+        self._dummy: Batch | None = None  # one real row standing in for an empty micro-batch (_micro_rows)
 
     # ------------------------------------------------------------------ stages
 
     def train_step(self, batch: Batch, version: int) -> dict[str, float]:
-        a, b = self.s.algorithm, self.s.batch
-        if batch.advantages is None and a.advantage in OUTCOME_ESTIMATORS:
-            batch = outcome_advantages(batch, a.advantage, a.grpo_eps)
-        # mini-batches are cut from the *global* batch, then sharded, so every optimizer update sees the
-        # same rows whatever the number of ranks
-        cuts = [round(i * batch.size / b.mini_batches) for i in range(b.mini_batches + 1)]
-        local_rows, bounds = [], [0]
-        for m in range(b.mini_batches):
-            size = cuts[m + 1] - cuts[m]
-            local_rows += [cuts[m] + r for r in shard_rows(size, self.info.rank, self.info.world)]
-            bounds.append(len(local_rows))
-        local = batch.select(local_rows).to(self.device)
-        self._lengths = local.attention_mask.sum(dim=1).tolist()
-        self._dummy = batch.select([0]).to(self.device)  # stands in for an empty micro-batch (see _micro_rows)
+        b = self.s.batch
+        batch = self._outcome_advantages(batch)
+        local, bounds = self._place(batch)
         stale = local.policy_version < version
         need_old = b.mini_batches > 1 or self.is_ppo
         extras = self._prepass(local, need_old) if need_old else {}
@@ -175,6 +203,29 @@ class Trainer:
         if self.is_ppo:
             self.critic_scheduler.step()
         return out
+
+    def _outcome_advantages(self, batch: Batch) -> Batch:
+        """Outcome advantages (GRPO, Dr. GRPO) over the whole step's groups; GAE waits for the critic."""
+        a = self.s.algorithm
+        if a.advantage in OUTCOME_ESTIMATORS:
+            return outcome_advantages(batch, a.advantage, a.grpo_eps)
+        return batch
+
+    def _place(self, batch: Batch) -> tuple[Batch, list[int]]:
+        """This rank's rows on the device and each mini-batch's bounds among them. Mini-batches are cut
+        from the *global* batch, then sharded, so every optimizer update sees the same rows whatever the
+        number of ranks."""
+        b = self.s.batch
+        cuts = [round(i * batch.size / b.mini_batches) for i in range(b.mini_batches + 1)]
+        local_rows, bounds = [], [0]
+        for m in range(b.mini_batches):
+            size = cuts[m + 1] - cuts[m]
+            local_rows += [cuts[m] + r for r in shard_rows(size, self.info.rank, self.info.world)]
+            bounds.append(len(local_rows))
+        local = batch.select(local_rows).to(self.device)
+        self._lengths = local.attention_mask.sum(dim=1).tolist()
+        self._dummy = batch.select([0]).to(self.device)
+        return local, bounds
 
     @torch.no_grad()
     def _prepass(self, local: Batch, need_old: bool) -> dict[str, Tensor]:
@@ -260,7 +311,7 @@ class Trainer:
         mbs = [local.select(r) if r else self._dummy for r in mbs_rows]
         tokens, seqs = self._norm_counts([mb for r, mb in zip(mbs_rows, mbs) if r])
         self.optimizer.zero_grad(set_to_none=True)
-        sums = [0.0] * 7  # loss, pg, kl, entropy, clip_frac, approx_kl, is_weight
+        fig = PolicyFigures()
         for r, mb in zip(mbs_rows, mbs):
             width = mb.loss_mask.shape[1]
             dummy = not r  # zero loss weight; runs only to keep FSDP collectives in step
@@ -293,15 +344,16 @@ class Trainer:
             (loss * w).backward()
             share = w / self.info.world
             n_tok = float(mask.sum())
-            for i, v in enumerate((loss, pl.loss, kl_v, ent_v, pl.clip_frac, pl.approx_kl)):
-                sums[i] += float(v.detach()) * share
-            sums[6] += float((weights * mask).sum()) / max(tokens, 1.0) if n_tok else 0.0
+            fig.loss += float(loss.detach()) * share
+            fig.pg_loss += float(pl.loss.detach()) * share
+            fig.kl_loss += float(kl_v.detach()) * share
+            fig.entropy += float(ent_v.detach()) * share
+            fig.clip_frac += float(pl.clip_frac) * share
+            fig.approx_kl += float(pl.approx_kl) * share
+            fig.is_weight_mean += float((weights * mask).sum()) / max(tokens, 1.0) if n_tok else 0.0
         grad_norm = self._clip(self.policy)
         self.optimizer.step()
-        sums = _all_reduce(sums, self.info, self.device)
-        for key, v in zip(("loss", "pg_loss", "kl_loss", "entropy", "clip_frac", "approx_kl", "is_weight_mean"),
-                          sums):
-            stats.add(key, v)
+        stats.add_all(_all_reduce_figures(fig, self.info, self.device))
         stats.add("grad_norm", grad_norm)
 
     def _update_critic(self, local: Batch, rows: list[int], extras, stats: StepStats) -> None:
@@ -312,7 +364,7 @@ class Trainer:
         own = sum(float(mb.response_mask.sum()) for r, mb in zip(mbs_rows, mbs) if r)
         tokens = max(_all_reduce([own], self.info, self.device)[0], 1.0)
         self.critic_optimizer.zero_grad(set_to_none=True)
-        sums = [0.0, 0.0]
+        fig = CriticFigures()
         for r, mb in zip(mbs_rows, mbs):
             width = mb.loss_mask.shape[1]
             v = forward_values(self.critic, mb.input_ids, mb.attention_mask)
@@ -323,13 +375,11 @@ class Trainer:
                             a.value_clip)
             w = float(mb.response_mask.sum()) / tokens * self.info.world
             (vl.loss * w).backward()
-            sums[0] += float(vl.loss.detach()) * w / self.info.world
-            sums[1] += float(vl.clip_frac) * w / self.info.world
+            fig.value_loss += float(vl.loss.detach()) * w / self.info.world
+            fig.value_clip_frac += float(vl.clip_frac) * w / self.info.world
         grad_norm = self._clip(self.critic)
         self.critic_optimizer.step()
-        sums = _all_reduce(sums, self.info, self.device)
-        stats.add("value_loss", sums[0])
-        stats.add("value_clip_frac", sums[1])
+        stats.add_all(_all_reduce_figures(fig, self.info, self.device))
         stats.add("critic_grad_norm", grad_norm)
 
     def _clip(self, model: nn.Module) -> float:

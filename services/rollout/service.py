@@ -22,9 +22,8 @@ from typing import Any
 from searchr1.core.clients.retriever import RetrieverClient
 from searchr1.core.clients.reward import RewardClient
 from searchr1.core.metrics import MetricsServer, start_metrics_server
-from searchr1.core.schemas import Task, TrajectoryGroup
 from searchr1.core.servers import install_shutdown_signals
-from searchr1.core.streams import StreamKeys, TypedStream, connect
+from searchr1.core.streams import StreamKeys, connect, tasks_stream, trajectories_stream
 from searchr1.rollout.batcher import SearchBatcher
 from searchr1.rollout.engine import Generator, HfCodec, HfGenerator, VllmEngineConfig, VllmGenerator
 from searchr1.rollout.metrics import RolloutMetrics
@@ -116,10 +115,9 @@ async def build_service(settings: RolloutSettings, *, generator: Generator | Non
         closers.append(redis.aclose)
         keys = StreamKeys(settings.redis.run)
         t = settings.tasks
-        tasks = TypedStream(redis, keys.tasks, Task, "rollout", dead_key=keys.dead,
-                            visibility_timeout_ms=t.visibility_timeout_ms, max_deliveries=t.max_deliveries)
-        groups = TypedStream(redis, keys.trajectories, TrajectoryGroup, "learner", dead_key=keys.dead,
-                             maxlen=t.trajectories_maxlen)
+        tasks = tasks_stream(redis, keys, visibility_timeout_ms=t.visibility_timeout_ms,
+                             max_deliveries=t.max_deliveries)
+        groups = trajectories_stream(redis, keys, maxlen=t.trajectories_maxlen)
         loader = WeightLoader(redis, keys, generator, metrics, Path(settings.weights.download_dir),
                               version=settings.initial_version, token=settings.weights.token)
         metrics.weight_version.set(loader.version)

@@ -51,7 +51,7 @@ class AgentSettings(Section):
     template: str = "search_r1"
     """Prompt template name from `searchr1.core.protocol.TEMPLATES`."""
     temperature: float = Field(default=1.0, ge=0.0, le=10.0)
-    """Default temperature (a task's sampling params take precedence when they differ from the defaults)."""
+    """Default temperature (a task's sampling params take precedence when they set one)."""
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     """Default nucleus mass."""
     top_k: int = Field(default=-1, ge=-1)

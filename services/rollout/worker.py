@@ -7,6 +7,13 @@ reclaiming tasks a dead worker left unacked, and moving to a newer weight versio
 in-flight groups finish under the old version, the engine reloads, admission resumes — so every group
 is tagged with the one version that generated all of it). The move happens every `weight_poll_s`, and
 at once when a newly read task needs a newer version than the engine runs (`Task.min_policy_version`).
+That catch-up is the worker's whole part in staleness, and a mechanical one: the learner decides what
+`min_policy_version` a task carries and which groups are too stale to train on (`learner/staleness.py`;
+docs/learner.md, "Staleness").
+
+Sampling: a task's `SamplingParams` field that is set is used as is; one left unset (None) takes the
+worker's `agent` setting. Every group records the temperature it was actually sampled at
+(`TrajectoryGroup.sampling_temperature`), which the learner checks against the one it trains at.
 
 Failure rules: a search failure ends that trajectory with finish reason `error` (the group is still
 published; the learner may drop it); a reward or publish failure leaves the task unacked, so it is
@@ -28,7 +35,7 @@ from typing import Any, Protocol
 from redis.exceptions import RedisError
 
 from searchr1.core.protocol import render_prompt
-from searchr1.core.schemas import SamplingParams, Task, Trajectory, TrajectoryGroup
+from searchr1.core.schemas import Task, Trajectory, TrajectoryGroup
 from searchr1.core.streams import Entry, TypedStream
 from searchr1.rollout.agent import AgentLimits, Sampling, SearchFn, TrajectoryResult, run_trajectory
 from searchr1.rollout.engine import Generator, TextCodec
@@ -50,23 +57,28 @@ class Scorer(Protocol):
     async def score(self, scorer: str, items: Sequence[Any], params: dict | None = None) -> ScoreResultLike: ...
 
 
+def _set_or(value, fallback):
+    return fallback if value is None else value
+
+
 def sampling_for(task: Task, agent: AgentSettings) -> Sampling:
-    """The task's sampling params, with the worker's defaults where the task kept the schema defaults."""
-    default = SamplingParams()
+    """The task's sampling params, with the worker's settings where the task leaves one unset (None)."""
     s = task.sampling
     return Sampling(
-        temperature=s.temperature if s.temperature != default.temperature else agent.temperature,
-        top_p=s.top_p if s.top_p != default.top_p else agent.top_p,
-        top_k=s.top_k if s.top_k != default.top_k else agent.top_k,
+        temperature=_set_or(s.temperature, agent.temperature),
+        top_p=_set_or(s.top_p, agent.top_p),
+        top_k=_set_or(s.top_k, agent.top_k),
         seed=s.seed,
         extra_args=dict(agent.extra_args) or None,
     )
 
 
 def limits_for(task: Task, agent: AgentSettings, max_context_tokens: int | None = None) -> AgentLimits:
+    """The task's per-turn budget when it sets one, the worker's otherwise; the other limits are the
+    worker's."""
     return AgentLimits(
         max_turns=agent.max_turns,
-        max_tokens_per_turn=task.sampling.max_tokens_per_turn or agent.max_tokens_per_turn,
+        max_tokens_per_turn=_set_or(task.sampling.max_tokens_per_turn, agent.max_tokens_per_turn),
         max_obs_tokens=agent.max_obs_tokens,
         max_response_tokens=agent.max_response_tokens,
         max_context_tokens=max_context_tokens,
@@ -104,9 +116,11 @@ class GroupSampler:
         text = render_prompt(task.question, self.tokenizer, self.agent.template)
         return text, self.codec.encode(text)
 
-    async def rollout(self, task: Task, request_prefix: str) -> tuple[str, list[TrajectoryResult]]:
+    async def rollout(self, task: Task, request_prefix: str,
+                      base: Sampling | None = None) -> tuple[str, list[TrajectoryResult]]:
+        """The task's G trajectories, sampled with `base` (default: `sampling_for` the task)."""
         prompt_text, prompt_ids = self.prompt_ids(task)
-        base = sampling_for(task, self.agent)
+        base = base or sampling_for(task, self.agent)
         limits = limits_for(task, self.agent, self.max_context_tokens)
         runs: list[asyncio.Task[TrajectoryResult]] = []
         # a TaskGroup: if one trajectory fails (engine error), its siblings are cancelled (their vLLM
@@ -122,7 +136,8 @@ class GroupSampler:
     async def sample_group(self, task: Task, policy_version: int, worker_id: str,
                            request_prefix: str) -> TrajectoryGroup:
         t0 = time.perf_counter()
-        prompt_text, results = await self.rollout(task, request_prefix)
+        sampling = sampling_for(task, self.agent)
+        prompt_text, results = await self.rollout(task, request_prefix, sampling)
         t_gen = time.perf_counter()
         responses = [self.codec.decode(r.response_ids) for r in results]
         scores: list[float] = [0.0] * len(results)
@@ -154,7 +169,8 @@ class GroupSampler:
         if scores:
             m.reward_mean.set(sum(scores) / len(scores))
         return TrajectoryGroup(
-            task=task, policy_version=policy_version, worker_id=worker_id, trajectories=trajectories,
+            task=task, policy_version=policy_version, sampling_temperature=sampling.temperature,
+            worker_id=worker_id, trajectories=trajectories,
             timings={"rollout": t_gen - t0, "score": t_score - t_gen,
                      "generate_mean": sum(r.generate_seconds for r in results) / len(results),
                      "search_mean": sum(r.search_seconds for r in results) / len(results)},

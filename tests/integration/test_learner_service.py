@@ -12,9 +12,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from searchr1.core.schemas import Task, TrajectoryGroup
+from searchr1.core.schemas import Task, TrajectoryGroup, decode
 from searchr1.core.servers import HttpServer
-from searchr1.core.streams import StreamKeys, TypedStream
+from searchr1.core.streams import StreamKeys, TypedStream, tasks_stream, trajectories_stream
 from searchr1.core.weights import fetch_snapshot, latest, snapshot_digest
 from searchr1.learner.checkpoint import Checkpointer
 from searchr1.learner.metrics import LearnerMetrics, StepLog
@@ -62,7 +62,7 @@ def _learner(settings, redis, consumer="learner-0") -> Learner:
 
 def _producer(redis) -> TypedStream[TrajectoryGroup]:
     keys = StreamKeys("t")
-    return TypedStream(redis, keys.trajectories, TrajectoryGroup, "learner", dead_key=keys.dead)
+    return trajectories_stream(redis, keys)
 
 
 def _groups(prefix: str, n: int, version: int = 0) -> list[TrajectoryGroup]:
@@ -202,13 +202,38 @@ async def test_stale_groups_are_dropped_and_counted(tmp_path, redis, redis_serve
     assert await producer.pending() == 0
 
 
+async def test_groups_sampled_at_another_temperature_are_dead_lettered(tmp_path, redis, redis_server,
+                                                                      model_path):
+    """A group sampled at 0.7 is never trained on (the learner's log-probs are at temperature 1): it goes
+    to the dead stream with a reason naming both temperatures, counted, and the rest of the step trains."""
+    from searchr1.core.streams import read_dead
+
+    settings = _settings(tmp_path, redis_server.url, model_path)
+    learner = _learner(settings, redis)
+    await learner.start()
+    producer = _producer(redis)
+    hot = _groups("hot", 1)[0]
+    hot.sampling_temperature = 0.7
+    await producer.publish_many([hot] + _groups("ok", 2))
+    learner.s = learner.s.model_copy(update={"batch": learner.s.batch.model_copy(update={"groups_per_step": 3})})
+    assert await learner.step_once(asyncio.Event())
+    dead = await read_dead(redis, StreamKeys("t").dead)
+    assert len(dead) == 1 and decode(TrajectoryGroup, dead[0].payload).task.task_id == "hot0"
+    assert "temperature 0.7" in dead[0].reason and "temperature 1.0" in dead[0].reason
+    reg = learner.metrics.registry
+    assert reg.get_sample_value("searchr1_learner_groups_dropped_total", {"reason": "temperature"}) == 1
+    assert reg.get_sample_value("searchr1_learner_groups_total") == 2
+    assert learner.state.consumed == {"ok0", "ok1"} and await producer.pending() == 0
+
+
 async def test_dispatcher_keeps_max_inflight(tmp_path, redis):
     from searchr1.learner.data import TaskSpec
     from searchr1.learner.dispatcher import Dispatcher
     from searchr1.learner.settings import DispatcherSettings
+    from searchr1.learner.staleness import StalenessPolicy
 
     keys = StreamKeys("d")
-    tasks = TypedStream(redis, keys.tasks, Task, "rollout", dead_key=keys.dead)
+    tasks = tasks_stream(redis, keys)
     await tasks.ensure_group()
     specs = [TaskSpec(f"q{i}", f"question {i}", ["a"]) for i in range(5)]
     d = Dispatcher(tasks, specs, DispatcherSettings(max_inflight=3, epochs=2, seed=7, group_size=5))
@@ -227,15 +252,17 @@ async def test_dispatcher_keeps_max_inflight(tmp_path, redis):
     assert d.exhausted
 
     paced_keys = StreamKeys("p")
-    paced_stream = TypedStream(redis, paced_keys.tasks, Task, "rollout", dead_key=paced_keys.dead)
+    paced_stream = tasks_stream(redis, paced_keys)
     await paced_stream.ensure_group()
-    paced = Dispatcher(paced_stream, specs, DispatcherSettings(max_inflight=10, epochs=2), budget=2)
+    policy = StalenessPolicy(max_staleness=0, groups_per_step=2)
+    paced = Dispatcher(paced_stream, specs, DispatcherSettings(max_inflight=10, epochs=2), staleness=policy)
     assert await paced.fill() == 2 and await paced.fill() == 0
-    paced.grant(3)
+    paced.grant(3, version=1)
     assert await paced.fill() == 3 and paced.budget == 0
+    stamped = [decode(Task, f[b"m"]) for _, f in await redis.xrange(paced_keys.tasks)]
+    assert [t.min_policy_version for t in stamped] == [0, 0, 1, 1, 1]
+    assert all(t.sampling.temperature == 1.0 and t.sampling.top_p is None for t in stamped)
     rows = await redis.xrange(keys.tasks)
-    from searchr1.core.schemas import decode
-
     ids = [decode(Task, f[b"m"]).task_id for _, f in rows]
     assert len(ids) == 10 and len(set(ids)) == 10
     assert sorted(i.split("@")[0] for i in ids[:5]) == [f"q{i}" for i in range(5)]
@@ -254,7 +281,7 @@ async def test_run_learner_end_to_end_with_dispatcher_and_http(tmp_path, redis, 
                          dispatcher={"dataset": str(data), "max_inflight": 4, "group_size": 3, "poll_s": 0.05},
                          weights={"dir": str(tmp_path / "weights"), "http": True})
     keys = StreamKeys("t")
-    tasks = TypedStream(redis, keys.tasks, Task, "rollout", dead_key=keys.dead)
+    tasks = tasks_stream(redis, keys)
     producer = _producer(redis)
     stop = asyncio.Event()
     seen: list[str] = []
@@ -302,7 +329,7 @@ async def test_run_learner_stops_when_the_dataset_is_exhausted(tmp_path, redis, 
     settings = _settings(tmp_path, redis_server.url, model_path,
                          dispatcher={"dataset": str(data), "epochs": 1, "group_size": 2, "poll_s": 0.05})
     keys = StreamKeys("t")
-    tasks = TypedStream(redis, keys.tasks, Task, "rollout", dead_key=keys.dead)
+    tasks = tasks_stream(redis, keys)
     producer = _producer(redis)
     stop = asyncio.Event()
 
@@ -324,3 +351,65 @@ async def test_run_learner_stops_when_the_dataset_is_exhausted(tmp_path, redis, 
     assert state.step == 2 and state.consumed == {"q0@e0", "q1@e0", "q2@e0"}
     steps = [json.loads(line) for line in (tmp_path / "logs" / "t.jsonl").read_text().splitlines()]
     assert [s["groups"] for s in steps] == [2.0, 1.0]
+
+
+class _SlowWandb:
+    """A wandb run whose `log` blocks like a slow network sink."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.logged: list[int] = []
+
+    def log(self, figures, step):
+        import time
+
+        time.sleep(self.seconds)
+        self.logged.append(step)
+
+
+class _SlowPrunePublisher(WeightPublisher):
+    """Pruning that blocks like a slow shared volume."""
+
+    pruned = 0
+
+    def prune(self, keep_version=None):
+        import time
+
+        time.sleep(1.5)
+        self.pruned += 1
+        return super().prune(keep_version)
+
+
+async def test_slow_pruning_and_step_log_sinks_do_not_block_the_event_loop(tmp_path, redis, redis_server,
+                                                                           model_path):
+    """A loop-lag probe ticks every 10 ms through a whole step whose snapshot pruning and wandb logging
+    each block for 1.5 s: run on the loop, either would stall the probe (and the dispatcher) that long."""
+    import time
+
+    settings = _settings(tmp_path, redis_server.url, model_path)
+    sink = _SlowWandb(1.5)
+    publisher = _SlowPrunePublisher(settings.weights.dir, keep=settings.weights.keep)
+    learner = Learner(settings, build_training(settings, DistInfo()),
+                      Checkpointer(settings.checkpoint.dir, settings.checkpoint.keep), publisher, LearnerMetrics(),
+                      StepLog(settings.log_dir / "t.jsonl", sink), redis=redis)
+    await learner.start()
+    await _producer(redis).publish_many(_groups("lag", 2))
+    gaps: list[float] = []
+    done = asyncio.Event()
+
+    async def probe():
+        last = time.perf_counter()
+        while not done.is_set():
+            await asyncio.sleep(0.01)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    ticking = asyncio.create_task(probe())
+    try:
+        assert await learner.step_once(asyncio.Event())
+    finally:
+        done.set()
+        await ticking
+    assert sink.logged == [1] and publisher.pruned == 2  # at start (version 0) and after the step
+    assert max(gaps) < 1.0, f"the event loop stalled for {max(gaps):.2f} s"

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from searchr1.core.schemas import TrajectoryGroup
 from searchr1.core.servers import free_port
-from searchr1.core.streams import StreamKeys, TypedStream
+from searchr1.core.streams import StreamKeys, trajectories_stream
 from searchr1.core.weights import fetch_snapshot, latest
 from searchr1.learner.synthetic import synthetic_group, tiny_qwen2
 
@@ -22,7 +21,7 @@ from searchr1.learner.synthetic import synthetic_group, tiny_qwen2
 async def test_torchrun_two_ranks_train_and_publish(tmp_path, redis, redis_server):
     model = tiny_qwen2(tmp_path / "model", vocab=256, hidden=64)
     keys = StreamKeys("dist")
-    producer = TypedStream(redis, keys.trajectories, TrajectoryGroup, "learner", dead_key=keys.dead)
+    producer = trajectories_stream(redis, keys)
     await producer.ensure_group()
     rng = random.Random(0)
     await producer.publish_many([synthetic_group(f"t{i}", group_size=4, rng=rng, rewards=[1.0, 0.0, 1.0, 0.0])

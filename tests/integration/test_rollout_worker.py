@@ -20,7 +20,7 @@ import pytest
 import pytest_asyncio
 
 from searchr1.core.schemas import SamplingParams, Task, TrajectoryGroup, WeightVersion
-from searchr1.core.streams import StreamKeys, TypedStream, connect
+from searchr1.core.streams import StreamKeys, TypedStream, connect, tasks_stream, trajectories_stream
 from searchr1.core.weights import announce, snapshot_digest
 from searchr1.rollout.service import build_service
 from searchr1.rollout.settings import RolloutSettings
@@ -115,8 +115,8 @@ async def test_worker_tasks_in_groups_out_reclaim_weight_push_and_drain(stack, r
     keys = StreamKeys("itest")
     settings = _settings(redis_server.url, retriever, reward, model_dir, tokenizer)
     service = await build_service(settings, generator=gen, tokenizer=tokenizer)
-    tasks = TypedStream(redis, keys.tasks, Task, "rollout", dead_key=keys.dead)
-    groups = TypedStream(redis, keys.trajectories, TrajectoryGroup, "learner", dead_key=keys.dead)
+    tasks = tasks_stream(redis, keys)
+    groups = trajectories_stream(redis, keys)
     await tasks.ensure_group()
     await groups.ensure_group()
 

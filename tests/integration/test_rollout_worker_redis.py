@@ -8,8 +8,8 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-from searchr1.core.schemas import Task, TrajectoryGroup, WeightVersion
-from searchr1.core.streams import StreamKeys, TypedStream
+from searchr1.core.schemas import Task, WeightVersion
+from searchr1.core.streams import StreamKeys, tasks_stream, trajectories_stream
 from searchr1.core.weights import announce
 from searchr1.rollout.engine import TurnOutput, TurnRequest
 from searchr1.rollout.metrics import RolloutMetrics
@@ -66,8 +66,8 @@ async def _search(q):
 async def test_score_failure_is_redelivered_and_bad_weights_are_skipped(redis, tmp_path):
     keys = StreamKeys("wr")
     metrics = RolloutMetrics()
-    tasks = TypedStream(redis, keys.tasks, Task, "rollout", dead_key=keys.dead, visibility_timeout_ms=300)
-    groups = TypedStream(redis, keys.trajectories, TrajectoryGroup, "learner", dead_key=keys.dead)
+    tasks = tasks_stream(redis, keys, visibility_timeout_ms=300)
+    groups = trajectories_stream(redis, keys)
     gen = Gen()
     scorer = FlakyScorer()
     sampler = GroupSampler(gen, Codec(), None, _search, scorer, AgentSettings(), RewardSettings(), metrics)
@@ -118,8 +118,8 @@ async def test_a_task_needing_newer_weights_is_sampled_after_loading_them(redis,
 
     keys = StreamKeys("mv")
     metrics = RolloutMetrics()
-    tasks = TypedStream(redis, keys.tasks, Task, "rollout", dead_key=keys.dead)
-    groups = TypedStream(redis, keys.trajectories, TrajectoryGroup, "learner", dead_key=keys.dead)
+    tasks = tasks_stream(redis, keys)
+    groups = trajectories_stream(redis, keys)
     gen = Gen()
     sampler = GroupSampler(gen, Codec(), None, _search, OkScorer(), AgentSettings(), RewardSettings(), metrics)
     loader = WeightLoader(redis, keys, gen, metrics, tmp_path / "dl")
@@ -154,3 +154,40 @@ async def test_a_task_needing_newer_weights_is_sampled_after_loading_them(redis,
     finally:
         stop.set()
         await asyncio.wait_for(run, 10)
+
+
+class RecordingGen(Gen):
+    def __init__(self):
+        super().__init__()
+        self.temperatures = []
+
+    async def generate(self, request: TurnRequest, request_id: str) -> TurnOutput:
+        self.temperatures.append(request.temperature)
+        return await super().generate(request, request_id)
+
+
+async def test_a_task_setting_the_default_temperature_is_not_overridden_and_the_group_records_it():
+    """A task that sets temperature 1.0 (the value an unset field used to be read as) is sampled at 1.0
+    by a worker configured for 0.7; a task leaving it unset is sampled at the worker's 0.7. Each group
+    records the temperature it was sampled at."""
+    from searchr1.core.schemas import SamplingParams
+
+    gen = RecordingGen()
+    agent = AgentSettings(temperature=0.7, top_p=0.9)
+    sampler = GroupSampler(gen, Codec(), None, _search, OkScorer(), agent, RewardSettings(), RolloutMetrics())
+    explicit = Task(task_id="e", question="q", group_size=2, sampling=SamplingParams(temperature=1.0, top_p=1.0))
+    group = await sampler.sample_group(explicit, 0, "w", "e")
+    assert group.sampling_temperature == 1.0 and set(gen.temperatures) == {1.0}
+    gen.temperatures.clear()
+    group = await sampler.sample_group(Task(task_id="u", question="q", group_size=2), 0, "w", "u")
+    assert group.sampling_temperature == 0.7 and set(gen.temperatures) == {0.7}
+
+
+def test_sampling_for_uses_the_worker_setting_only_for_unset_fields():
+    from searchr1.core.schemas import SamplingParams
+    from searchr1.rollout.worker import limits_for, sampling_for
+
+    agent = AgentSettings(temperature=0.7, top_p=0.9, top_k=40, max_tokens_per_turn=64)
+    s = sampling_for(Task(task_id="t", question="q", sampling=SamplingParams(top_p=1.0, top_k=-1)), agent)
+    assert (s.temperature, s.top_p, s.top_k) == (0.7, 1.0, -1)
+    assert limits_for(Task(task_id="t", question="q"), agent).max_tokens_per_turn == 64

@@ -7,7 +7,8 @@ import asyncio
 
 import pytest
 
-from searchr1.core.schemas import Task, encode
+from searchr1.core import streams
+from searchr1.core.schemas import Task, TrajectoryGroup, encode
 from searchr1.core.streams import PAYLOAD_FIELD, StreamKeys, TypedStream, read_dead
 
 KEYS = StreamKeys("test")
@@ -16,7 +17,7 @@ KEYS = StreamKeys("test")
 def tasks_stream(redis, **kw) -> TypedStream[Task]:
     kw.setdefault("visibility_timeout_ms", 200)
     kw.setdefault("max_deliveries", 3)
-    return TypedStream(redis, KEYS.tasks, Task, "rollout", dead_key=KEYS.dead, **kw)
+    return streams.tasks_stream(redis, KEYS, **kw)
 
 
 def task(i: int) -> Task:
@@ -136,3 +137,25 @@ async def test_blocking_read_wakes_on_publish(redis_server):
     finally:
         await reader.aclose()
         await writer.aclose()
+
+
+async def test_run_streams_share_keys_groups_and_models(redis):
+    """The tasks and trajectories streams built by their constructors (as the learner, the rollout
+    workers and the status line build them) name the run's keys, one consumer group each, and carry
+    their own wire model only."""
+    from searchr1.learner.synthetic import synthetic_group
+
+    tasks, trajectories = streams.tasks_stream(redis, KEYS), streams.trajectories_stream(redis, KEYS, maxlen=5)
+    assert (tasks.key, tasks.group, tasks.model, tasks.dead_key) == (
+        KEYS.tasks, streams.TASKS_GROUP, Task, KEYS.dead)
+    assert (trajectories.key, trajectories.group, trajectories.model, trajectories.dead_key) == (
+        KEYS.trajectories, streams.TRAJECTORIES_GROUP, TrajectoryGroup, KEYS.dead)
+    assert streams.TASKS_GROUP != streams.TRAJECTORIES_GROUP
+    await trajectories.ensure_group()
+    with pytest.raises(TypeError):
+        await trajectories.publish(task(1))  # type: ignore[arg-type]
+    group = synthetic_group("g", group_size=2, vocab=16)
+    await trajectories.publish(group)
+    reader = streams.trajectories_stream(redis, KEYS)  # another process's view of the same stream
+    got = await reader.read("learner-0", count=1)
+    assert [e.value.task.task_id for e in got] == ["g"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from searchr1.learner.service import em_component
+from searchr1.learner.figures import by_source, em_component
 from searchr1.learner.synthetic import synthetic_group
 
 
@@ -20,8 +20,6 @@ def test_em_component_keys_in_order():
 
 
 def test_by_source_splits_reward_em_and_searches():
-    from searchr1.learner.service import Learner
-
     rng = random.Random(0)
     known = synthetic_group("k", group_size=2, rewards=[1.0, 1.0], rng=rng)
     known.task.data_source = "world_known_single_hop"
@@ -31,7 +29,7 @@ def test_by_source_splits_reward_em_and_searches():
         t.num_searches = s
     for t in known.trajectories:
         t.num_searches = 0
-    out = Learner._by_source([unknown, known])
+    out = by_source([unknown, known])
     assert list(out) == ["world_known_single_hop", "world_unknown_single_hop"]
     assert out["world_known_single_hop"] == {"trajectories": 2.0, "reward_mean": 1.0,
                                              "searches_per_trajectory": 0.0, "em_mean": 1.0}

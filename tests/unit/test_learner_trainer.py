@@ -44,7 +44,8 @@ def _traj(prompt, resp, mask, reward=1.0):
 
 
 def test_batch_layout_aligns_with_next_token_targets():
-    g = TrajectoryGroup(task=Task(task_id="t", question="q?"), policy_version=3, worker_id="w", trajectories=[
+    g = TrajectoryGroup(task=Task(task_id="t", question="q?"), policy_version=3, sampling_temperature=1.0,
+                        worker_id="w", trajectories=[
         _traj([5, 6, 7], [8, 9, 10], [1, 0, 1], reward=1.0),
         _traj([5, 6, 7], [11], [1], reward=0.0),
     ])
@@ -63,7 +64,8 @@ def test_batch_layout_aligns_with_next_token_targets():
 
 
 def test_batch_truncation_drops_cut_tokens_from_the_loss():
-    g = TrajectoryGroup(task=Task(task_id="t", question="q?"), policy_version=0, worker_id="w",
+    g = TrajectoryGroup(task=Task(task_id="t", question="q?"), policy_version=0, sampling_temperature=1.0,
+                        worker_id="w",
                         trajectories=[_traj([1, 2], [3, 4, 5, 6], [1, 1, 1, 1])])
     b = build_batch([g], max_seq_len=4)
     assert b.input_ids.tolist() == [[1, 2, 3, 4]]
@@ -268,3 +270,30 @@ def test_gradient_checkpointing_gives_the_same_update(model_path):
         out.append((t.trainer.train_step(batch, version=0), _params(t.trainer.policy)))
     assert out[1][0]["loss"] == pytest.approx(out[0][0]["loss"], rel=1e-5)
     assert all(torch.allclose(out[1][1][k], out[0][1][k], atol=1e-5) for k in out[0][1])
+
+
+def test_step_figures_are_the_named_fields_averaged_over_mini_batches(model_path):
+    """Every policy figure is reported under its field name; with two identical-size mini-batches the
+    figure is their mean (sums over mini-batches divided by their count)."""
+    from dataclasses import fields
+
+    from searchr1.learner.trainer import PolicyFigures
+
+    s = _settings(model_path, batch={"micro_batch_size": 16, "mini_batches": 2})
+    stats = build_training(s, DistInfo()).trainer.train_step(build_batch(_groups(2)), version=0)
+    assert {f.name for f in fields(PolicyFigures)} | {"grad_norm", "lr"} == set(stats)
+    assert stats["is_weight_mean"] == pytest.approx(1.0), "on-policy rows weigh 1 in both mini-batches"
+    assert stats["loss"] == pytest.approx(stats["pg_loss"] + 0.1 * stats["kl_loss"] - 0.01 * stats["entropy"],
+                                          abs=1e-6)
+
+
+def test_trainer_computes_outcome_advantages_from_the_scores(model_path):
+    """A batch as built (no advantages) trains the same as one whose advantages are filled by hand with
+    the GRPO estimator: the trainer is where they are computed."""
+    from searchr1.learner.advantages import outcome_advantages
+
+    batch = build_batch(_groups(2))
+    a = build_training(_settings(model_path), DistInfo()).trainer.train_step(batch, version=0)
+    b = build_training(_settings(model_path), DistInfo()).trainer.train_step(
+        outcome_advantages(batch, "grpo", 1e-6), version=0)
+    assert a["pg_loss"] == pytest.approx(b["pg_loss"], rel=1e-6)

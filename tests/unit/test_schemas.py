@@ -8,6 +8,7 @@ from pydantic import ValidationError
 
 from searchr1.core.schemas import (
     SCHEMA_VERSION,
+    SamplingParams,
     SchemaError,
     Task,
     Trajectory,
@@ -28,7 +29,8 @@ def traj(**kw) -> Trajectory:
 
 def group() -> TrajectoryGroup:
     task = Task(task_id="t1", question="who?", golden_answers=["a"], group_size=2)
-    return TrajectoryGroup(task=task, policy_version=3, worker_id="w0", trajectories=[traj(), traj(reward=0.0)])
+    return TrajectoryGroup(task=task, policy_version=3, sampling_temperature=1.0, worker_id="w0",
+                           trajectories=[traj(), traj(reward=0.0)])
 
 
 def test_roundtrip_group():
@@ -67,7 +69,9 @@ def test_trajectory_validation(kw, msg):
 def test_group_needs_trajectories_and_extra_fields_forbidden():
     task = Task(task_id="t", question="q")
     with pytest.raises(ValidationError):
-        TrajectoryGroup(task=task, policy_version=0, worker_id="w", trajectories=[])
+        TrajectoryGroup(task=task, policy_version=0, sampling_temperature=1.0, worker_id="w", trajectories=[])
+    with pytest.raises(ValidationError, match="sampling_temperature"):
+        TrajectoryGroup(task=task, policy_version=0, worker_id="w", trajectories=[traj()])
     with pytest.raises(ValidationError, match="Extra inputs"):
         Task(task_id="t", question="q", colour="red")
 
@@ -100,3 +104,22 @@ def test_weight_version_digest_format():
     WeightVersion(version=1, uri="/x", sha256="0" * 64)
     with pytest.raises(ValidationError):
         WeightVersion(version=1, uri="/x", sha256="xyz")
+
+
+def test_sampling_params_keep_unset_apart_from_explicit_defaults():
+    """None = the worker decides; an explicit value equal to the old default survives the wire."""
+    unset = decode(Task, encode(Task(task_id="t", question="q")))
+    assert (unset.sampling.temperature, unset.sampling.top_p, unset.sampling.top_k) == (None, None, None)
+    explicit = Task(task_id="t", question="q", sampling=SamplingParams(temperature=1.0, top_p=1.0, top_k=-1))
+    back = decode(Task, encode(explicit)).sampling
+    assert (back.temperature, back.top_p, back.top_k) == (1.0, 1.0, -1)
+
+
+def test_entries_of_the_previous_schema_version_are_refused_with_the_reason():
+    """A version-1 entry (sampling defaults written out, no sampling_temperature) is not misread as
+    version 2: decoding fails with a reason a stream reader dead-letters."""
+    data = group().model_dump(mode="python")
+    del data["sampling_temperature"]
+    raw = msgpack.packb({"v": 1, "kind": "TrajectoryGroup", "data": data}, use_bin_type=True)
+    with pytest.raises(SchemaError, match=f"schema version 1 is not supported \\(expected {SCHEMA_VERSION}\\)"):
+        decode(TrajectoryGroup, raw)
