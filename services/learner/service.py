@@ -79,7 +79,9 @@ def build_training(settings: LearnerSettings, info: DistInfo) -> Training:
     need_ref = (a.use_kl_loss and a.advantage != "gae" and a.kl_loss_coef > 0) or a.kl_in_reward
     if a.use_kl_loss and a.kl_loss_coef == 0:
         settings = settings.model_copy(update={"algorithm": a.model_copy(update={"use_kl_loss": False})})
-    reference = load_reference(settings, device) if need_ref else None
+    reference = load_reference(settings, device, info) if need_ref else None
+    if reference is not None and a.ref_ema_tau < 1.0:  # an EMA reference is state: checkpointed
+        components.append(Component("reference", reference))
     critic_kw: dict[str, Any] = {}
     if a.advantage == "gae":
         critic = load_critic(settings, device, info)

@@ -4,6 +4,7 @@ checkpoint (save, build a fresh learner, load: the same reference weights, the s
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -65,7 +66,8 @@ def test_topk_reverse_kl_step_runs_and_k_equal_vocab_is_the_full_kl(model_path):
         kls[k] = t.trainer.train_step(batch, version=1)["kl_loss"]
         if k != 4:
             assert kls[k] == pytest.approx(exact, rel=1e-4, abs=1e-7)
-    assert kls[VOCAB] > 0 and kls[4] > 0
+    # top 4 + the sampled tail is an estimate (a partial head sum and k4 terms can be negative)
+    assert kls[VOCAB] > 0 and math.isfinite(kls[4]) and kls[4] != pytest.approx(kls[VOCAB], rel=1e-3)
     assert kls[VOCAB] == pytest.approx(kls[0], rel=1e-4)
 
 
