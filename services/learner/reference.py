@@ -37,6 +37,12 @@ def ema_update_(reference: nn.Module, policy: nn.Module, tau: float) -> None:
     shards it holds). Integer buffers (e.g. counters) are left as they are."""
     if not 0.0 <= tau <= 1.0:
         raise ValueError(f"EMA tau must be in [0, 1], got {tau}")
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in (reference, policy):  # FSDP2 keeps the root's parameters unsharded after a forward
+        for m in module.modules():
+            if isinstance(m, FSDPModule):
+                m.reshard()
     ref, pol = _named(reference), _named(policy)
     if ref.keys() != pol.keys():
         missing, extra = sorted(pol.keys() - ref.keys()), sorted(ref.keys() - pol.keys())
