@@ -42,13 +42,13 @@ from searchr1.learner.advantages import (
     ppo_token_rewards,
 )
 from searchr1.learner.batch import Batch, shard_rows
+from searchr1.learner.kl_term import KLTerm, ema_due
 from searchr1.learner.losses import (
     POLICY_LOSSES,
     aggregate,
     truncated_importance_weights,
     value_loss,
 )
-from searchr1.learner.kl_term import KLTerm, ema_due
 from searchr1.learner.model import DistInfo, forward_logprobs, forward_values
 from searchr1.learner.reference import ema_update_
 from searchr1.learner.settings import LearnerSettings
