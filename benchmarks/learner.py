@@ -50,7 +50,7 @@ def main() -> None:
     p.add_argument("--kl-lengths", default="1024,2048", help="comma-separated sequence lengths (tokens)")
     p.add_argument("--kl-prompt", type=int, default=128)
     p.add_argument("--kl-topk", type=int, default=32)
-    p.add_argument("--kl-repeats", type=int, default=3)
+    p.add_argument("--kl-repeats", type=int, default=1)
     p.add_argument("--kl-only", action="store_true")
     p.add_argument("--no-kl", action="store_true")
     args = p.parse_args()
