@@ -14,6 +14,12 @@ frozen reference (an extra no-grad forward). The whole batch is one micro-batch 
 the same padded tensor. Prints median wall-time and CPU-time tokens/s (prompt + response tokens) and the overheads.
 Then micro-batching: forward+backward in micro-batches of `--micro` over a batch with rollout-like spread
 lengths, in dataset order (baseline) vs length-sorted (what `Trainer` does): padded tokens and time ratio.
+Then the KL term on a Qwen2 with Qwen2.5's 151,936-token vocabulary (`--kl-vocab`; small otherwise:
+`--kl-hidden`, `--kl-layers`) for one sequence of each of `--kl-lengths` tokens: a policy forward+backward
+without KL (baseline), with the full-vocabulary reverse KL to a reference (both models' [N, V] logits), and
+with the top-k reverse KL (`--kl-topk`, EMA-PG's 32: the reference's logits gathered at the policy's top k,
+tail correction on). Peak memory is the process's peak resident set above its level before the step
+(Linux VmHWM, reset per measurement). `--kl-only` runs just this part; `--no-kl` skips it.
 """
 
 from __future__ import annotations
@@ -41,7 +47,22 @@ def main() -> None:
     p.add_argument("--response", type=int, default=192)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--micro", type=int, default=8, help="micro-batch size of the micro-batching comparison")
+    p.add_argument("--kl-vocab", type=int, default=151_936)
+    p.add_argument("--kl-hidden", type=int, default=64)
+    p.add_argument("--kl-layers", type=int, default=2)
+    p.add_argument("--kl-lengths", default="1024,2048", help="comma-separated sequence lengths (tokens)")
+    p.add_argument("--kl-prompt", type=int, default=128)
+    p.add_argument("--kl-topk", type=int, default=32)
+    p.add_argument("--kl-repeats", type=int, default=1)
+    p.add_argument("--kl-only", action="store_true")
+    p.add_argument("--no-kl", action="store_true")
     args = p.parse_args()
+    if args.kl_only:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        kl_term(args)
+        return
 
     import torch
 
@@ -116,6 +137,8 @@ def main() -> None:
     print("(medians; with one torch thread, process CPU time is far less sensitive to other jobs on a shared "
           "machine than wall time)")
     micro_batching(args, base_model)
+    if not args.no_kl:
+        kl_term(args)
 
 
 def micro_batching(args, model) -> None:
@@ -169,6 +192,94 @@ def micro_batching(args, model) -> None:
         med = statistics.median(wall)
         print(f"{name:30s} {med:7.3f} s  padded tokens {padded[name]:7d} ({padded[name] / batch.num_tokens:.2f}x real)"
               f"  time {med / base:.2f}x dataset order")
+
+
+def _rss_mib(field: str) -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _peak_above_start(fn) -> tuple[float, float]:
+    """(seconds, peak resident MiB above the level before `fn`) — VmHWM reset through clear_refs."""
+    import gc
+
+    gc.collect()
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+    before = _rss_mib("VmRSS")
+    t0 = time.perf_counter()
+    fn()
+    elapsed = time.perf_counter() - t0
+    return elapsed, _rss_mib("VmHWM") - before
+
+
+def kl_term(args) -> None:
+    """Peak memory and time of a policy update step's KL term, full vocabulary vs top-k."""
+    import torch
+
+    from searchr1.learner.losses import topk_kl
+    from searchr1.learner.model import forward_kl_logits, forward_logprobs
+    from searchr1.learner.synthetic import tiny_qwen2
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-kl-"))
+    path = tiny_qwen2(tmp / "model", vocab=args.kl_vocab, hidden=args.kl_hidden, layers=args.kl_layers)
+    from transformers import AutoModelForCausalLM
+
+    policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval().requires_grad_(False)
+    with torch.no_grad():  # a reference that differs from the policy
+        for prm in reference.parameters():
+            prm.add_(0.01 * torch.randn_like(prm))
+    gen = torch.Generator().manual_seed(0)
+
+    def inputs(length: int):
+        ids = torch.randint(2, args.kl_vocab, (1, length), generator=gen)
+        attn = torch.ones_like(ids)
+        mask = torch.zeros(1, length - 1)
+        mask[:, args.kl_prompt - 1:] = 1.0
+        return ids, attn, mask
+
+    def no_kl(ids, attn, mask) -> None:
+        policy.zero_grad(set_to_none=True)
+        logp, _ = forward_logprobs(policy, ids, attn, mask=mask)
+        (-(logp * mask).sum() / mask.sum()).backward()
+
+    def full(ids, attn, mask) -> None:
+        policy.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            ref = forward_kl_logits(reference, ids, attn, mask)
+        out = forward_kl_logits(policy, ids, attn, mask)
+        head, _ = topk_kl(out.logits, out.logsumexp, ref.logits, ref.logsumexp, direction="reverse")
+        (-(out.log_prob * mask).sum() / mask.sum() + 0.001 * head.mean()).backward()
+
+    def topk(ids, attn, mask) -> None:
+        policy.zero_grad(set_to_none=True)
+        out = forward_kl_logits(policy, ids, attn, mask, topk=args.kl_topk)  # π_old = π: one mini-batch
+        with torch.no_grad():
+            ref = forward_kl_logits(reference, ids, attn, mask, at_ids=out.ids)
+        sel = out.selected
+        head, tail = topk_kl(out.logits, out.logsumexp, ref.logits, ref.logsumexp, direction="reverse",
+                             topk_ids=out.ids, sampled_ids=ids[:, 1:][sel], log_prob=out.log_prob[sel],
+                             ref_log_prob=ref.log_prob[sel])
+        (-(out.log_prob * mask).sum() / mask.sum() + 0.001 * (head + tail).mean()).backward()
+
+    runs = {"no KL (baseline)": no_kl, "full-vocabulary KL": full, f"top-k KL (k={args.kl_topk})": topk}
+    params = sum(p.numel() for p in policy.parameters())
+    print(f"\nKL term: Qwen2 vocab={args.kl_vocab} hidden={args.kl_hidden} layers={args.kl_layers} "
+          f"({params / 1e6:.1f}M params), one sequence per step, prompt {args.kl_prompt} tokens; "
+          f"median of {args.kl_repeats} (time), max (memory); torch threads={torch.get_num_threads()}")
+    print(f"{'length':>6s} {'variant':24s} {'step s':>7s} {'peak MiB':>9s}")
+    for length in (int(x) for x in args.kl_lengths.split(",")):
+        batch = inputs(length)
+        for name, fn in runs.items():
+            fn(*batch)  # warm-up
+            got = [_peak_above_start(lambda f=fn, b=batch: f(*b)) for _ in range(args.kl_repeats)]
+            print(f"{length:6d} {name:24s} {statistics.median(t for t, _ in got):7.3f} "
+                  f"{max(m for _, m in got):9.0f}")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Resumable checkpoints: `checkpoints/step{n:08d}/` with the policy (and critic) weights, optimizer and
-scheduler state, step, policy version, the task ids already trained on, dispatcher position and RNG.
+scheduler state, step, policy version, the task ids already trained on, dispatcher position and RNG;
+with an EMA reference (`ref_ema_tau < 1`) also the reference's weights (a weights-only component).
 
 Everything is safetensors + JSON (nothing is unpickled): optimizer state is flattened into named tensors
 plus a JSON description. A checkpoint is written to a dot-directory and renamed when complete, so a crash
@@ -89,12 +90,13 @@ def _tensors(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 @dataclass
 class Component:
-    """A trainable model with its optimizer and scheduler, saved under `name`."""
+    """A model saved under `name`, with its optimizer and scheduler when it is trained (None for a
+    weights-only component such as an EMA reference)."""
 
     name: str
     model: nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: Any
+    optimizer: torch.optim.Optimizer | None = None
+    scheduler: Any = None
 
 
 class Checkpointer:
@@ -116,7 +118,8 @@ class Checkpointer:
         """Write a checkpoint for `state.step` (collective; rank 0 writes). Returns its path on rank 0."""
         gathered = []
         for c in components:
-            gathered.append((c, full_state_dict(c.model, self.info), _optimizer_state(c.model, c.optimizer, self.info)))
+            optim_sd = None if c.optimizer is None else _optimizer_state(c.model, c.optimizer, self.info)
+            gathered.append((c, full_state_dict(c.model, self.info), optim_sd))
         if not self.info.is_main:
             return None
         final = self.root / f"{_PREFIX}{state.step:08d}"
@@ -129,6 +132,9 @@ class Checkpointer:
         }
         for c, model_sd, optim_sd in gathered:
             save_file(_tensors(model_sd), str(tmp / f"{c.name}.safetensors"))
+            if optim_sd is None:
+                meta["components"][c.name] = {"optimizer": None, "scheduler": None}
+                continue
             opt_tensors, opt_meta = _flatten_optimizer(optim_sd)
             save_file(opt_tensors, str(tmp / f"{c.name}.optimizer.safetensors"))
             meta["components"][c.name] = {"optimizer": opt_meta, "scheduler": _jsonable(c.scheduler.state_dict())}
@@ -141,15 +147,22 @@ class Checkpointer:
 
     def load(self, components: list[Component], path: Path | None = None) -> TrainState | None:
         """Restore the latest (or given) checkpoint into `components`; None when there is none.
-        Every rank must call it; all ranks read the (shared) files."""
+        Every rank must call it; all ranks read the (shared) files. A weights-only component the
+        checkpoint lacks (an EMA reference switched on at resume) keeps its current weights."""
         path = path or self.latest()
         if path is None:
             return None
         meta = json.loads((path / "state.json").read_text())
         for c in components:
+            cm = meta["components"].get(c.name)
+            if cm is None:
+                if c.optimizer is None:
+                    continue
+                raise ValueError(f"checkpoint {path} has no component {c.name!r} (it has {sorted(meta['components'])})")
             model_sd = load_file(str(path / f"{c.name}.safetensors"))
             load_full_state_dict(c.model, model_sd, self.info)
-            cm = meta["components"][c.name]
+            if c.optimizer is None:
+                continue
             opt = _unflatten_optimizer(load_file(str(path / f"{c.name}.optimizer.safetensors")), cm["optimizer"])
             _load_optimizer(c.model, c.optimizer, opt, self.info)
             c.scheduler.load_state_dict(cm["scheduler"])

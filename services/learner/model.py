@@ -1,6 +1,6 @@
 """Models of the learner: loading the policy / frozen reference / critic from a local HF path, LoRA,
-gradient checkpointing, FSDP2 sharding for data parallelism, per-token log-probs, and the full
-(merged, gathered) state dict the weight publisher writes.
+gradient checkpointing, FSDP2 sharding for data parallelism, per-token log-probs (and the top-k or full
+logits a vocabulary-wide KL needs), and the full (merged, gathered) state dict the weight publisher writes.
 
 Search-R1 (veRL) uses FSDP1 with param/grad/optimizer offload and a separate critic built as
 `AutoModelForTokenClassification(num_labels=1)` from the policy's path; we keep the critic design and
@@ -89,13 +89,19 @@ def load_policy(settings: LearnerSettings, device: torch.device, info: DistInfo)
     return model
 
 
-def load_reference(settings: LearnerSettings, device: torch.device) -> nn.Module:
-    """Frozen copy of the initial policy, for the KL term (every rank keeps a full copy)."""
+def load_reference(settings: LearnerSettings, device: torch.device, info: DistInfo | None = None) -> nn.Module:
+    """Frozen copy of the initial policy, for the KL term. Every rank keeps a full copy, except with an EMA
+    anchor (`ref_ema_tau < 1`) on more than one rank: then it is sharded like the policy, so that
+    `reference.ema_update_` averages local shards (and its forward is a collective, like the policy's)."""
     from transformers import AutoModelForCausalLM
 
+    info = dist_info() if info is None else info
     ref = AutoModelForCausalLM.from_pretrained(
         settings.model.path, dtype=resolve_dtype(settings.model.dtype, device)).to(device)
+    ref.config.use_cache = False
     ref.eval().requires_grad_(False)
+    if settings.algorithm.ref_ema_tau < 1.0 and info.enabled:
+        ref = _shard(ref, info, device)
     return ref
 
 
@@ -158,6 +164,68 @@ def forward_logprobs(
         ent_flat = lse - (torch.softmax(flat, dim=-1) * flat).sum(dim=-1)
         ent = zeros.masked_scatter(full_sel, ent_flat)
     return logp, ent
+
+
+@dataclass(frozen=True)
+class KLLogits:
+    """What the KL term needs from one forward over the positions of `mask` ([B, L-1] → N selected)."""
+
+    log_prob: Tensor
+    """[B, L-1] log-prob of each next token (0 off the mask), float32 (float64 for a float64 model)."""
+    entropy: Tensor | None
+    """[B, L-1] per-position entropy when asked for, else None."""
+    logits: Tensor
+    """[N, k] logits gathered at `ids` (or at the model's own top k), or [N, V] the full logits."""
+    logsumexp: Tensor
+    """[N] log-sum-exp over the whole vocabulary."""
+    ids: Tensor | None
+    """[N, k] the token ids of `logits` (None for full logits)."""
+    selected: Tensor
+    """[B, L-1] bool, the N positions (row-major order) the flat tensors describe."""
+
+
+def forward_kl_logits(
+    model: nn.Module, input_ids: Tensor, attention_mask: Tensor, mask: Tensor, *, entropy: bool = False,
+    topk: int = 0, at_ids: Tensor | None = None,
+) -> KLLogits:
+    """One forward giving `forward_logprobs`'s log-probs (and entropy) plus, on the positions of `mask`,
+    logits for a KL over the vocabulary: gathered at `at_ids` ([N, k], another model's top k), or at
+    this model's own top `topk` (ids returned), or — neither given — the full [N, V] logits. The
+    vocabulary-wide tensors live only inside this call unless the full logits are asked for, so a top-k
+    KL keeps O(N·k) per micro-batch. Gradients flow through everything but `ids`."""
+    if topk and at_ids is not None:
+        raise ValueError("give either topk (this model's own top k) or at_ids (gather at given ids), not both")
+    L = input_ids.shape[1]
+    cols = mask.bool().any(dim=0).nonzero()
+    start = int(cols[0]) if len(cols) else L - 2
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                   logits_to_keep=L - start).logits
+    logits = logits[:, -(L - start):-1] if start else logits[:, :-1]
+    sel = mask[:, start:].bool()
+    flat = logits[sel]  # [N, V], at least float32
+    flat = flat.to(torch.promote_types(flat.dtype, torch.float32))
+    lse = torch.logsumexp(flat, dim=-1)
+    targets = input_ids[:, start + 1:][sel]
+    logp_flat = flat.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    full_sel = torch.nn.functional.pad(sel, (start, 0))
+    zeros = torch.zeros(input_ids.shape[0], L - 1, dtype=flat.dtype, device=input_ids.device)
+    logp = zeros.masked_scatter(full_sel, logp_flat)
+    ent = None
+    if entropy:
+        ent = zeros.masked_scatter(full_sel, lse - (torch.softmax(flat, dim=-1) * flat).sum(dim=-1))
+    ids = None
+    if at_ids is not None:
+        if at_ids.shape[0] != flat.shape[0]:
+            raise ValueError(f"at_ids covers {at_ids.shape[0]} positions, the mask selects {flat.shape[0]}")
+        ids = at_ids.to(device=flat.device, dtype=torch.long)
+        out = flat.gather(-1, ids)
+    elif topk:
+        with torch.no_grad():
+            ids = flat.detach().topk(min(topk, flat.shape[-1]), dim=-1).indices
+        out = flat.gather(-1, ids)
+    else:
+        out = flat
+    return KLLogits(logp, ent, out, lse, ids, full_sel)
 
 
 def forward_values(critic: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:

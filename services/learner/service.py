@@ -38,6 +38,7 @@ from searchr1.core.streams import Entry, StreamKeys, TypedStream, tasks_stream, 
 from searchr1.learner.batch import Batch, build_batch
 from searchr1.learner.checkpoint import Checkpointer, Component, TrainState
 from searchr1.learner.distributed import broadcast_groups, init_distributed
+from searchr1.learner.dynamic_sampling import mask_overlong, split_flat_groups
 from searchr1.learner.figures import by_source, group_figures
 from searchr1.learner.metrics import LearnerMetrics, StepLog
 from searchr1.learner.model import (
@@ -79,7 +80,9 @@ def build_training(settings: LearnerSettings, info: DistInfo) -> Training:
     need_ref = (a.use_kl_loss and a.advantage != "gae" and a.kl_loss_coef > 0) or a.kl_in_reward
     if a.use_kl_loss and a.kl_loss_coef == 0:
         settings = settings.model_copy(update={"algorithm": a.model_copy(update={"use_kl_loss": False})})
-    reference = load_reference(settings, device) if need_ref else None
+    reference = load_reference(settings, device, info) if need_ref else None
+    if reference is not None and a.ref_ema_tau < 1.0:  # an EMA reference is state: checkpointed
+        components.append(Component("reference", reference))
     critic_kw: dict[str, Any] = {}
     if a.advantage == "gae":
         critic = load_critic(settings, device, info)
@@ -148,6 +151,7 @@ class Learner:
         self.staleness = StalenessPolicy.from_settings(settings)
         self.state = TrainState()
         self._unacked: list[str] = []
+        self._filter_figures: dict[str, float] = {}  # DAPO filters' counts, logged with the next step
         self._dispatcher: Any = None  # set by `run` on rank 0
         self.trajectories: TypedStream[TrajectoryGroup] | None = None
         self.tasks: TypedStream[Task] | None = None
@@ -173,10 +177,10 @@ class Learner:
 
     # ------------------------------------------------------------------ stages
 
-    async def read_groups(self, stop: asyncio.Event) -> StepInput:
+    async def read_groups(self, stop: asyncio.Event, want: int | None = None) -> StepInput:
         """Stage 1: reclaim groups left unacked by a dead learner, then read new ones until a step's
-        worth (`groups_per_step`) is in hand or `stop` is set."""
-        want = self.s.batch.groups_per_step
+        worth (`groups_per_step`, or `want`) is in hand or `stop` is set."""
+        want = self.s.batch.groups_per_step if want is None else want
         got = StepInput()
         got.entries.extend(await self.trajectories.reclaim(self.s.consumer, count=want))
         while len(got.entries) < want and not stop.is_set():
@@ -267,6 +271,10 @@ class Learner:
         await self.dead_letter(got)
         self._unacked.extend(e.id for e in got.replays)  # already checkpointed: safe to ack now
         self._unacked.extend(d.item.id for d in got.stale)
+        if self.s.algorithm.dynamic_sampling:
+            got = await self.sample_informative(got, stop)
+            if got is None:
+                return False
         if not got.groups:
             await self.ack()
             return not stop.is_set()
@@ -274,10 +282,56 @@ class Learner:
         await self._train_and_commit(got.groups, got.trained_ids())
         return True
 
+    # ------------------------------------------------------------------ DAPO filters
+
+    async def sample_informative(self, got: StepInput, stop: asyncio.Event) -> StepInput | None:
+        """Dynamic sampling: set aside groups whose advantages are all zero (acked with the step, replaced
+        by the dispatcher, never trained on) and read more until the step has `groups_per_step`
+        informative groups. Raises after `dynamic_sampling_max_batches` reads that did not fill a step;
+        None when stopped first (no partial step on shutdown, as `step_once`)."""
+        a, want = self.s.algorithm, self.s.batch.groups_per_step
+        acc, reads, flat, solved = StepInput(), 0, 0, 0
+        part: StepInput = got
+        while True:
+            reads += 1
+            split = split_flat_groups(part.groups)
+            flat_ids = {id(g) for g in split.flat}
+            self._unacked.extend(e.id for e in part.entries if id(e.value) in flat_ids)
+            acc.entries += [e for e in part.entries if id(e.value) not in flat_ids]
+            acc.replays += part.replays
+            acc.stale += part.stale
+            acc.wrong_temperature += part.wrong_temperature
+            acc.groups += split.informative
+            flat, solved = flat + len(split.flat), solved + split.all_solved
+            self.metrics.dropped.labels("flat").inc(len(split.flat))
+            self.grant(len(split.flat))
+            if len(acc.groups) >= want or await self.data_exhausted():
+                break
+            if stop.is_set():
+                return None
+            if reads >= a.dynamic_sampling_max_batches:
+                raise RuntimeError(
+                    f"dynamic sampling read {reads} batches and found {len(acc.groups)} of the {want} groups "
+                    f"with non-zero advantages a step needs ({flat} groups had equal rewards, {solved} of them "
+                    "all solved): the policy solves every task or none; raise dynamic_sampling_max_batches, "
+                    "change the data, or turn dynamic_sampling off")
+            part = self.filter_groups(await self.read_groups(stop, want - len(acc.groups)))
+            await self.dead_letter(part)
+            self._unacked.extend(e.id for e in part.replays)
+            self._unacked.extend(d.item.id for d in part.stale)
+        self._filter_figures.update(flat_groups=float(flat), flat_all_solved=float(solved),
+                                    flat_all_failed=float(flat - solved), sampling_reads=float(reads))
+        return acc
+
     async def _train_and_commit(self, groups: list[TrajectoryGroup], entry_ids: list[str]) -> None:
         t0 = time.perf_counter()
+        if self.s.algorithm.overlong_filter:
+            groups, masked = mask_overlong(groups)
+            self._filter_figures["overlong_masked"] = float(masked)
         batch = self.make_batch(groups)
         figures = await asyncio.to_thread(self.train, batch)
+        figures.update(self._filter_figures)
+        self._filter_figures = {}
         step_seconds = time.perf_counter() - t0
         figures.update(group_figures(groups, self.state.version))
         figures["by_source"] = by_source(groups)  # type: ignore[assignment]  # JSONL only

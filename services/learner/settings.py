@@ -60,8 +60,12 @@ class AlgorithmSettings(Section):
     """GRPO: add `kl_loss_coef × KL(π‖π_ref)` to the loss (needs a frozen reference model)."""
     kl_loss_coef: float = Field(default=0.001, ge=0.0)
     """Weight of the KL loss."""
-    kl_loss_type: Literal["kl", "abs", "mse", "low_var_kl"] = "low_var_kl"
-    """KL estimator for the loss."""
+    kl_loss_type: Literal[
+        "kl", "abs", "mse", "low_var_kl", "k1", "k2", "k3", "k3plusplus", "k4", "k5", "full_reverse", "full_forward"
+    ] = "low_var_kl"
+    """KL estimator for the loss: a sampled one (`losses.KL_ESTIMATORS`; k1/k2/k3 name kl/mse/low_var_kl;
+    k3plusplus/k4/k5 are EMA-PG's, same values, other gradients), or EMA-PG's `full_reverse`
+    (KL(π‖π_ref)) / `full_forward` (KL(π_ref‖π)) summed over the vocabulary or its top `kl_topk_tokens`."""
     kl_in_reward: bool = False
     """PPO: subtract `kl_coef × KL` from the token rewards (Search-R1's PPO)."""
     kl_coef: float = Field(default=0.001, ge=0.0)
@@ -80,6 +84,32 @@ class AlgorithmSettings(Section):
     """Drop groups generated more than this many versions ago; 0 = fully on-policy."""
     is_cap: float = Field(default=2.0, ge=1.0)
     """Truncation of the importance weights of off-policy groups."""
+    ref_ema_tau: float = Field(default=1.0, gt=0.0, le=1.0)
+    """EMA anchor (EMA-PG's `ref_policy_ema_tau`): every `ref_ema_period` steps, after the optimizer step,
+    θ_ref ← τ·θ_ref + (1 − τ)·θ. 1 = a frozen reference (off); EMA-PG uses 0.9. Saved in checkpoints
+    when < 1. Needs full fine-tuning (not LoRA)."""
+    ref_ema_period: int = Field(default=10, ge=1)
+    """Steps between EMA updates of the reference (EMA-PG's `ref_policy_ema_update_period`)."""
+    kl_topk_tokens: int = Field(default=0, ge=0, le=65536)
+    """`full_reverse` / `full_forward`: sum the KL over the k most likely tokens per position (the
+    pre-update policy's for reverse, the reference's for forward); 0 = the whole vocabulary. EMA-PG: 32."""
+    kl_tail_sampling: bool = True
+    """Top-k KL: add a sampled estimate of the mass outside the top k, from the sampled token when it falls
+    outside them (k4 for reverse, k5 for forward); EMA-PG's `kl_use_tail_sampling`."""
+    kl_importance_weight: bool = False
+    """Multiply the KL's sampled part (the whole term of a sampled estimator, the tail of a top-k one) by
+    π/π_old, for tokens sampled from π_old (EMA-PG's `use_kl_iw`; matters from the second mini-batch)."""
+    kl_iw_clip: tuple[float, float] | None = None
+    """Clip the KL importance weight to [lo, hi] (0 ≤ lo ≤ hi); None = unclipped (exp of a log-ratio
+    clamped to ±20)."""
+    dynamic_sampling: bool = False
+    """DAPO dynamic sampling: drop groups whose rewards are all equal (zero GRPO advantage) and keep reading
+    until the step has `groups_per_step` informative groups."""
+    dynamic_sampling_max_batches: int = Field(default=10, ge=1, le=1000)
+    """Dynamic sampling gives up (a clear error) after reading this many step-sized batches of groups
+    without filling one step (DAPO's `max_num_gen_batches`)."""
+    overlong_filter: bool = False
+    """DAPO overlong filtering: responses cut by the length limit (finish reason "length") get loss mask 0."""
 
 
 class OptimSettings(Section):
@@ -224,4 +254,19 @@ class LearnerSettings(ServiceSettings):
     def _coherent(self) -> LearnerSettings:
         if self.algorithm.advantage == "gae" and self.algorithm.use_kl_loss and self.algorithm.kl_in_reward:
             raise ValueError("choose one of use_kl_loss (GRPO) and kl_in_reward (PPO)")
+        a = self.algorithm
+        if a.ref_ema_tau < 1.0:
+            if self.model.lora.enabled:
+                raise ValueError("ref_ema_tau < 1 (EMA reference) needs full fine-tuning: with LoRA the policy is "
+                                 "base weights plus adapters and cannot be averaged into the reference")
+            kl_loss = a.use_kl_loss and a.advantage != "gae" and a.kl_loss_coef > 0
+            if not (kl_loss or a.kl_in_reward):
+                raise ValueError("ref_ema_tau < 1 needs a KL term (use_kl_loss with kl_loss_coef > 0, or kl_in_reward)")
+        if a.kl_iw_clip is not None and not 0.0 <= a.kl_iw_clip[0] <= a.kl_iw_clip[1]:
+            raise ValueError(f"kl_iw_clip must be [lo, hi] with 0 <= lo <= hi, got {list(a.kl_iw_clip)}")
+        if a.kl_topk_tokens and not a.kl_loss_type.startswith("full_"):
+            raise ValueError("kl_topk_tokens applies to kl_loss_type full_reverse / full_forward only")
+        if a.dynamic_sampling and a.advantage == "gae":
+            raise ValueError("dynamic_sampling drops groups of equal rewards, which carry no signal under "
+                             "GRPO; with GAE (PPO) they still train the critic: use it with grpo / dr_grpo")
         return self

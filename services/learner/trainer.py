@@ -18,6 +18,11 @@ used instead of a second forward pass — the same numbers, one forward less. Of
 (`policy_version < version`) get truncated importance weights exp(π_old − μ_behaviour) ≤ `is_cap`
 multiplied into their advantages (decoupled PPO). PPO: critic values, in-reward KL and GAE are
 computed in a no-grad pre-pass; advantages are whitened with the whole step's statistics (all-reduced).
+
+KL loss (GRPO): `kl_term.KLTerm` runs the policy's forward and the reference's per micro-batch (a sampled
+estimator, or EMA-PG's full / top-k KL; the pre-pass also records the pre-update policy's top-k ids for a
+reverse top-k KL). EMA anchor: with `ref_ema_tau < 1` the reference moves towards the policy after every
+`ref_ema_period`-th step's last optimizer step (`reference.ema_update_`).
 """
 
 from __future__ import annotations
@@ -37,14 +42,15 @@ from searchr1.learner.advantages import (
     ppo_token_rewards,
 )
 from searchr1.learner.batch import Batch, shard_rows
+from searchr1.learner.kl_term import KLTerm, ema_due
 from searchr1.learner.losses import (
     POLICY_LOSSES,
     aggregate,
-    kl_penalty,
     truncated_importance_weights,
     value_loss,
 )
 from searchr1.learner.model import DistInfo, forward_logprobs, forward_values
+from searchr1.learner.reference import ema_update_
 from searchr1.learner.settings import LearnerSettings
 
 LR_SCHEDULES = ("constant", "cosine", "linear")
@@ -139,7 +145,8 @@ def _all_reduce_figures(figures: F, info: DistInfo, device: torch.device) -> F:
 
 
 def _pad_to(t: Tensor, width: int) -> Tensor:
-    return torch.nn.functional.pad(t, (0, width - t.shape[1]))
+    """Right-pad dimension 1 of `t` ([B, W, ...]) to `width`."""
+    return torch.nn.functional.pad(t, (0, 0) * (t.dim() - 2) + (0, width - t.shape[1]))
 
 
 class Trainer:
@@ -176,6 +183,8 @@ class Trainer:
         if (a.use_kl_loss and not self.is_ppo or a.kl_in_reward) and reference is None:
             raise ValueError("a KL term needs a reference model")
         self.policy_loss = POLICY_LOSSES[a.policy_loss]
+        # the KL loss's forwards and per-token values (sampled, full or top-k; see kl_term.py)
+        self.kl_term = KLTerm(a, enabled=a.use_kl_loss and not self.is_ppo)
         # per-step state, set by `_place` at the start of each `train_step`
         self._lengths: list[int] = []  # attention lengths of this rank's rows (micro-batch grouping)
         self._dummy: Batch | None = None  # one real row standing in for an empty micro-batch (_micro_rows)
@@ -202,6 +211,12 @@ class Trainer:
         self.scheduler.step()
         if self.is_ppo:
             self.critic_scheduler.step()
+        a = self.s.algorithm
+        # EMA anchor: after the step's last optimizer step; the scheduler counts completed steps (restored
+        # with it on resume). Under FSDP both models are sharded alike and each rank averages its shards.
+        if self.reference is not None and ema_due(self.scheduler.last_epoch, a.ref_ema_tau, a.ref_ema_period):
+            ema_update_(self.reference, self.policy, a.ref_ema_tau)
+            out["ref_ema_update"] = 1.0
         return out
 
     def _outcome_advantages(self, batch: Batch) -> Batch:
@@ -234,12 +249,17 @@ class Trainer:
         width = local.loss_mask.shape[1]
         wanted = {"old": need_old, "ref": self.is_ppo and a.kl_in_reward, "values": self.is_ppo}
         result = {k: torch.zeros(local.size, width, device=self.device) for k, on in wanted.items() if on}
+        if need_old and self.kl_term.prepass_topk:  # the pre-update policy's top-k ids (reverse top-k KL)
+            result["topk_ids"] = torch.zeros(local.size, width, self.kl_term.prepass_topk, dtype=torch.long,
+                                             device=self.device)
         for rows in self._micro_rows(list(range(local.size))):
             mb = local.select(rows) if rows else self._dummy
             ids, attn, resp = mb.input_ids, mb.attention_mask, mb.response_mask
             out = {}
             if wanted["old"]:
-                out["old"] = forward_logprobs(self.policy, ids, attn, mask=resp)[0]
+                out["old"], topk_ids = self.kl_term.prepass_policy(self.policy, ids, attn, resp)
+                if topk_ids is not None:
+                    out["topk_ids"] = topk_ids
             if wanted["ref"]:
                 out["ref"] = forward_logprobs(self.reference, ids, attn, mask=resp)[0]
             if wanted["values"]:
@@ -316,9 +336,12 @@ class Trainer:
             width = mb.loss_mask.shape[1]
             dummy = not r  # zero loss weight; runs only to keep FSDP collectives in step
             mask = torch.zeros_like(mb.loss_mask) if dummy else mb.loss_mask
-            logp, ent = forward_logprobs(self.policy, mb.input_ids, mb.attention_mask, entropy=a.entropy_coef != 0,
-                                        mask=mb.response_mask)
             old = None if dummy else self._slice_extra(extras, "old", r, width)
+            fwd = self.kl_term.forward(
+                self.policy, self.reference, mb.input_ids, mb.attention_mask, mb.response_mask,
+                entropy=a.entropy_coef != 0, old_log_prob=old,
+                topk_ids=None if dummy else self._slice_extra(extras, "topk_ids", r, width))
+            logp, ent = fwd.log_prob, fwd.entropy
             old = logp.detach() if old is None else old
             adv = torch.zeros(mb.size, device=self.device) if dummy or mb.advantages is None else mb.advantages
             weights = torch.ones_like(mask)
@@ -334,11 +357,8 @@ class Trainer:
                 ent_v = aggregate(ent, mask, a.loss_agg)
                 loss = loss - a.entropy_coef * ent_v
             kl_v = torch.zeros(())
-            if a.use_kl_loss and not self.is_ppo:
-                with torch.no_grad():
-                    ref_lp, _ = forward_logprobs(self.reference, mb.input_ids, mb.attention_mask,
-                                                 mask=mb.response_mask)
-                kl_v = aggregate(kl_penalty(logp, ref_lp, a.kl_loss_type), mask, a.loss_agg)
+            if fwd.kl is not None:
+                kl_v = aggregate(fwd.kl, mask, a.loss_agg)
                 loss = loss + a.kl_loss_coef * kl_v
             w = self._weight(mb, tokens, seqs) if mask.any() else 0.0
             (loss * w).backward()
