@@ -223,7 +223,7 @@ def kl_term(args) -> None:
 
     from searchr1.learner.losses import topk_kl
     from searchr1.learner.model import forward_kl_logits, forward_logprobs
-    from searchr1.learner.synthetic import tiny_qwen2
+    from tests.support.synthetic import tiny_qwen2
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-kl-"))
     path = tiny_qwen2(tmp / "model", vocab=args.kl_vocab, hidden=args.kl_hidden, layers=args.kl_layers)

@@ -10,7 +10,7 @@ import threading
 from dataclasses import dataclass
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, make_asgi_app, make_wsgi_app, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app, start_http_server
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from searchr1.core.auth import token_matches
@@ -72,6 +72,3 @@ def start_metrics_server(registry: CollectorRegistry, host: str = "127.0.0.1", p
     return MetricsServer(server, thread)
 
 
-def metrics_asgi_app(registry: CollectorRegistry):
-    """An ASGI app serving `registry`, to mount at `/metrics` in a FastAPI service."""
-    return make_asgi_app(registry=registry)

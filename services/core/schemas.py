@@ -129,11 +129,6 @@ class Trajectory(_Wire):
             raise ValueError("reward must be finite")
         return self
 
-    @property
-    def num_policy_tokens(self) -> int:
-        """Tokens the policy sampled (the loss is computed on these)."""
-        return sum(self.loss_mask)
-
 
 class TrajectoryGroup(_Wire):
     """All trajectories sampled for one task by one worker under one policy version."""

@@ -42,7 +42,7 @@ class LearnerMetrics:
         self.steps = Counter("searchr1_learner_steps_total", "Training steps completed.", registry=r)
         self.groups = Counter("searchr1_learner_groups_total", "Groups trained on.", registry=r)
         self.dropped = Counter("searchr1_learner_groups_dropped_total",
-                               "Groups not trained on, by reason (replay, stale, temperature).",
+                               "Groups not trained on, by reason (replay, stale, temperature, flat).",
                                ["reason"], registry=r)
         self.trajectories = Counter("searchr1_learner_trajectories_total", "Trajectories trained on.", registry=r)
         self.tokens = Counter("searchr1_learner_tokens_total", "Tokens (prompt + response) trained on.",

@@ -18,7 +18,7 @@ from searchr1.learner.model import DistInfo
 from searchr1.learner.publisher import WeightPublisher
 from searchr1.learner.service import Learner, build_training
 from searchr1.learner.settings import LearnerSettings
-from searchr1.learner.synthetic import synthetic_group, tiny_qwen2
+from tests.support.synthetic import synthetic_group, tiny_qwen2
 
 torch.set_num_threads(1)
 

@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 from searchr1.learner.batch import build_batch
-from searchr1.learner.synthetic import synthetic_group, tiny_qwen2
+from tests.support.synthetic import synthetic_group, tiny_qwen2
 
 
 def _settings(model_path: Path):

@@ -15,7 +15,7 @@ from searchr1.learner.checkpoint import Checkpointer, TrainState
 from searchr1.learner.model import DistInfo
 from searchr1.learner.service import build_training
 from searchr1.learner.settings import LearnerSettings
-from searchr1.learner.synthetic import synthetic_group, tiny_qwen2
+from tests.support.synthetic import synthetic_group, tiny_qwen2
 
 torch.set_num_threads(1)
 VOCAB = 128

@@ -8,7 +8,7 @@ import torch
 from searchr1.learner.advantages import outcome_advantages
 from searchr1.learner.batch import build_batch
 from searchr1.learner.dynamic_sampling import is_flat, mask_overlong, split_flat_groups
-from searchr1.learner.synthetic import synthetic_group
+from tests.support.synthetic import synthetic_group
 
 
 def test_flat_groups_are_those_with_all_zero_advantages():

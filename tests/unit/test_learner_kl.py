@@ -312,7 +312,7 @@ VOCAB = 64
 def tiny_models(tmp_path_factory):
     from transformers import AutoModelForCausalLM
 
-    from searchr1.learner.synthetic import tiny_qwen2
+    from tests.support.synthetic import tiny_qwen2
 
     path = tiny_qwen2(tmp_path_factory.mktemp("kl") / "tiny", vocab=VOCAB, hidden=32, layers=1)
     policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64)

@@ -152,7 +152,6 @@ def test_entropy_uniform_and_onehot():
     ent = L.entropy_from_logits(logits)
     assert ent[0, 0].item() == pytest.approx(math.log(4))
     assert ent[0, 1].item() == pytest.approx(0.0, abs=1e-6)
-    assert L.entropy_loss(logits, torch.tensor([[1, 0]])).item() == pytest.approx(math.log(4))
 
 
 def test_truncated_importance_weights():
