@@ -195,11 +195,13 @@ def register(groups: Groups) -> None:
         metric: Annotated[str, typer.Option(help="Score the table shows: searchr1_em (Search-R1's), em or f1.")]
         = "searchr1_em",
     ) -> None:
-        """Evaluate a policy: every test question through the agent loop (greedy + K sampled) with the real
-        retriever, scored by the reward service; EM/F1/format/search behaviour overall and per group
-        (data_source and the configured metadata keys), written to OUT/eval.json and OUT/eval.md. Then
-        Search-R1's Table 3 layout (a row per model, a column per test set, the average; greedy), also
-        written to OUT/table.md. With --table, only that table, from earlier eval.json files."""
+        """Evaluate policies on a test set, then print Search-R1's Table 3 layout.
+
+        Every test question goes through the agent loop (greedy + K sampled) with the real retriever,
+        scored by the reward service; EM/F1/format/search behaviour overall and per group (data_source and
+        the configured metadata keys) is written to OUT/eval.json and OUT/eval.md (OUT/<model>/ for several
+        --model). Then the table (a row per model, a column per test set, the average; greedy) is printed
+        and written to OUT/table.md. With --table, only that table, from earlier eval.json files."""
         import asyncio
         import logging
 
