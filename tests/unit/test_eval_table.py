@@ -131,3 +131,19 @@ def test_eval_table_command(tmp_path: Path):
     assert missing.exit_code == 2 and "no such eval.json" in missing.output
     nothing = runner.invoke(build_app(), ["eval"])
     assert nothing.exit_code == 2 and "give --model and --data" in nothing.output
+
+
+def test_ids_repeated_across_test_sets_are_qualified_by_source(tmp_path: Path):
+    from searchr1.rollout.evaluate import EvalDataError, read_questions
+
+    path = tmp_path / "test.jsonl"
+    rows = [{"id": "test_0", "question": "q0", "golden_answers": ["a"], "data_source": "nq"},
+            {"id": "test_1", "question": "q1", "golden_answers": ["b"], "data_source": "nq"},
+            {"id": "test_0", "question": "q2", "golden_answers": ["c"], "data_source": "triviaqa"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert [q.task_id for q in read_questions(path)] == ["nq/test_0", "nq/test_1", "triviaqa/test_0"]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows[:2]))
+    assert [q.task_id for q in read_questions(path)] == ["test_0", "test_1"]  # unique: left as they are
+    path.write_text("".join(json.dumps({**r, "data_source": "nq"}) + "\n" for r in rows))
+    with pytest.raises(EvalDataError, match="not unique within a data_source"):
+        read_questions(path)
