@@ -12,7 +12,9 @@ the values listed in `Placeholders`. This module runs nothing; `supervisor.py` d
 
 Placement: when the run config has a `[placement]` table (`searchr1.launcher.placement`), the plan
 follows it: one rollout worker per vLLM group, each process's `CUDA_VISIBLE_DEVICES` and settings
-overrides merged over its environment, and the learner started under `torchrun`. A `[launcher.*]`
+overrides merged over its environment, and the learner started under `torchrun` (as
+`python -m torch.distributed.run` of this interpreter unless `[launcher] command` is set, so that no
+PATH lookup is involved). A `[launcher.*]`
 entry that contradicts the placement (an env value, `rollout.workers`, `commands.learner`) is a
 problem, not silently overridden.
 
@@ -245,9 +247,14 @@ def build_plan(settings: LauncherSettings, config: str | Path, run_dir: str | Pa
 
     def base(kind: str) -> list[str]:
         if kind == "learner" and placed is not None:
-            torchrun = [*placed.learner.command_prefix, "-m", "searchr1.cli"]
+            prefix = list(placed.learner.command_prefix)
+            literal = [*prefix, "-m", "searchr1.cli"]
+            if not settings.command and prefix[:1] == ["torchrun"]:
+                # torchrun of the interpreter that runs every other service (no PATH lookup)
+                prefix[:1] = [sys.executable, "-m", "torch.distributed.run"]
+            torchrun = [*prefix, "-m", "searchr1.cli"]
             configured = settings.commands.get("learner")
-            if configured and list(configured) != torchrun:
+            if configured and list(configured) not in (torchrun, literal):
                 problems.append(f"learner: [launcher.commands] learner = {configured} but [placement] starts it "
                                 f"with {torchrun}; drop the command (the placement sets it)")
             return torchrun

@@ -4,6 +4,7 @@ entries that contradict the placement are refused; `--dry-run` prints the plan w
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -126,6 +127,17 @@ def test_a_placement_argument_wins_over_the_config(tmp_path: Path):
     assert next(s for s in plan.specs if s.name == "learner").env["CUDA_VISIBLE_DEVICES"] == "1"
 
 
+def test_learner_runs_under_this_interpreters_torchrun_by_default(tmp_path: Path):
+    cfg = _config(tmp_path, LAYOUTS[4]).read_text().replace('command = ["searchr1"]\n', "")
+    (tmp_path / "plain.toml").write_text(cfg)
+    plan = build_plan(load_settings(LauncherSettings, tmp_path / "plain.toml"), tmp_path / "plain.toml",
+                      tmp_path / "run")
+    learner = next(s for s in plan.specs if s.name == "learner")
+    assert learner.argv[:12] == [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node",
+                                 "2", "--master_addr", "127.0.0.1", "--master_port", "29500", "-m"]
+    assert learner.argv[12:14] == ["searchr1.cli", "train"] and plan.problems == []
+
+
 def test_matching_launcher_entries_pass(tmp_path: Path):
     cfg = _config(tmp_path, LAYOUTS[4], """
 [launcher.rollout]
@@ -181,8 +193,9 @@ def test_up_dry_run_prints_the_paper_placement_on_any_machine():
     result = CliRunner().invoke(build_app(), ["up", "--config", str(config), "--dry-run"], env={"COLUMNS": "400"})
     out = result.output
     assert "learner (learner, GPUs: 3,4,5,6)" in out and "rollout-2 (rollout, GPUs: 2)" in out
-    assert "$ torchrun --nnodes 1 --nproc_per_node 4 --master_addr 127.0.0.1 --master_port 29500 -m searchr1.cli " \
-           "train" in out
+    # no [launcher] command: torchrun of this interpreter, as every other service runs on it
+    assert f"$ {sys.executable} -m torch.distributed.run --nnodes 1 --nproc_per_node 4 --master_addr 127.0.0.1 " \
+           "--master_port 29500 -m searchr1.cli train" in out
     assert "retriever (retriever, GPUs: 7)" in out and "  ROLLOUT_ENGINE__GPU_MEMORY_UTILIZATION=0.85" in out
     assert "placement: 3 vLLM worker(s) on GPUs 0 | 1 | 2" in out
     # on a machine without the index the plan is still printed, and the refusal names what is missing

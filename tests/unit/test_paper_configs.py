@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -87,8 +88,10 @@ def test_paper_config_launches_as_its_placement(config: Path, tmp_path: Path, mo
     assert [n for n in specs if n.startswith("rollout-")] == [w.name for w in placement.rollout]
     for name, where in placement.by_name().items():
         assert where.env.items() <= specs[name].env.items(), name
-    assert specs["learner"].argv[:len(placement.learner.command_prefix) + 2] == \
-        [*placement.learner.command_prefix, "-m", "searchr1.cli"]
+    # torchrun (of the launcher's interpreter) with the placement's arguments
+    prefix = placement.learner.command_prefix
+    assert prefix[0] == "torchrun" and specs["learner"].argv[:len(prefix) + 4] == \
+        [sys.executable, "-m", "torch.distributed.run", *prefix[1:], "-m", "searchr1.cli"]
     assert not [p for p in plan.problems if "placement" in p]
     # the services' own tables agree with what the placement sets through their env
     env = placement.rollout[0].env
