@@ -52,6 +52,11 @@ test-integration: $(STAMP)
 test-e2e: $(STAMP)
 	$(BIN)/python -m pytest tests/e2e $(PYTEST_ARGS)
 
+.PHONY: test-repro
+# the reproduction flow once on CPU (data fetch → index fetch → up → eval → table; a few minutes)
+test-repro: $(STAMP)
+	$(BIN)/python -m pytest tests/integration/test_reproduce_flow.py -m slow $(PYTEST_ARGS)
+
 lint: $(STAMP)
 	$(BIN)/ruff check services tests benchmarks proto deploy
 	$(BIN)/lint-imports

@@ -32,9 +32,12 @@ class Groups:
     serve: typer.Typer = field(default_factory=lambda: typer.Typer(
         help="Run one service (retriever, reward, rollout) in the foreground.", no_args_is_help=True))
     index: typer.Typer = field(default_factory=lambda: typer.Typer(
-        help="Build and inspect retrieval indexes (FAISS, BM25).", no_args_is_help=True))
+        help="Retrieval indexes (FAISS, BM25): build one from a corpus, fetch Search-R1's wiki-18 corpus and e5 "
+             "Flat index from the hub, import an existing FAISS index, convert Flat to IVF-PQ or HNSW, inspect.",
+        no_args_is_help=True))
     data: typer.Typer = field(default_factory=lambda: typer.Typer(
-        help="Prepare datasets: Search-R1 parquet in, searchr1 tasks out.", no_args_is_help=True))
+        help="Datasets: fetch Search-R1's train and test parquet from the FlashRAG datasets (fetch), or turn a "
+             "Search-R1 parquet into searchr1 tasks JSONL (prepare).", no_args_is_help=True))
     world: typer.Typer = field(default_factory=lambda: typer.Typer(
         help="The tiny world: a synthetic corpus, questions, tokenizer and model for CPU runs.",
         no_args_is_help=True))

@@ -28,7 +28,8 @@ def up(
     run_dir: Annotated[Path | None, typer.Option(
         "--run-dir", help="Run directory (logs in RUN_DIR/logs); default: run_dir of the launcher table.")] = None,
     dry_run: Annotated[bool, typer.Option(
-        "--dry-run", help="Print the processes and command lines that would run, then exit.")] = False,
+        "--dry-run", help="Print the process plan (command line, GPUs and environment of each process, as "
+                          "the config's [placement] places them), then exit.")] = False,
     verbose: Annotated[bool, typer.Option(
         "--verbose", "-v", help="Stream every line of every process to the console (by default it shows "
                                 "warnings, errors and tracebacks; RUN_DIR/logs always has everything).")] = False,
@@ -39,13 +40,12 @@ def up(
     RUN_DIR/logs/NAME.log, and the console shows the warnings, errors and tracebacks (every line with
     --verbose) above a progress bar and a status line. Ctrl-C (or the learner ending) stops everything."""
     import asyncio
-    import shlex
 
     from rich.console import Console
 
     from searchr1.core.settings import ConfigError, load_settings
     from searchr1.launcher.settings import LauncherSettings
-    from searchr1.launcher.specs import build_plan, total_steps
+    from searchr1.launcher.specs import build_plan, dry_run_lines, total_steps
     from searchr1.launcher.status import StatusCollector
     from searchr1.launcher.supervisor import EXIT_REFUSED, Supervisor
 
@@ -57,10 +57,10 @@ def up(
         console.print(f"[bold red]searchr1 up: {exc}[/]")
         raise typer.Exit(EXIT_REFUSED) from None
     if dry_run:
-        for spec in plan.specs:
-            console.print(f"[bold]{spec.name}[/] ({spec.stage}): {shlex.join(spec.argv)}", soft_wrap=True)
+        for line in dry_run_lines(plan):
+            console.print(line, soft_wrap=True, markup=False)
         for problem in plan.problems:
-            console.print(f"[bold red]problem:[/] {problem}", soft_wrap=True)
+            console.print(f"problem: {problem}", style="bold red", soft_wrap=True, markup=False)
         raise typer.Exit(EXIT_REFUSED if plan.problems else 0)
     collector = StatusCollector(
         redis_url=plan.redis_url, run=plan.run, metrics_jsonl=plan.metrics_jsonl,

@@ -10,6 +10,14 @@ The command lines live in `DEFAULT_TEMPLATES` only (run configs may override the
 `[launcher.templates]`): lists of arguments after the `searchr1` command, where `{name}` is replaced by
 the values listed in `Placeholders`. This module runs nothing; `supervisor.py` does.
 
+Placement: when the run config has a `[placement]` table (`searchr1.launcher.placement`), the plan
+follows it: one rollout worker per vLLM group, each process's `CUDA_VISIBLE_DEVICES` and settings
+overrides merged over its environment, and the learner started under `torchrun` (as
+`python -m torch.distributed.run` of this interpreter unless `[launcher] command` is set, so that no
+PATH lookup is involved). A `[launcher.*]`
+entry that contradicts the placement (an env value, `rollout.workers`, `commands.learner`) is a
+problem, not silently overridden.
+
 Redis is started as a supervised process like the others (same logs, process
 group, death detection and shutdown order) using `searchr1.core.redis_server.find_redis_server` and the
 arguments `RedisServer` uses, instead of through the `RedisServer` helper itself.
@@ -17,6 +25,7 @@ arguments `RedisServer` uses, instead of through the `RedisServer` helper itself
 
 from __future__ import annotations
 
+import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,8 +33,9 @@ from typing import Any
 
 from searchr1.core.redis_server import RedisNotFound, find_redis_server
 from searchr1.core.servers import free_port, port_is_free
-from searchr1.core.settings import ConfigError, read_config_file
+from searchr1.core.settings import ConfigError, load_settings, read_config_file
 from searchr1.launcher.health import Gate, GrpcHealthGate, HttpGate, RedisPingGate
+from searchr1.launcher.placement import Placement, PlacementSettings, ProcessPlacement, plan_placement
 from searchr1.launcher.settings import LauncherSettings
 
 # The command templates: arguments after the `searchr1` command (settings.command). ONE place to adjust.
@@ -118,6 +128,8 @@ class LaunchPlan:
     preflight_gates: list[Gate] = field(default_factory=list)
     """Checks of things the launcher does not start (an external Redis) that must pass before anything
     starts."""
+    placement: Placement | None = None
+    """The GPU placement the plan follows (None: the config has no `[placement]` table)."""
 
     @property
     def log_dir(self) -> Path:
@@ -190,12 +202,38 @@ def render_env(name: str, configured: dict[str, str], values: dict[str, str]) ->
     return {key: render_template(f"{name} env", [value], values)[0] for key, value in merged.items()}
 
 
-def build_plan(settings: LauncherSettings, config: str | Path, run_dir: str | Path | None = None) -> LaunchPlan:
-    """The processes of `searchr1 up` in dependency order (see module docstring)."""
+def load_placement(config: str | Path) -> PlacementSettings | None:
+    """The run config's `[placement]` table as `PlacementSettings` (env `PLACEMENT_*` over it), or None
+    when the file has no such table (or cannot be read: `build_plan` reports a missing config)."""
+    try:
+        data = read_config_file(config)
+    except (OSError, ConfigError):
+        return None
+    return load_settings(PlacementSettings, config) if "placement" in data else None
+
+
+def _apply_placement(name: str, env: dict[str, str], configured: dict[str, str], where: ProcessPlacement,
+                     problems: list[str]) -> dict[str, str]:
+    """`env` with the placement's variables merged over it; a configured value that differs is a problem."""
+    for key, value in where.env.items():
+        if key in configured and env.get(key) != value:
+            problems.append(f"{name}: its launcher env sets {key}={env.get(key)!r} but [placement] gives "
+                            f"{value!r}; drop the env entry (the placement sets it)")
+    return {**env, **where.env}
+
+
+def build_plan(settings: LauncherSettings, config: str | Path, run_dir: str | Path | None = None,
+               placement: PlacementSettings | None = None) -> LaunchPlan:
+    """The processes of `searchr1 up` in dependency order (see module docstring). `placement`: the GPU
+    placement to follow; default: the run config's `[placement]` table, if it has one."""
     problems: list[str] = []
     config_path = Path(config).resolve()
     if not config_path.is_file():
         problems.append(f"run config not found: {config_path}")
+    if placement is None and config_path.is_file():
+        placement = load_placement(config_path)
+    placed = plan_placement(placement) if placement is not None else None
+    where = placed.by_name() if placed is not None else {}
     run_root = Path(run_dir if run_dir is not None else settings.run_dir).resolve()
     host = settings.host
     ports = _Ports(host, problems)
@@ -208,6 +246,18 @@ def build_plan(settings: LauncherSettings, config: str | Path, run_dir: str | Pa
     default_base = cli_command(settings)
 
     def base(kind: str) -> list[str]:
+        if kind == "learner" and placed is not None:
+            prefix = list(placed.learner.command_prefix)
+            literal = [*prefix, "-m", "searchr1.cli"]
+            if not settings.command and prefix[:1] == ["torchrun"]:
+                # torchrun of the interpreter that runs every other service (no PATH lookup)
+                prefix[:1] = [sys.executable, "-m", "torch.distributed.run"]
+            torchrun = [*prefix, "-m", "searchr1.cli"]
+            configured = settings.commands.get("learner")
+            if configured and list(configured) not in (torchrun, literal):
+                problems.append(f"learner: [launcher.commands] learner = {configured} but [placement] starts it "
+                                f"with {torchrun}; drop the command (the placement sets it)")
+            return torchrun
         return list(settings.commands.get(kind) or default_base)
     specs: list[ProcessSpec] = []
 
@@ -260,11 +310,15 @@ def build_plan(settings: LauncherSettings, config: str | Path, run_dir: str | Pa
         ))
 
     def service(name: str, kind: str, proc: Any, values: dict[str, str], gates: list[Gate], **kw: Any) -> None:
-        """One long-running process of kind `kind` (template, command, env) from its settings `proc`."""
+        """One long-running process of kind `kind` (template, command, env) from its settings `proc`,
+        placed on its GPUs when the plan has a placement."""
+        env = render_env(kind, proc.env, values)
+        if name in where:
+            env = _apply_placement(name, env, proc.env, where[name], problems)
         specs.append(ProcessSpec(
             name=name, stage=kind, health_timeout_s=proc.health_timeout_s, gates=gates,
             argv=base(kind) + render_template(kind, templates[kind], values) + list(proc.extra_args),
-            env=render_env(kind, proc.env, values), **kw,
+            env=env, **kw,
         ))
 
     service("retriever", "retriever", r, {**common, "grpc_port": str(grpc_port), "http_port": str(http_port)},
@@ -272,7 +326,13 @@ def build_plan(settings: LauncherSettings, config: str | Path, run_dir: str | Pa
     service("reward", "reward", settings.reward, {**common, "port": str(reward_port)},
             [HttpGate(f"http://{host}:{reward_port}/health")])
     ro = settings.rollout
-    for i in range(ro.workers):
+    workers = ro.workers
+    if placed is not None:
+        workers = len(placed.rollout)
+        if "workers" in ro.model_fields_set and ro.workers != workers:
+            problems.append(f"rollout: [launcher.rollout] workers = {ro.workers} but [placement] makes {workers} "
+                            f"vLLM workers; drop `workers` (the placement sets it)")
+    for i in range(workers):
         worker_id = f"rollout-{i}"
         mport = ports.get(ro.metrics_port + i if ro.metrics_port else 0, f"{worker_id} metrics")
         service(worker_id, "rollout", ro,
@@ -290,7 +350,29 @@ def build_plan(settings: LauncherSettings, config: str | Path, run_dir: str | Pa
         learner_metrics_url=learner_metrics_url,
         metrics_jsonl=jsonl.resolve(),
         problems=problems, preflight_gates=preflight, values=common, base_command=default_base,
+        placement=placed,
     )
+
+
+def dry_run_lines(plan: LaunchPlan) -> list[str]:
+    """`searchr1 up --dry-run`'s text: per process its name and stage, the GPUs it sees
+    (`CUDA_VISIBLE_DEVICES`: "none" when hidden, "all" when unset), its command line and the
+    environment the launcher adds; then the placement summary when the plan has one."""
+    lines = []
+    for spec in plan.specs:
+        devices = spec.env.get("CUDA_VISIBLE_DEVICES")
+        gpus = "all" if devices is None else devices or "none"
+        lines.append(f"{spec.name} ({spec.stage}, GPUs: {gpus})")
+        lines.append(f"  $ {shlex.join(spec.argv)}")
+        for key, value in spec.env.items():
+            lines.append(f"  {key}={value}")
+    if plan.placement is not None:
+        p = plan.placement
+        lines.append(f"placement: {len(p.rollout)} vLLM worker(s) on GPUs "
+                     f"{' | '.join(w.cuda_visible_devices for w in p.rollout)}; learner: "
+                     f"{len(p.learner.gpus)} FSDP rank(s) on GPUs {p.learner.cuda_visible_devices}; retriever: "
+                     f"{'GPU ' + p.retriever.cuda_visible_devices if p.retriever.gpus else 'CPU'}")
+    return lines
 
 
 def eval_plan(plan: LaunchPlan, eval_args: list[str], templates: dict[str, list[str]] | None = None) -> LaunchPlan:

@@ -161,12 +161,16 @@ def register(groups: Groups) -> None:
 
     @groups.app.command("eval")
     def eval_(
-        model: Annotated[str, typer.Option(help="Policy directory (HF save_pretrained).")],
-        data: Annotated[Path, typer.Option(help="Test set: Search-R1 parquet (unchanged) or our tasks JSONL.")],
+        model: Annotated[list[str] | None, typer.Option(
+            help="Policy directory (HF save_pretrained); repeat to evaluate several snapshots in turn "
+                 "(each into OUT/<name>/) and tabulate them.")] = None,
+        data: Annotated[Path | None, typer.Option(help="Test set: Search-R1 parquet (unchanged) or our tasks "
+                                                       "JSONL.")] = None,
         retriever: Annotated[list[str] | None, typer.Option("--retriever", help="Retriever gRPC address "
                                                             "host:port (repeat for replicas).")] = None,
         reward: Annotated[str | None, typer.Option("--reward", help="Reward service base URL.")] = None,
-        out: Annotated[Path, typer.Option(help="Directory for eval.json and eval.md.")] = Path("runs/eval"),
+        out: Annotated[Path, typer.Option(help="Directory for eval.json and eval.md (and table.md).")]
+        = Path("runs/eval"),
         limit: Annotated[int | None, typer.Option(min=1, help="Evaluate the first N questions only.")] = None,
         samples: Annotated[int, typer.Option(min=0, max=1024, help="Sampled trajectories per question "
                                                                   "(besides the greedy one).")] = 1,
@@ -184,10 +188,20 @@ def register(groups: Groups) -> None:
                                                            "key of the questions' metadata, or data_source "
                                                            "(repeat; default: the config's eval.group_by).")]
         = None,
+        table: Annotated[list[Path] | None, typer.Option(
+            "--table", help="Evaluate nothing: print Search-R1's Table 3 layout of these eval.json files (or "
+                            "directories holding one; repeat), one row each, and write it to OUT/table.md.")]
+        = None,
+        metric: Annotated[str, typer.Option(help="Score the table shows: searchr1_em (Search-R1's), em or f1.")]
+        = "searchr1_em",
     ) -> None:
-        """Evaluate a policy: every test question through the agent loop (greedy + K sampled) with the real
-        retriever, scored by the reward service; EM/F1/format/search behaviour overall and per group
-        (data_source and the configured metadata keys), written to OUT/eval.json and OUT/eval.md."""
+        """Evaluate policies on a test set, then print Search-R1's Table 3 layout.
+
+        Every test question goes through the agent loop (greedy + K sampled) with the real retriever,
+        scored by the reward service; EM/F1/format/search behaviour overall and per group (data_source and
+        the configured metadata keys) is written to OUT/eval.json and OUT/eval.md (OUT/<model>/ for several
+        --model). Then the table (a row per model, a column per test set, the average; greedy) is printed
+        and written to OUT/table.md. With --table, only that table, from earlier eval.json files."""
         import asyncio
         import logging
 
@@ -200,15 +214,54 @@ def register(groups: Groups) -> None:
         from searchr1.rollout.agent import AgentLimits
         from searchr1.rollout.batcher import SearchBatcher
         from searchr1.rollout.engine import HfCodec
-        from searchr1.rollout.eval_report import summary_table
+        from searchr1.rollout.eval_report import (
+            eval_labels,
+            paper_table_markdown,
+            paper_table_rich,
+            read_eval,
+            summary_table,
+        )
+        from searchr1.rollout.eval_stats import paper_table
         from searchr1.rollout.evaluate import EvalConfig, EvalDataError, evaluate, read_questions
         from searchr1.rollout.service import start_generator
         from searchr1.rollout.settings import RolloutSettings
 
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         console = Console()
+
+        def tabulate(evals: list[tuple[Path, dict]]) -> None:
+            try:
+                t = paper_table(list(zip(eval_labels(evals), (doc for _, doc in evals))), metric)
+            except ValueError as exc:
+                typer.echo(f"error: {exc}", err=True)
+                raise typer.Exit(2) from None
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "table.md").write_text(paper_table_markdown(t), encoding="utf-8")
+            console.print(paper_table_rich(t))
+            console.print(f"wrote {out / 'table.md'}")
+
+        if table:
+            if model or data:
+                typer.echo("error: --table tabulates existing eval.json files; give it without --model/--data",
+                           err=True)
+                raise typer.Exit(2)
+            try:
+                evals = [(p if p.suffix == ".json" else p / "eval.json", read_eval(p)) for p in table]
+            except ValueError as exc:
+                typer.echo(f"error: {exc}", err=True)
+                raise typer.Exit(2) from None
+            tabulate(evals)
+            return
+        if not model or data is None:
+            typer.echo("error: give --model and --data (or --table with eval.json files)", err=True)
+            raise typer.Exit(2)
+        models = list(model)
+        names = [Path(m).name or m for m in models]
+        if len(set(names)) < len(names):
+            names = [f"{i}-{n}" for i, n in enumerate(names)]
+        outs = [out] if len(models) == 1 else [out / n for n in names]
         try:
-            settings = load_settings(RolloutSettings, config, model=model)
+            settings = load_settings(RolloutSettings, config, model=models[0])
             update: dict = {}
             if retriever:
                 update["retriever"] = {**settings.retriever.model_dump(), "addresses": list(retriever)}
@@ -232,7 +285,7 @@ def register(groups: Groups) -> None:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None
 
-        async def _run():
+        async def _run(policy: str, out_dir: Path):
             r, w = settings.retriever, settings.reward
             client = RetrieverClient(r.addresses, token=r.token, timeout_s=r.timeout_s, retries=r.retries)
             scorer = RewardClient(w.url, token=w.token, timeout_s=w.timeout_s, retries=w.retries)
@@ -240,8 +293,8 @@ def register(groups: Groups) -> None:
             try:
                 if not await scorer.health():
                     raise RewardError(f"reward service at {w.url} does not answer /health")
-                console.print(f"starting the {settings.engine.kind} engine on {settings.model} …")
-                generator = await start_generator(settings.model, settings.engine)
+                console.print(f"starting the {settings.engine.kind} engine on {policy} …")
+                generator = await start_generator(policy, settings.engine)
                 tokenizer = generator.tokenizer()  # type: ignore[attr-defined]
                 batcher = SearchBatcher(client, top_k=r.top_k, max_batch=r.max_batch,
                                         max_wait_s=r.max_wait_ms / 1000.0, max_query_chars=r.max_query_chars)
@@ -249,9 +302,9 @@ def register(groups: Groups) -> None:
                               console=console) as progress:
                     bar = progress.add_task("questions", total=n_questions)
                     return await evaluate(
-                        data, out, generator, HfCodec(tokenizer), tokenizer, batcher.search, scorer, eval_config,
-                        limit=limit, on_question=lambda _recs: progress.advance(bar),
-                        meta={"model": settings.model, "retriever": ",".join(r.addresses), "reward": w.url,
+                        data, out_dir, generator, HfCodec(tokenizer), tokenizer, batcher.search, scorer,
+                        eval_config, limit=limit, on_question=lambda _recs: progress.advance(bar),
+                        meta={"model": policy, "retriever": ",".join(r.addresses), "reward": w.url,
                               "top_k_passages": r.top_k, "engine": settings.engine.kind})
             finally:
                 await client.close()
@@ -259,11 +312,16 @@ def register(groups: Groups) -> None:
                 if generator is not None:
                     await generator.close()
 
-        try:
-            result = asyncio.run(_run())
-        except (OSError, RetrieverError, RewardError, EvalDataError, ValueError) as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(1) from None
-        console.print(summary_table(result.document["summary"]))
-        console.print(f"wrote {result.out_dir / 'eval.json'} and {result.out_dir / 'eval.md'} "
-                      f"({len(result.records)} trajectories, {result.meta['wall_seconds']:.1f} s)")
+        done: list[tuple[Path, dict]] = []
+        for policy, out_dir in zip(models, outs, strict=True):
+            try:
+                result = asyncio.run(_run(policy, out_dir))
+            except (OSError, RetrieverError, RewardError, EvalDataError, ValueError) as exc:
+                typer.echo(f"error: {policy}: {exc}", err=True)
+                raise typer.Exit(1) from None
+            console.print(summary_table(result.document["summary"]))
+            console.print(f"wrote {result.out_dir / 'eval.json'} and {result.out_dir / 'eval.md'} "
+                          f"({len(result.records)} trajectories, {result.meta['wall_seconds']:.1f} s)")
+            done.append((result.out_dir / "eval.json", result.document))
+        if greedy and "data_source" in eval_config.group_by:
+            tabulate(done)

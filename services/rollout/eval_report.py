@@ -1,5 +1,6 @@
 """The reports of `searchr1 eval`: `eval.md` (Markdown tables), the rich table the command prints, and
-`write_outputs` (eval.json + eval.md), all from the summary `eval_stats.aggregate` builds.
+`write_outputs` (eval.json + eval.md), all from the summary `eval_stats.aggregate` builds; and Search-R1's
+Table 3 layout of one or more evaluations (`eval_stats.paper_table`) as Markdown and as a rich table.
 
 Reports show whatever group keys the summary has, in its order; nothing here names a dataset's fields.
 
@@ -13,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from searchr1.rollout.eval_stats import DEFAULT_GROUP_BY, METRICS, aggregate
+from searchr1.rollout.eval_stats import DEFAULT_GROUP_BY, METRICS, PaperTable, aggregate
 
 
 def _fmt(key: str, value: float | None) -> str:
@@ -106,4 +107,80 @@ def write_outputs(out_dir: str | Path, records: Sequence[Mapping[str, Any]], met
     tmp.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     tmp.replace(out / "eval.json")
     (out / "eval.md").write_text(markdown_report(summary, meta), encoding="utf-8")
+    return doc
+
+
+METRIC_NAMES = {"searchr1_em": "Search-R1 EM (qa_em.compute_score_em)", "em": "EM (exact_match)", "f1": "F1"}
+
+
+def _cells(table: PaperTable) -> list[list[str]]:
+    """Per row: label, one cell per column ("–" where the row lacks it), the average († over fewer sets)."""
+    out = []
+    for row in table.rows:
+        cells = [f"{row.scores[ds]:.3f}" if ds in row.scores else "–" for ds, _ in table.columns]
+        avg = "–" if row.average is None else f"{row.average:.3f}" + ("" if row.complete else "†")
+        out.append([row.label, *cells, avg])
+    return out
+
+
+def paper_table_note(table: PaperTable) -> str:
+    """The line under the table: metric, decoding, max_turns, questions per column, what † means."""
+    turns = sorted({r.max_turns for r in table.rows if r.max_turns is not None})
+    counts = {ds: sorted({r.questions[ds] for r in table.rows if ds in r.questions}) for ds, _ in table.columns}
+    sizes = ", ".join(f"{title} {'/'.join(map(str, counts[ds]))}" for ds, title in table.columns)
+    note = (f"{METRIC_NAMES[table.metric]} of the greedy trajectory; max_turns "
+            f"{'/'.join(map(str, turns)) or '?'}; Avg. = unweighted mean of the columns; questions: {sizes}.")
+    if not all(r.complete for r in table.rows):
+        note += " † over the test sets the row has."
+    return note
+
+
+def paper_table_markdown(table: PaperTable) -> str:
+    """Search-R1's Table 3 layout as Markdown: a row per model, a column per test set, Avg."""
+    head = ["Model", *(title for _, title in table.columns), "Avg."]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |" for cells in _cells(table)]
+    return "\n".join(lines) + "\n\n" + paper_table_note(table) + "\n"
+
+
+def paper_table_rich(table: PaperTable):
+    """The same table for the console."""
+    from rich.table import Table
+
+    out = Table(title=f"{METRIC_NAMES[table.metric]}, greedy", title_justify="left", caption=paper_table_note(table),
+                caption_justify="left", pad_edge=False)
+    out.add_column("Model", overflow="fold", min_width=12)
+    for _, title in table.columns:
+        out.add_column(title, justify="right", no_wrap=True)
+    out.add_column("Avg.", justify="right", no_wrap=True, style="bold")
+    for cells in _cells(table):
+        out.add_row(*cells)
+    return out
+
+
+def eval_labels(evals: Sequence[tuple[str | Path, Mapping[str, Any]]]) -> list[str]:
+    """A row label per (eval.json path, document): the evaluated model's directory name (`meta.model`),
+    with its parent's name when that is not unique, and the eval.json's folder when even that repeats."""
+    models = [str(doc.get("meta", {}).get("model") or Path(path).parent.name) for path, doc in evals]
+    labels = [Path(m).name or m for m in models]
+    if len(set(labels)) < len(labels):
+        labels = ["/".join(Path(m).parts[-2:]) for m in models]
+    if len(set(labels)) < len(labels):
+        labels = [f"{label} ({Path(path).parent.name})" for label, (path, _) in zip(labels, evals)]
+    return labels
+
+
+def read_eval(path: str | Path) -> dict[str, Any]:
+    """An `eval.json` (or the directory holding one); ValueError when it is missing or not one."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "eval.json"
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"{p}: no such eval.json") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{p}: not a readable eval.json ({exc})") from None
+    if not isinstance(doc, dict) or "summary" not in doc:
+        raise ValueError(f"{p}: not an eval.json of `searchr1 eval` (no summary)")
     return doc

@@ -6,6 +6,9 @@ which aggregate the same way). Which keys the table breaks down by is the caller
 `data_source` or any key of a question's metadata (`searchr1.core.datasets.Question.group_value`); this
 module knows no dataset's fields.
 
+`paper_table` lays several evaluations out as Search-R1's Table 3 (a row per model, a column per test
+set in the paper's order, the unweighted average), from their greedy trajectories.
+
 What this module does not do: run or score trajectories (`evaluate.py`) or render reports
 (`eval_report.py`).
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 DEFAULT_GROUP_BY: tuple[str, ...] = ("data_source",)
@@ -99,3 +103,76 @@ def aggregate(records: Sequence[GroupedRecord | Mapping[str, Any]],
             by[key] = {g: metrics_of(groups[g]) for g in sorted(groups)}
         out[mode] = {"overall": metrics_of(recs), "by": by}
     return out
+
+
+# ------------------------------------------------------------------------- Search-R1's Table 3 layout
+
+SEARCH_R1_TEST_SETS: tuple[tuple[str, str], ...] = (
+    ("nq", "NQ"), ("triviaqa", "TriviaQA"), ("popqa", "PopQA"), ("hotpotqa", "HotpotQA"),
+    ("2wikimultihopqa", "2Wiki"), ("musique", "Musique"), ("bamboogle", "Bamboogle"))
+"""Search-R1's seven test sets in its Table 3 order: (`data_source` as `searchr1 data fetch` writes it,
+column title). The first five are its general-QA and multi-hop in-domain/out-of-domain split."""
+
+TABLE_METRICS: tuple[str, ...] = ("searchr1_em", "em", "f1")
+"""Metrics a table may show; the default, `searchr1_em`, is the score Search-R1's Table 3 reports."""
+
+
+@dataclass(frozen=True)
+class TableRow:
+    """One evaluated model: its greedy score per test set, and their unweighted mean."""
+
+    label: str
+    scores: dict[str, float]
+    """`data_source` → greedy mean of the metric (only the test sets this evaluation has)."""
+    questions: dict[str, int]
+    """`data_source` → questions evaluated."""
+    average: float | None
+    """Unweighted mean over the table's columns this row has (as Search-R1's "Avg."; None: none)."""
+    complete: bool
+    """The row has every column of the table (else its average is over fewer test sets)."""
+    max_turns: int | None
+    """The evaluation's `max_turns` (None: not recorded)."""
+
+
+@dataclass(frozen=True)
+class PaperTable:
+    """Search-R1's Table 3 layout: a row per model, a column per test set, the average."""
+
+    metric: str
+    columns: tuple[tuple[str, str], ...]
+    """(`data_source`, title): Search-R1's seven in its order when present, then any other source by name."""
+    rows: tuple[TableRow, ...]
+
+
+def paper_table(evals: Sequence[tuple[str, Mapping[str, Any]]], metric: str = "searchr1_em") -> PaperTable:
+    """`(label, eval.json document)` pairs → the table of their greedy per-`data_source` scores. Raises
+    ValueError for an unknown metric, or a document without greedy trajectories or a `data_source`
+    breakdown (naming its label)."""
+    if metric not in TABLE_METRICS:
+        raise ValueError(f"metric must be one of {', '.join(TABLE_METRICS)}, got {metric!r}")
+    if not evals:
+        raise ValueError("no evaluations to tabulate")
+    per_eval: list[tuple[str, dict[str, Mapping[str, float]], Mapping[str, Any]]] = []
+    for label, doc in evals:
+        greedy = doc.get("summary", {}).get("greedy")
+        if greedy is None:
+            raise ValueError(f"{label}: no greedy trajectories (the table reports greedy decoding; "
+                             "evaluate with --greedy)")
+        by_source = greedy.get("by", {}).get("data_source")
+        if not by_source:
+            raise ValueError(f"{label}: no per-data_source breakdown (evaluate with --group-by data_source)")
+        per_eval.append((label, dict(by_source), doc.get("meta", {})))
+    known = [ds for ds, _ in SEARCH_R1_TEST_SETS]
+    present = {ds for _, by, _ in per_eval for ds in by}
+    titles = dict(SEARCH_R1_TEST_SETS)
+    columns = tuple((ds, titles[ds]) for ds in known if ds in present) + \
+        tuple((ds, ds) for ds in sorted(present - set(known)))
+    rows = []
+    for label, by, meta in per_eval:
+        scores = {ds: float(by[ds][metric]) for ds, _ in columns if ds in by}
+        turns = meta.get("max_turns")
+        rows.append(TableRow(
+            label=label, scores=scores, questions={ds: int(by[ds]["questions"]) for ds in scores},
+            average=math.fsum(scores.values()) / len(scores) if scores else None,
+            complete=len(scores) == len(columns), max_turns=turns if isinstance(turns, int) else None))
+    return PaperTable(metric, columns, tuple(rows))

@@ -31,6 +31,7 @@ worker's `render_prompt(question)` — identical for Search-R1's own data.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -67,7 +68,11 @@ def row_to_question(row: Mapping[str, Any], index: int) -> Question:
 
 
 def read_questions(path: str | Path, limit: int | None = None) -> list[Question]:
-    """Read a Search-R1 `.parquet` test set (unchanged) or our tasks `.jsonl`; the first `limit` rows."""
+    """Read a Search-R1 `.parquet` test set (unchanged) or our tasks `.jsonl`; the first `limit` rows.
+
+    Ids must be unique within a `data_source`. FlashRAG numbers several test sets' rows alike (`test_0`,
+    … in nq, triviaqa, bamboogle), so when ids repeat across sources every id becomes
+    `{data_source}/{id}`."""
     try:
         rows = read_rows(path, limit)
     except DatasetError as exc:
@@ -76,7 +81,9 @@ def read_questions(path: str | Path, limit: int | None = None) -> list[Question]
     if not questions:
         raise EvalDataError(f"{path}: no questions")
     if len({q.task_id for q in questions}) != len(questions):
-        raise EvalDataError(f"{path}: question ids are not unique")
+        if len({(q.data_source, q.task_id) for q in questions}) != len(questions):
+            raise EvalDataError(f"{path}: question ids are not unique within a data_source")
+        questions = [dataclasses.replace(q, task_id=f"{q.data_source}/{q.task_id}") for q in questions]
     return questions
 
 

@@ -1,17 +1,19 @@
 """Every run config under configs/ validates against the settings class of each table it holds (unknown
 keys and bad values are errors), and the Search-R1 paper configs (configs/searchr1-*.toml) agree with
-Search-R1 v0.2's hyperparameters and with their own [placement] table."""
+Search-R1 v0.2's hyperparameters and launch as their own [placement] table places them."""
 
 from __future__ import annotations
 
 import importlib
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 from searchr1.core.settings import load_settings, read_config_file
 from searchr1.launcher.placement import plan_placement
+from searchr1.launcher.specs import build_plan
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 SETTINGS = {
@@ -71,19 +73,27 @@ def test_paper_config_matches_search_r1_v02(config: Path, monkeypatch: pytest.Mo
 
 
 @pytest.mark.parametrize("config", PAPER, ids=lambda p: p.stem)
-def test_paper_config_launcher_follows_its_placement(config: Path, monkeypatch: pytest.MonkeyPatch):
+def test_paper_config_launches_as_its_placement(config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     placement = plan_placement(_load(SETTINGS["placement"], config, monkeypatch))
     launcher = _load(SETTINGS["launcher"], config, monkeypatch)
     rollout = _load(SETTINGS["rollout"], config, monkeypatch)
     retriever = _load(SETTINGS["retriever"], config, monkeypatch)
     learner = _load(SETTINGS["learner"], config, monkeypatch)
-    assert launcher.rollout.workers == len(placement.rollout)
-    worker_env = launcher.rollout.env["CUDA_VISIBLE_DEVICES"]
-    assert [worker_env.format(worker_index=i) for i in range(launcher.rollout.workers)] == \
-        [w.cuda_visible_devices for w in placement.rollout]
-    assert launcher.learner.env["CUDA_VISIBLE_DEVICES"] == placement.learner.cuda_visible_devices
-    assert launcher.retriever.env["CUDA_VISIBLE_DEVICES"] == placement.retriever.cuda_visible_devices
-    assert tuple(launcher.commands["learner"]) == (*placement.learner.command_prefix, "-m", "searchr1.cli")
+    # the placement alone places the processes: no hand-written GPU env, worker count or learner command
+    assert "CUDA_VISIBLE_DEVICES" not in {**launcher.rollout.env, **launcher.learner.env, **launcher.retriever.env}
+    assert "workers" not in launcher.rollout.model_fields_set and "learner" not in launcher.commands
+    plan = build_plan(launcher, config, tmp_path / "run")
+    assert plan.placement == placement
+    specs = {s.name: s for s in plan.specs}
+    assert [n for n in specs if n.startswith("rollout-")] == [w.name for w in placement.rollout]
+    for name, where in placement.by_name().items():
+        assert where.env.items() <= specs[name].env.items(), name
+    # torchrun (of the launcher's interpreter) with the placement's arguments
+    prefix = placement.learner.command_prefix
+    assert prefix[0] == "torchrun" and specs["learner"].argv[:len(prefix) + 4] == \
+        [sys.executable, "-m", "torch.distributed.run", *prefix[1:], "-m", "searchr1.cli"]
+    assert not [p for p in plan.problems if "placement" in p]
+    # the services' own tables agree with what the placement sets through their env
     env = placement.rollout[0].env
     assert str(rollout.engine.tensor_parallel_size) == env["ROLLOUT_ENGINE__TENSOR_PARALLEL_SIZE"]
     assert str(rollout.engine.gpu_memory_utilization) == env["ROLLOUT_ENGINE__GPU_MEMORY_UTILIZATION"]
