@@ -70,7 +70,8 @@ def up(
         plan, console=console, grace_period_s=settings.grace_period_s,
         log_tail_lines=settings.log_tail_lines, die_with_launcher=settings.die_with_launcher,
         collector=collector, status_refresh_s=settings.status.refresh_s,
-        status_plain_interval_s=settings.status.plain_interval_s, verbose=verbose,
+        status_plain_interval_s=settings.status.plain_interval_s,
+        status_plain_every_percent=settings.status.plain_every_percent, verbose=verbose,
         total_steps=total_steps(config))
     raise typer.Exit(asyncio.run(supervisor.run()))
 

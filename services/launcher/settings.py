@@ -86,7 +86,11 @@ class StatusSettings(Section):
     refresh_s: float = Field(default=1.0, gt=0, le=600)
     """How often the status numbers are collected (and the live line redrawn on a terminal)."""
     plain_interval_s: float = Field(default=15.0, gt=0, le=3600)
-    """When output is not a terminal, print the status as a plain line this often."""
+    """When output is not a terminal, print the status as a plain line this often (when the run's step
+    total is unknown or `plain_every_percent` is 0)."""
+    plain_every_percent: float = Field(default=5.0, ge=0, le=100)
+    """When output is not a terminal and the step total is known, print the status line each time training
+    advances by this share of the total (5: about 20 lines per run, however long it takes)."""
     jsonl_keys: dict[str, list[str]] = Field(default_factory=lambda: {
         "step": ["step", "global_step"],
         "reward_mean": ["reward_mean", "reward/mean", "critic/score/mean", "reward"],

@@ -27,9 +27,7 @@ import json
 import os
 import shlex
 import signal
-import sys
 import time
-from dataclasses import dataclass, field
 from itertools import groupby
 
 from rich.console import Console
@@ -37,68 +35,20 @@ from rich.console import Console
 from searchr1.core.aio import stop_task
 from searchr1.launcher.health import check_all
 from searchr1.launcher.logs import LogMux, tail
+from searchr1.launcher.processes import (
+    Running,
+    exit_code_of,
+    group_alive,
+    pdeathsig_preexec,
+    signal_group,
+)
 from searchr1.launcher.specs import LaunchPlan, ProcessSpec
 from searchr1.launcher.status import StatusCollector, render_status
-from searchr1.launcher.view import LiveView
+from searchr1.launcher.view import LiveView, PlainCadence
 
 EXIT_FAILED = 1
 EXIT_REFUSED = 2
 POLL_S = 0.2
-
-
-def exit_code_of(returncode: int) -> int:
-    """A shell-style exit code: a negative returncode (-n, killed by signal n) becomes 128+n."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
-def _pdeathsig_preexec():
-    """A preexec_fn asking the kernel to SIGTERM the child when the launcher dies (Linux only)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        import ctypes
-
-        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def _set() -> None:
-        prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # the launcher died between fork and prctl
-            os._exit(1)
-
-    return _set
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # pragma: no cover - a member we cannot signal still exists
-        return True
-    return True
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-@dataclass
-class Running:
-    """A started process."""
-
-    spec: ProcessSpec
-    proc: asyncio.subprocess.Process
-    started_at: float
-    pumps: list[asyncio.Task] = field(default_factory=list)
-    waiter: asyncio.Task | None = None
-
-    @property
-    def returncode(self) -> int | None:
-        return self.proc.returncode
 
 
 class Stop(Exception):
@@ -118,8 +68,8 @@ class Supervisor:
     def __init__(self, plan: LaunchPlan, *, console: Console, grace_period_s: float = 10.0,
                  log_tail_lines: int = 20, die_with_launcher: bool = True,
                  collector: StatusCollector | None = None, status_refresh_s: float = 1.0,
-                 status_plain_interval_s: float = 15.0, verbose: bool = False, title: str = "searchr1 up",
-                 total_steps: int | None = None) -> None:
+                 status_plain_interval_s: float = 15.0, status_plain_every_percent: float = 0.0,
+                 verbose: bool = False, title: str = "searchr1 up", total_steps: int | None = None) -> None:
         self.plan = plan
         self.console = console
         self.grace_period_s = grace_period_s
@@ -127,7 +77,7 @@ class Supervisor:
         self.die_with_launcher = die_with_launcher
         self.collector = collector
         self.status_refresh_s = status_refresh_s
-        self.status_plain_interval_s = status_plain_interval_s
+        self.plain_cadence = PlainCadence(status_plain_interval_s, status_plain_every_percent, total_steps)
         self.verbose = verbose
         self.mux = LogMux(console, plan.log_dir, [s.name for s in plan.specs], verbose=verbose)
         self.view = LiveView(console, title, total_steps)
@@ -221,7 +171,7 @@ class Supervisor:
             proc = await asyncio.create_subprocess_exec(
                 *spec.argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True,
-                preexec_fn=_pdeathsig_preexec() if self.die_with_launcher else None,
+                preexec_fn=pdeathsig_preexec() if self.die_with_launcher else None,
             )
         except OSError as exc:
             raise Stop(EXIT_FAILED, f"cannot start {spec.name}: {exc}") from exc
@@ -358,18 +308,18 @@ class Supervisor:
         deadline = time.monotonic() + (0.0 if self._force.is_set() else self.grace_period_s)
         if run.returncode is None:
             self.mux.say(f"stopping {name} (SIGTERM)")
-            _signal_group(pgid, signal.SIGTERM)
+            signal_group(pgid, signal.SIGTERM)
             if not await self._wait_or_force(run.proc.wait(), deadline):
                 self.mux.say(f"{name} still running after {self.grace_period_s:.0f}s: SIGKILL", "yellow")
-                _signal_group(pgid, signal.SIGKILL)
+                signal_group(pgid, signal.SIGKILL)
                 await run.proc.wait()
         # the leader is gone; its process group (children it started) must go too
-        if _group_alive(pgid):
-            _signal_group(pgid, signal.SIGTERM)
-            while _group_alive(pgid) and time.monotonic() < deadline and not self._force.is_set():
+        if group_alive(pgid):
+            signal_group(pgid, signal.SIGTERM)
+            while group_alive(pgid) and time.monotonic() < deadline and not self._force.is_set():
                 await asyncio.sleep(0.05)
-            if _group_alive(pgid):
-                _signal_group(pgid, signal.SIGKILL)
+            if group_alive(pgid):
+                signal_group(pgid, signal.SIGKILL)
         if run.waiter is not None:
             await run.waiter
         await self._drain(name)
@@ -391,7 +341,6 @@ class Supervisor:
     # ---------------------------------------------------------------- status line, process table
     async def _status_loop(self) -> None:
         assert self.collector is not None
-        last_plain = 0.0
         while not self._status_halt.is_set():  # a cancel can be lost in a Redis call (core.aio)
             try:
                 async with asyncio.timeout(max(2.0, self.status_refresh_s)):
@@ -401,8 +350,7 @@ class Supervisor:
             if snap is not None:
                 line = self.last_status = render_status(snap)
                 self.view.update(snap.step, line)
-                if not self.view.active and time.monotonic() - last_plain >= self.status_plain_interval_s:
-                    last_plain = time.monotonic()
+                if not self.view.active and self.plain_cadence.due(snap.step, time.monotonic()):
                     progress = self.view.plain_progress(snap.step)
                     self.mux.say(f"status: {line}" + (f"  [{progress}]" if progress else ""), "bold")
             await asyncio.sleep(self.status_refresh_s)

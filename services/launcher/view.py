@@ -2,8 +2,9 @@
 status line. Log lines print above it; it is transient, so a finished run leaves only those lines.
 
 On a terminal it redraws in place (`rich.live.Live`). Elsewhere (a pipe, CI) it draws nothing and the
-supervisor prints the status line every `plain_interval_s` instead, with `progress_text`'s step count and
-ETA in front. `eta_s` and `progress_text` are pure.
+supervisor prints the status line as a plain line instead when `PlainCadence` says (every
+`plain_every_percent` of the run's steps, else every `plain_interval_s`), with `progress_text`'s step
+count and ETA after it. `eta_s` and `progress_text` are pure.
 """
 
 from __future__ import annotations
@@ -67,6 +68,27 @@ class StepPace:
             else:
                 self.seconds_per_step = (now - self._anchor[1]) / (step - self._anchor[0])
         self._last = step
+
+
+class PlainCadence:
+    """When a plain (non-terminal) console gets the next status line: each time training advances by
+    `every_percent` of `total_steps` (so a run prints about 100/`every_percent` lines however long it takes),
+    or, with no step total or `every_percent` 0, every `interval_s` seconds."""
+
+    def __init__(self, interval_s: float, every_percent: float, total_steps: int | None) -> None:
+        self.interval_s = interval_s
+        self.every = total_steps * every_percent / 100 if total_steps and every_percent > 0 else None
+        self._last_t: float | None = None
+        self._last_step: float | None = None
+
+    def due(self, step: float | None, now: float) -> bool:
+        if self.every is None or step is None:
+            due = self._last_t is None or now - self._last_t >= self.interval_s
+        else:
+            due = self._last_step is None or step - self._last_step >= self.every
+        if due:
+            self._last_t, self._last_step = now, step
+        return due
 
 
 class LiveView:

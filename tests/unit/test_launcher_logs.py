@@ -19,7 +19,7 @@ from searchr1.launcher.logs import (
     tail,
     worth_showing,
 )
-from searchr1.launcher.supervisor import exit_code_of
+from searchr1.launcher.processes import exit_code_of
 
 
 def test_split_lines_keeps_the_unfinished_rest():

@@ -91,3 +91,22 @@ def test_total_steps_of_a_missing_or_broken_config(tmp_path):
     assert total_steps(tmp_path / "missing.toml") is None
     (tmp_path / "bad.toml").write_text("[learner\n")
     assert total_steps(tmp_path / "bad.toml") is None
+
+
+def test_plain_cadence_prints_every_share_of_the_run_whatever_its_pace():
+    from searchr1.launcher.view import PlainCadence
+
+    cadence = PlainCadence(interval_s=15.0, every_percent=5.0, total_steps=100)
+    # one snapshot a second for 400 s, one step every 2 s: 5% (5 steps) apart, not every 15 s
+    printed = [t for t in range(400) if cadence.due(t / 2 if t < 200 else 100.0, float(t))]
+    steps = [t / 2 for t in printed]
+    assert steps == [0.0] + [5.0 * k for k in range(1, 21)]
+
+
+def test_plain_cadence_falls_back_to_time_without_a_step_total():
+    from searchr1.launcher.view import PlainCadence
+
+    cadence = PlainCadence(interval_s=15.0, every_percent=5.0, total_steps=None)
+    assert [t for t in range(0, 50) if cadence.due(float(t), float(t))] == [0, 15, 30, 45]
+    by_time = PlainCadence(interval_s=10.0, every_percent=0.0, total_steps=100)
+    assert [t for t in range(0, 35) if by_time.due(None, float(t))] == [0, 10, 20, 30]
