@@ -103,7 +103,8 @@ def test_compose_up_trains_and_every_target_is_scraped(tmp_path):
                 versions = _values(prom_port, "searchr1_rollout_weight_version")
                 up = _values(prom_port, "up")
                 if (steps and max(steps.values()) >= STEPS and len(versions) == WORKERS
-                        and min(versions.values()) >= 1):
+                        and min(versions.values()) >= 1 and len(up) == sum(TARGETS.values())
+                        and min(up.values()) == 1):
                     break
                 time.sleep(10)
             timings["train"] = time.monotonic() - t0 - sum(timings.values())
