@@ -47,6 +47,9 @@ RUN pip install --no-deps --no-build-isolation . \
     && python -c "import searchr1.cli, torch; print('torch', torch.__version__)"
 
 FROM ${BASE_IMAGE} AS runtime
+# vLLM's CPU kernels link libnuma. DL3008: the base's Debian release pins the version.
+# hadolint ignore=DL3008
+RUN apt-get update && apt-get install -y --no-install-recommends libnuma1 && rm -rf /var/lib/apt/lists/*
 # DL3064: TOKENIZERS_PARALLELISM is a switch, not a secret.
 # hadolint ignore=DL3064
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 HF_HUB_OFFLINE=1 \

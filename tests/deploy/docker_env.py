@@ -17,10 +17,12 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-BASE_IMAGE = "searchr1-base:bookworm"
+BASE_IMAGE = "searchr1-base:bookworm-minbase"
 IMAGE = "searchr1:cpu"
 PROMETHEUS_IMAGE = "searchr1-test-prometheus:latest"
 BASE_PACKAGES = "python3,python3-venv,ca-certificates,redis-server,wget"
+"""On top of minbase (apt included, like the slim images): Python 3.11, and Redis and wget for the
+Redis and Prometheus containers."""
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
 
@@ -91,12 +93,12 @@ def image_exists(env: dict, image: str) -> bool:
 
 
 def build_base(env: dict, log: Path) -> None:
-    """Debian bookworm (Python 3.11) as an image, without a registry."""
+    """Debian bookworm (Python 3.11, apt) as an image, without a registry."""
     if image_exists(env, BASE_IMAGE):
         return
     with tempfile.TemporaryDirectory() as tmp:
         tar = Path(tmp) / "rootfs.tar"
-        run(["mmdebstrap", "--variant=essential", f"--include={BASE_PACKAGES}", "bookworm", str(tar),
+        run(["mmdebstrap", "--variant=minbase", f"--include={BASE_PACKAGES}", "bookworm", str(tar),
              debian_mirror()], log=log, timeout=900)
         run(["docker", "import", "-c", "ENV LANG=C.UTF-8", str(tar), BASE_IMAGE], env=env, log=log)
 
