@@ -24,6 +24,8 @@ BASE_PACKAGES = "python3,python3-venv,ca-certificates,redis-server,wget"
 """On top of minbase (apt included, like the slim images): Python 3.11, and Redis and wget for the
 Redis and Prometheus containers."""
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+DOCKER = "/usr/bin/docker" if Path("/usr/bin/docker").is_file() else (shutil.which("docker") or "docker")
+"""The CLI of Debian's docker.io (its built-in BuildKit needs no buildx plugin), else the one on PATH."""
 
 
 def run(argv: list[str], *, env: dict | None = None, timeout: float = 1800, cwd: Path | None = None,
@@ -49,7 +51,7 @@ def docker_daemon(workdir: Path):
     """Yield an environment whose DOCKER_HOST answers. Starts dockerd under `workdir` (stopped by PID on
     exit) unless a daemon already answers on the default socket."""
     env = dict(os.environ)
-    if subprocess.run(["docker", "info"], capture_output=True, check=False).returncode == 0:
+    if subprocess.run([DOCKER, "info"], capture_output=True, check=False).returncode == 0:
         yield env
         return
     sock = workdir / "docker.sock"
@@ -60,7 +62,7 @@ def docker_daemon(workdir: Path):
     env["DOCKER_HOST"] = f"unix://{sock}"
     try:
         deadline = time.monotonic() + 120
-        while subprocess.run(["docker", "info"], env=env, capture_output=True, check=False).returncode != 0:
+        while subprocess.run([DOCKER, "info"], env=env, capture_output=True, check=False).returncode != 0:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"dockerd did not start: {(workdir / 'dockerd.log').read_text()[-3000:]}")
             time.sleep(1)
@@ -88,7 +90,7 @@ def debian_mirror() -> str:
 
 
 def image_exists(env: dict, image: str) -> bool:
-    return subprocess.run(["docker", "image", "inspect", image], env=env, capture_output=True,
+    return subprocess.run([DOCKER, "image", "inspect", image], env=env, capture_output=True,
                           check=False).returncode == 0
 
 
@@ -100,7 +102,7 @@ def build_base(env: dict, log: Path) -> None:
         tar = Path(tmp) / "rootfs.tar"
         run(["mmdebstrap", "--variant=minbase", f"--include={BASE_PACKAGES}", "bookworm", str(tar),
              debian_mirror()], log=log, timeout=900)
-        run(["docker", "import", "-c", "ENV LANG=C.UTF-8", str(tar), BASE_IMAGE], env=env, log=log)
+        run([DOCKER, "import", "-c", "ENV LANG=C.UTF-8", str(tar), BASE_IMAGE], env=env, log=log)
 
 
 def build_image(env: dict, root: Path, log: Path) -> None:
@@ -110,7 +112,7 @@ def build_image(env: dict, root: Path, log: Path) -> None:
     found = subprocess.run([sys.executable, "-m", "pip", "download", "--no-index", "--no-deps", "-q", "-d", str(wheels),
                             "torch==2.13.0+cpu"], capture_output=True, check=False)
     del found  # without it, the Dockerfile falls back to PyTorch's CPU index
-    argv = ["docker", "build", "--build-arg", f"BASE_IMAGE={BASE_IMAGE}", "-t", IMAGE]
+    argv = [DOCKER, "build", "--build-arg", f"BASE_IMAGE={BASE_IMAGE}", "-t", IMAGE]
     if CA_BUNDLE.is_file():
         argv += ["--secret", f"id=cacert,src={CA_BUNDLE}"]
     run([*argv, str(root)], env={**env, "DOCKER_BUILDKIT": "1"}, log=log, timeout=3600)
@@ -123,4 +125,4 @@ def build_prometheus(env: dict, log: Path) -> None:
         (Path(tmp) / "Dockerfile").write_text(
             f"FROM {BASE_IMAGE}\nCOPY prometheus /bin/prometheus\nRUN mkdir -p /prometheus\n"
             'ENTRYPOINT ["/bin/prometheus"]\n')
-        run(["docker", "build", "-t", PROMETHEUS_IMAGE, tmp], env={**env, "DOCKER_BUILDKIT": "1"}, log=log)
+        run([DOCKER, "build", "-t", PROMETHEUS_IMAGE, tmp], env={**env, "DOCKER_BUILDKIT": "1"}, log=log)
