@@ -294,6 +294,8 @@ def test_compose_is_safe_and_reachable():
         assert deps["init"] == {"condition": "service_completed_successfully"}
         assert "container_name" not in services[name]
     assert services["rollout"]["depends_on"]["retriever"] == {"condition": "service_healthy"}
+    for name in ("rollout", "rollout-gpu"):  # vLLM needs more than Docker's 64 MiB /dev/shm
+        assert services[name]["shm_size"] == "1gb", name
 
 
 def test_prometheus_discovers_compose_services_by_dns():
