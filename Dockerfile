@@ -47,9 +47,13 @@ RUN pip install --no-deps --no-build-isolation . \
     && python -c "import searchr1.cli, torch; print('torch', torch.__version__)"
 
 FROM ${BASE_IMAGE} AS runtime
-# vLLM's CPU kernels link libnuma. DL3008: the base's Debian release pins the version.
-# hadolint ignore=DL3008
-RUN apt-get update && apt-get install -y --no-install-recommends libnuma1 && rm -rf /var/lib/apt/lists/*
+# vLLM's CPU kernels link libnuma, and torch's inductor (vLLM's compiled CPU graphs) compiles C++ at run
+# time: g++ and the Python headers (a Debian-Python base has none). DL3008: the base's release pins them.
+# hadolint ignore=DL3008,SC2086
+RUN set -eu; pkgs="libnuma1 g++"; \
+    python3 -c "import os, sysconfig; assert os.path.exists(sysconfig.get_paths()['include'] + '/Python.h')" \
+      2>/dev/null || pkgs="$pkgs libpython3-dev"; \
+    apt-get update && apt-get install -y --no-install-recommends $pkgs && rm -rf /var/lib/apt/lists/*
 # DL3064: TOKENIZERS_PARALLELISM is a switch, not a secret.
 # hadolint ignore=DL3064
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 HF_HUB_OFFLINE=1 \
