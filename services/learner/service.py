@@ -427,7 +427,7 @@ async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = No
             await http.start()
             publisher.base_url = f"http://{settings.weights.public_host or settings.weights.host}:{http.port}"
         if settings.metrics_port is not None:
-            metrics_server = start_metrics_server(metrics.registry, port=settings.metrics_port)
+            metrics_server = start_metrics_server(metrics.registry, settings.metrics_host, settings.metrics_port)
     learner = Learner(settings, training, Checkpointer(settings.checkpoint.dir, settings.checkpoint.keep, info),
                       publisher, metrics, step_log, redis=redis, info=info)
     try:

@@ -237,6 +237,8 @@ class LearnerSettings(ServiceSettings):
     """torch intra-op threads on CPU (0 = torch's default)."""
     log_dir: Path = Path("logs")
     """JSONL step log goes to `log_dir/{run}.jsonl`."""
+    metrics_host: str = Field(default="127.0.0.1", min_length=1)
+    """Host the /metrics endpoint binds (loopback unless told otherwise; 0.0.0.0 in a container)."""
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     """Prometheus /metrics port (None = not served)."""
     consumer: str = Field(default="learner-0", min_length=1)
