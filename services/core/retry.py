@@ -66,10 +66,19 @@ def retrying(
     deadline_s: float | None = None,
     retry_if: Callable[[BaseException], bool] = is_transient,
     before_sleep: Callable[[RetryCallState], None] | None = None,
+    on_retry: Callable[[BaseException], None] | None = None,
 ) -> AsyncRetrying:
     """An async attempt loop: at most `retries + 1` attempts, retrying the exceptions `retry_if` accepts
     after an equal-jitter exponential backoff from `backoff_s`; with `deadline_s`, no retry starts whose
-    backoff would end past `deadline_s` from the first attempt. The last exception is re-raised as is."""
+    backoff would end past `deadline_s` from the first attempt. The last exception is re-raised as is.
+    `on_retry(exc)` (or tenacity's `before_sleep(state)`) is called before each backoff."""
+    if on_retry is not None:
+        if before_sleep is not None:
+            raise ValueError("give on_retry or before_sleep, not both")
+
+        def before_sleep(state: RetryCallState) -> None:
+            on_retry(state.outcome.exception())
+
     if retries < 0 or backoff_s < 0 or max_backoff_s < 0:
         raise ValueError("retries, backoff_s and max_backoff_s must be >= 0")
     stop = stop_after_attempt(retries + 1)

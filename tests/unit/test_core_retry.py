@@ -79,3 +79,16 @@ def test_transient_classification():
     assert not is_transient(ValueError("x"))
     assert [c for c in (200, 400, 401, 404, 422, 429, 500, 502, 503) if is_transient_http_status(c)] == [429, 500,
                                                                                                           502, 503]
+
+
+async def test_on_retry_sees_each_retried_exception():
+    seen: list[BaseException] = []
+    calls = 0
+    async for attempt in retrying(retries=3, backoff_s=0.0, on_retry=seen.append):
+        with attempt:
+            calls += 1
+            if calls < 3:
+                raise ConnectionError(f"down {calls}")
+    assert calls == 3 and [str(e) for e in seen] == ["down 1", "down 2"]
+    with pytest.raises(ValueError, match="not both"):
+        retrying(retries=1, backoff_s=0.0, on_retry=seen.append, before_sleep=lambda s: None)

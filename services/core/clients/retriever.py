@@ -136,17 +136,10 @@ class RetrieverClient:
         start = next(self._rr)
         attempts = itertools.count()
         address = self.addresses[start % len(self.addresses)]
-        before_sleep = None
-        if self.on_retry is not None:
-            on_retry = self.on_retry
-
-            def before_sleep(state) -> None:
-                on_retry(state.outcome.exception())
-
         try:
             async for attempt in retrying(retries=self.retries, backoff_s=self.backoff_s,
                                           max_backoff_s=self.max_backoff_s, deadline_s=self.deadline_s,
-                                          before_sleep=before_sleep):
+                                          on_retry=self.on_retry):
                 with attempt:
                     # a retry goes to the next replica
                     address = self.addresses[(start + next(attempts)) % len(self.addresses)]

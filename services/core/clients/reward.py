@@ -210,17 +210,10 @@ class RewardClient:
         deadline_s = self.deadline_s if deadline_s is None else deadline_s
         end = None if deadline_s is None else time.monotonic() + deadline_s
         attempts = 0
-        before_sleep = None
-        if self.on_retry is not None:
-            on_retry = self.on_retry
-
-            def before_sleep(state) -> None:
-                on_retry(state.outcome.exception())
-
         try:
             async for attempt in retrying(retries=self.retries, backoff_s=self.backoff_s,
                                           max_backoff_s=self.max_backoff_s, deadline_s=deadline_s,
-                                          before_sleep=before_sleep):
+                                          on_retry=self.on_retry):
                 with attempt:
                     timeout = self.timeout_s if end is None else min(self.timeout_s, end - time.monotonic())
                     if timeout <= 0:
