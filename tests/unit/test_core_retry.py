@@ -88,7 +88,7 @@ async def test_on_retry_sees_each_retried_exception():
         with attempt:
             calls += 1
             if calls < 3:
-                raise ConnectionError(f"down {calls}")
+                raise httpx.ConnectError(f"down {calls}")
     assert calls == 3 and [str(e) for e in seen] == ["down 1", "down 2"]
     with pytest.raises(ValueError, match="not both"):
         retrying(retries=1, backoff_s=0.0, on_retry=seen.append, before_sleep=lambda s: None)
