@@ -49,11 +49,12 @@ from searchr1.learner.model import (
     load_reference,
     resolve_device,
 )
+from searchr1.learner.optim import build_optimizer
 from searchr1.learner.publisher import WeightPublisher
 from searchr1.learner.sampling import temperature_mismatch
 from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.staleness import Dropped, StalenessPolicy
-from searchr1.learner.trainer import Trainer, build_optimizer
+from searchr1.learner.trainer import Trainer
 
 log = logging.getLogger("searchr1.learner")
 

@@ -12,9 +12,9 @@ from searchr1.core.schemas import Task, Trajectory, TrajectoryGroup
 from searchr1.learner.batch import build_batch, micro_batches, shard_rows
 from searchr1.learner.checkpoint import Checkpointer, TrainState
 from searchr1.learner.model import DistInfo, forward_logprobs
+from searchr1.learner.optim import lr_lambda
 from searchr1.learner.service import build_training
 from searchr1.learner.settings import LearnerSettings
-from searchr1.learner.trainer import lr_lambda
 from tests.support.synthetic import synthetic_group, tiny_qwen2
 
 torch.set_num_threads(1)
