@@ -15,18 +15,27 @@ Departure from Search-R1: Search-R1 (veRL's hybrid engine) puts the actor, refer
 every GPU in turn; here the rollout workers and the learner are separate processes that may run side by
 side on disjoint GPUs (the default) or share them (`colocate`, with vLLM's memory fraction leaving the
 rest to FSDP). What it does not do: start processes or pick free ports (`searchr1.launcher.specs`).
+
+`k8s_placement_patch` writes the same placement as a kustomize patch (deploy/k8s/overlays/gpu/placement.yaml:
+`python -m searchr1.launcher.placement configs/searchr1-3b-grpo.toml`): one rollout replica per vLLM worker
+with `nvidia.com/gpu` = its tensor-parallel size, the learner with one GPU per rank under the same torchrun
+prefix, the retriever on one GPU or none. `CUDA_VISIBLE_DEVICES` is left out there: the device plugin
+gives each container its GPUs, numbered from 0.
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
+import yaml
 from pydantic import Field, model_validator
 
 from searchr1.core.settings import Section, ServiceSettings
 
-__all__ = ["PlacementError", "PlacementSettings", "Placement", "ProcessPlacement", "plan_placement"]
+__all__ = ["PlacementError", "PlacementSettings", "Placement", "ProcessPlacement", "plan_placement",
+           "k8s_placement_patch"]
 
 
 class PlacementError(ValueError):
@@ -189,3 +198,73 @@ def plan_placement(s: PlacementSettings) -> Placement:
         retriever = ProcessPlacement("retriever", (), {"CUDA_VISIBLE_DEVICES": "", "RETRIEVER_SEARCH__DEVICE": "cpu",
                                                        "RETRIEVER_SEARCH__FAISS_GPU": "false"})
     return Placement(tuple(rollout), learner, retriever)
+
+
+_GPU_NODE: dict[str, Any] = {
+    "nodeSelector": {"nvidia.com/gpu.present": "true"},
+    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+}
+LEARNER_SHM = "8Gi"
+"""Size of the learner pod's /dev/shm when it runs more than one rank (NCCL's shared-memory transport)."""
+
+
+def _k8s_env(p: ProcessPlacement) -> list[dict[str, str]]:
+    return [{"name": k, "value": v} for k, v in p.env.items() if k != "CUDA_VISIBLE_DEVICES"]
+
+
+def _k8s_workload(kind: str, name: str, replicas: int | None, container: dict[str, Any],
+                  pod: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = {} if replicas is None else {"replicas": replicas}
+    spec["template"] = {"spec": {**pod, "containers": [{"name": name, **container}]}}
+    return {"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": name}, "spec": spec}
+
+
+def k8s_placement_patch(s: PlacementSettings, source: str = "") -> str:
+    """The kustomize strategic-merge patch (multi-document YAML) that places the rollout Deployment, its
+    autoscaler, the learner StatefulSet and the retriever Deployment as `plan_placement(s)` does on one node.
+    `source`: the config named in the header comment."""
+    p = plan_placement(s)
+    workers, tp = len(p.rollout), s.rollout.tensor_parallel_size
+    first = p.rollout[0]
+    rollout_env = [e for e in _k8s_env(first) if e["name"] != "VLLM_PORT"]
+    if s.rollout.vllm_port is not None:  # each pod has its own network: every worker takes the first port
+        rollout_env.append({"name": "VLLM_PORT", "value": str(s.rollout.vllm_port)})
+    ranks = len(p.learner.gpus)
+    learner: dict[str, Any] = {
+        "command": [*p.learner.command_prefix, "-m", "searchr1.cli"],
+        "env": _k8s_env(p.learner),
+        "resources": {"limits": {"nvidia.com/gpu": ranks}},
+    }
+    learner_pod: dict[str, Any] = dict(_GPU_NODE)
+    if ranks > 1:
+        learner["volumeMounts"] = [{"name": "shm", "mountPath": "/dev/shm"}]
+        learner_pod["volumes"] = [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": LEARNER_SHM}}]
+    retriever: dict[str, Any] = {"env": _k8s_env(p.retriever)}
+    retriever_pod: dict[str, Any] = {}
+    if p.retriever.gpus:
+        retriever["resources"] = {"limits": {"nvidia.com/gpu": 1}}
+        retriever_pod = dict(_GPU_NODE)
+    docs = [
+        _k8s_workload("Deployment", "rollout", workers,
+                      {"env": rollout_env, "resources": {"limits": {"nvidia.com/gpu": tp}}}, dict(_GPU_NODE)),
+        {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": {"name": "rollout"},
+         "spec": {"minReplicas": workers, "maxReplicas": workers}},
+        _k8s_workload("StatefulSet", "learner", None, learner, learner_pod),
+        _k8s_workload("Deployment", "retriever", 1, retriever, retriever_pod),
+    ]
+    rgpus = " | ".join(w.cuda_visible_devices for w in p.rollout)
+    head = (f"# Generated from the [placement] table of {source or 'a run config'} by\n"
+            f"#   python -m searchr1.launcher.placement {source or '<config>'}\n"
+            f"# {workers} vLLM worker(s) (GPUs {rgpus} under `searchr1 up`), {tp} GPU(s) each; the learner's "
+            f"{ranks} FSDP rank(s) under torchrun;\n# the retriever on "
+            f"{'one GPU' if p.retriever.gpus else 'CPU'}. Edit the config and regenerate; do not edit by hand.\n")
+    body = "---\n".join(yaml.safe_dump(d, sort_keys=False, default_flow_style=None, width=110) for d in docs)
+    return head + body
+
+
+if __name__ == "__main__":
+    from searchr1.core.settings import load_settings
+
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m searchr1.launcher.placement <run config with a [placement] table>")
+    sys.stdout.write(k8s_placement_patch(load_settings(PlacementSettings, sys.argv[1]), sys.argv[1]))

@@ -1,0 +1,155 @@
+"""The Kubernetes `gpu` overlay places the services as `searchr1 up` does with configs/searchr1-3b-grpo.toml.
+
+The overlay's placement.yaml is the output of `k8s_placement_patch` for that config's `[placement]` table
+(byte for byte), and the rendered overlay (`kubectl kustomize`) agrees with `plan_placement`: rollout
+replicas and the autoscaler's bounds = vLLM workers, GPUs per worker = tensor-parallel size, the vLLM
+memory fraction, the learner's GPU count and torchrun command, the retriever's device. Strict schema
+validation of the overlay is tests/unit/test_deploy.py's.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from searchr1.core.settings import load_settings
+from searchr1.launcher.placement import (
+    LEARNER_SHM,
+    PlacementSettings,
+    k8s_placement_patch,
+    plan_placement,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = "configs/searchr1-3b-grpo.toml"
+OVERLAY = ROOT / "deploy/k8s/overlays/gpu"
+
+
+@pytest.fixture(scope="module")
+def settings() -> PlacementSettings:
+    return load_settings(PlacementSettings, ROOT / CONFIG)
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[tuple[str, str], dict]:
+    kubectl = shutil.which("kubectl") or shutil.which("kubectl", path=str(Path(sys.executable).parent))
+    if not kubectl:
+        pytest.skip("kubectl is not installed (dev extra)")
+    done = subprocess.run([kubectl, "kustomize", str(OVERLAY)], capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    return {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(done.stdout) if d}
+
+
+def _container(doc: dict) -> dict:
+    (c,) = doc["spec"]["template"]["spec"]["containers"]
+    return c
+
+
+def _env(container: dict) -> dict[str, str]:
+    return {e["name"]: e.get("value") for e in container.get("env", [])}
+
+
+def _placed_env(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k not in ("CUDA_VISIBLE_DEVICES", "VLLM_PORT")}
+
+
+def test_placement_patch_is_generated_from_the_config(settings):
+    expected = k8s_placement_patch(settings, CONFIG)
+    assert (OVERLAY / "placement.yaml").read_text() == expected, (
+        f"deploy/k8s/overlays/gpu/placement.yaml is stale: python -m searchr1.launcher.placement {CONFIG} "
+        "> deploy/k8s/overlays/gpu/placement.yaml")
+    assert CONFIG in (OVERLAY / "kustomization.yaml").read_text().split("apiVersion")[0]
+
+
+def test_rollout_matches_the_placement(settings, rendered):
+    plan = plan_placement(settings)
+    workers = len(plan.rollout)
+    assert workers == 3
+    deploy = rendered[("Deployment", "rollout")]
+    assert deploy["spec"]["replicas"] == workers
+    hpa = rendered[("HorizontalPodAutoscaler", "rollout")]["spec"]
+    assert hpa["minReplicas"] == hpa["maxReplicas"] == workers
+    c = _container(deploy)
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == settings.rollout.tensor_parallel_size
+    assert all(len(w.gpus) == settings.rollout.tensor_parallel_size for w in plan.rollout)
+    env = _env(c)
+    for w in plan.rollout:
+        assert _placed_env(w.env).items() <= env.items(), w.name
+    assert float(env["ROLLOUT_ENGINE__GPU_MEMORY_UTILIZATION"]) == settings.rollout.gpu_memory_utilization
+    assert "CUDA_VISIBLE_DEVICES" not in env
+    assert env.get("VLLM_PORT") == (None if settings.rollout.vllm_port is None else str(settings.rollout.vllm_port))
+
+
+def test_learner_runs_its_ranks_under_torchrun(settings, rendered):
+    learner = plan_placement(settings).learner
+    doc = rendered[("StatefulSet", "learner")]
+    c = _container(doc)
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == len(learner.gpus) == 4
+    assert c["command"] == [*learner.command_prefix, "-m", "searchr1.cli"]
+    i = c["command"].index("--nproc_per_node")
+    assert c["command"][i + 1] == str(len(learner.gpus))
+    assert c["command"][c["command"].index("--master_port") + 1] == str(settings.learner.master_port)
+    assert c["args"][0] == "train"
+    env = _env(c)
+    assert _placed_env(learner.env).items() <= env.items()
+    assert "CUDA_VISIBLE_DEVICES" not in env
+    shm = {v["name"]: v for v in doc["spec"]["template"]["spec"]["volumes"]}["shm"]
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": LEARNER_SHM}
+    assert {"name": "shm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+
+
+def test_retriever_sits_where_the_placement_says(settings, rendered):
+    placed = plan_placement(settings).retriever
+    doc = rendered[("Deployment", "retriever")]
+    c = _container(doc)
+    assert doc["spec"]["replicas"] == 1
+    assert c["resources"]["limits"].get("nvidia.com/gpu", 0) == len(placed.gpus) == 1
+    assert _placed_env(placed.env).items() <= _env(c).items()
+    assert _env(c)["RETRIEVER_SEARCH__DEVICE"] == "cuda"
+    pdb = rendered[("PodDisruptionBudget", "retriever")]["spec"]
+    assert "minAvailable" not in pdb and pdb["maxUnavailable"] == 1
+
+
+def test_gpus_add_up_to_the_node(settings, rendered):
+    """Every GPU of the placement is asked for once: the pods fit one node of `placement.gpus` GPUs."""
+    asked = 0
+    for key in (("Deployment", "rollout"), ("StatefulSet", "learner"), ("Deployment", "retriever")):
+        doc = rendered[key]
+        gpus = _container(doc)["resources"]["limits"].get("nvidia.com/gpu", 0)
+        asked += gpus * doc["spec"].get("replicas", 1)
+        if gpus:
+            spec = doc["spec"]["template"]["spec"]
+            assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}, key
+            assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    plan = plan_placement(settings)
+    assert asked == sum(len(p.gpus) for p in plan.by_name().values()) == settings.gpus
+
+
+def test_patch_follows_a_different_placement():
+    """Tensor parallel 2, a CPU retriever, one learner rank, a vLLM port: the patch changes with them."""
+    s = PlacementSettings(gpus=8, rollout={"gpus": [0, 1, 2, 3], "tensor_parallel_size": 2,
+                                           "gpu_memory_utilization": 0.7, "vllm_port": 31000},
+                          learner={"gpus": [4], "master_port": 29600}, retriever={"device": "cpu"})
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(k8s_placement_patch(s)) if d}
+    rollout = docs[("Deployment", "rollout")]
+    assert rollout["spec"]["replicas"] == 2
+    c = _container(rollout)
+    assert c["resources"]["limits"] == {"nvidia.com/gpu": 2}
+    assert _env(c) == {"ROLLOUT_ENGINE__TENSOR_PARALLEL_SIZE": "2", "ROLLOUT_ENGINE__GPU_MEMORY_UTILIZATION": "0.7",
+                       "VLLM_PORT": "31000"}
+    learner = docs[("StatefulSet", "learner")]
+    lc = _container(learner)
+    assert lc["command"] == ["torchrun", "--nnodes", "1", "--nproc_per_node", "1", "--master_addr", "127.0.0.1",
+                             "--master_port", "29600", "-m", "searchr1.cli"]
+    assert "volumes" not in learner["spec"]["template"]["spec"] and "volumeMounts" not in lc
+    retriever = docs[("Deployment", "retriever")]
+    rc = _container(retriever)
+    assert "resources" not in rc and "nodeSelector" not in retriever["spec"]["template"]["spec"]
+    assert _env(rc) == {"RETRIEVER_SEARCH__DEVICE": "cpu", "RETRIEVER_SEARCH__FAISS_GPU": "false"}
+    assert "CUDA_VISIBLE_DEVICES" not in _env(rc)
