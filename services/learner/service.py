@@ -1,7 +1,7 @@
 """The learner process: one loop that reads top to bottom as named stages
 
     read groups → filter (replays, temperature, staleness) → dead-letter → batch → advantages + train
-    step → checkpoint → ack → publish weights → grant tasks → log
+    step → archive → checkpoint → ack → publish weights → grant tasks → log
 
 plus the dispatcher task feeding the tasks stream and (optionally) the HTTP server for snapshots.
 Which groups are too stale and how many tasks the dispatcher is granted is the `StalenessPolicy`'s
@@ -10,7 +10,8 @@ rule (`staleness.py`); the temperature check is `sampling.py`'s; figures are com
 Delivery guarantees: a trajectory-stream entry is acked only after the step that consumed it is
 checkpointed, and the checkpoint records the consumed task ids; a learner killed before acking re-reads
 its groups after restart (reclaimed once idle past the visibility timeout) and acks without retraining
-those whose task ids the checkpoint already holds. On start the learner resumes from the latest
+those whose task ids the checkpoint already holds. Every trained group is in the trajectory archive
+(`archive.py`), fsynced before its entries are acked. On start the learner resumes from the latest
 checkpoint and (re)announces its current version (version 0 = the initial weights).
 
 Data parallel under torchrun: rank 0 alone talks to Redis and broadcasts each step's groups (msgpack,
@@ -27,101 +28,33 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from collections import deque
 from typing import Any
-
-import torch
 
 from searchr1.core.aio import stop_task
 from searchr1.core.schemas import Task, TrajectoryGroup
-from searchr1.core.streams import Entry, StreamKeys, TypedStream, tasks_stream, trajectories_stream
+from searchr1.core.streams import StreamKeys, TypedStream, tasks_stream, trajectories_stream
+from searchr1.learner.archive import ArchiveWriter
 from searchr1.learner.batch import Batch, build_batch
-from searchr1.learner.checkpoint import Checkpointer, Component, TrainState
+from searchr1.learner.checkpoint import Checkpointer, TrainState
 from searchr1.learner.distributed import broadcast_groups, init_distributed
 from searchr1.learner.dynamic_sampling import mask_overlong, split_flat_groups
 from searchr1.learner.figures import by_source, group_figures
 from searchr1.learner.metrics import LearnerMetrics, StepLog
-from searchr1.learner.model import (
-    DistInfo,
-    export_weights,
-    load_critic,
-    load_policy,
-    load_reference,
-    resolve_device,
-)
+from searchr1.learner.model import DistInfo, export_weights
 from searchr1.learner.publisher import WeightPublisher
 from searchr1.learner.sampling import temperature_mismatch
 from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.staleness import Dropped, StalenessPolicy
-from searchr1.learner.trainer import Trainer, build_optimizer
+from searchr1.learner.step_input import StepInput
+from searchr1.learner.training import Training, build_training
+
+__all__ = ["Learner", "StepInput", "Training", "build_training", "run_learner"]
 
 log = logging.getLogger("searchr1.learner")
 
 
-@dataclass
-class Training:
-    """The models and the trainer of one process."""
-
-    trainer: Trainer
-    components: list[Component]
-    pad_id: int
-
-
-def build_training(settings: LearnerSettings, info: DistInfo) -> Training:
-    """Load policy (+ reference, + critic) and their optimizers as the settings ask."""
-    device = resolve_device(settings.device)
-    if device.type == "cpu" and settings.threads:
-        torch.set_num_threads(settings.threads)
-    torch.manual_seed(settings.seed)
-    a = settings.algorithm
-    policy = load_policy(settings, device, info)
-    opt, sched = build_optimizer(policy, settings.optim.lr, settings, settings.optim.warmup_ratio)
-    components = [Component("policy", policy, opt, sched)]
-    need_ref = (a.use_kl_loss and a.advantage != "gae" and a.kl_loss_coef > 0) or a.kl_in_reward
-    if a.use_kl_loss and a.kl_loss_coef == 0:
-        settings = settings.model_copy(update={"algorithm": a.model_copy(update={"use_kl_loss": False})})
-    reference = load_reference(settings, device, info) if need_ref else None
-    if reference is not None and a.ref_ema_tau < 1.0:  # an EMA reference is state: checkpointed
-        components.append(Component("reference", reference))
-    critic_kw: dict[str, Any] = {}
-    if a.advantage == "gae":
-        critic = load_critic(settings, device, info)
-        c_opt, c_sched = build_optimizer(critic, settings.optim.critic_lr, settings, settings.optim.critic_warmup_ratio)
-        components.append(Component("critic", critic, c_opt, c_sched))
-        critic_kw = {"critic": critic, "critic_optimizer": c_opt, "critic_scheduler": c_sched}
-    trainer = Trainer(settings, policy, opt, sched, device=device, info=info, reference=reference, **critic_kw)
-    config = getattr(policy, "config", None)
-    pad = getattr(config, "pad_token_id", None)
-    return Training(trainer, components, int(pad) if pad is not None else 0)
-
-
 # ---------------------------------------------------------------------------- the loop
-
-
-@dataclass
-class StepInput:
-    """What the read and filter stages produce for one step."""
-
-    entries: list[Entry[TrajectoryGroup]] = field(default_factory=list)
-    """Every entry read (reclaimed first)."""
-    groups: list[TrajectoryGroup] = field(default_factory=list)
-    """The groups to train on."""
-    replays: list[Entry[TrajectoryGroup]] = field(default_factory=list)
-    """Task ids already trained on (acked, not trained)."""
-    stale: list[Dropped[Entry[TrajectoryGroup]]] = field(default_factory=list)
-    """Too stale under the staleness policy (acked, not trained)."""
-    wrong_temperature: list[Dropped[Entry[TrajectoryGroup]]] = field(default_factory=list)
-    """Sampled at another temperature than the learner's (dead-lettered)."""
-
-    @property
-    def skipped(self) -> int:
-        """Entries read and not trained on."""
-        return len(self.replays) + len(self.stale) + len(self.wrong_temperature)
-
-    def trained_ids(self) -> list[str]:
-        """Entry ids of the groups trained on."""
-        skipped = {e.id for e in self.replays} | {d.item.id for d in self.stale + self.wrong_temperature}
-        return [e.id for e in self.entries if e.id not in skipped]
 
 
 class Learner:
@@ -138,6 +71,7 @@ class Learner:
         *,
         redis=None,
         info: DistInfo | None = None,
+        archive: ArchiveWriter | None = None,
     ) -> None:
         self.s = settings
         self.training = training
@@ -147,6 +81,9 @@ class Learner:
         self.step_log = step_log
         self.redis = redis
         self.info = info or DistInfo()
+        self.archive = archive if self.info.is_main else None
+        self.stages: deque[str] = deque(maxlen=64)
+        """The last stages run, in order (`archive`, `checkpoint`, `ack`, …): the loop's record of itself."""
         self.keys = StreamKeys(settings.redis.run)
         self.staleness = StalenessPolicy.from_settings(settings)
         self.state = TrainState()
@@ -240,18 +177,26 @@ class Learner:
         """Stage 5: advantages and one training step (every rank)."""
         return self.training.trainer.train_step(batch, self.state.version)
 
+    async def archive_step(self, groups: list[TrajectoryGroup], entry_ids: list[str]) -> None:
+        """Stage 6: make the step's groups durable in the trajectory archive (rank 0), before any ack."""
+        if self.archive is not None:
+            await asyncio.to_thread(self.archive.append, self.state.step, groups, entry_ids)
+        self.stages.append("archive")
+
     def checkpoint(self) -> None:
-        """Stage 6: save a resumable checkpoint (collective)."""
+        """Stage 7: save a resumable checkpoint (collective)."""
         self.checkpointer.save(self.state, self.training.components)
+        self.stages.append("checkpoint")
 
     async def ack(self) -> None:
-        """Stage 7: ack every group whose step is checkpointed."""
+        """Stage 8: ack every group whose step is checkpointed (and archived)."""
         if self._unacked and self.trajectories is not None:
             await self.trajectories.ack(*self._unacked)
         self._unacked.clear()
+        self.stages.append("ack")
 
     async def publish_weights(self, force_write: bool = True) -> None:
-        """Stage 8: snapshot (collective gather), announce and prune."""
+        """Stage 9: snapshot (collective gather), announce and prune."""
         if force_write:
             model, state = await asyncio.to_thread(export_weights, self.training.trainer.policy, self.info)
             if self.info.is_main:
@@ -279,7 +224,7 @@ class Learner:
             await self.ack()
             return not stop.is_set()
         await asyncio.to_thread(broadcast_groups, got.groups, self.info)
-        await self._train_and_commit(got.groups, got.trained_ids())
+        await self._train_and_commit(got.groups, got.group_entry_ids())
         return True
 
     # ------------------------------------------------------------------ DAPO filters
@@ -324,12 +269,15 @@ class Learner:
         return acc
 
     async def _train_and_commit(self, groups: list[TrajectoryGroup], entry_ids: list[str]) -> None:
+        """Stages 4 to 10 for one step's groups; `entry_ids` holds each group's stream entry (empty on ranks
+        other than 0, and when replaying an archive)."""
         t0 = time.perf_counter()
         if self.s.algorithm.overlong_filter:
             groups, masked = mask_overlong(groups)
             self._filter_figures["overlong_masked"] = float(masked)
         batch = self.make_batch(groups)
         figures = await asyncio.to_thread(self.train, batch)
+        self.stages.append("train")
         figures.update(self._filter_figures)
         self._filter_figures = {}
         step_seconds = time.perf_counter() - t0
@@ -341,7 +289,8 @@ class Learner:
         self.state.step += 1
         self.state.version += 1
         self.state.consumed.update(g.task.task_id for g in groups)
-        self._unacked.extend(entry_ids)
+        await self.archive_step(groups, entry_ids or [""] * len(groups))
+        self._unacked.extend(e for e in entry_ids if e)
         if self.state.step % self.s.checkpoint.every == 0:
             if self._dispatcher is not None:  # read on the loop thread, where the dispatcher runs
                 self.state.dispatcher = self._dispatcher.position()
@@ -404,6 +353,10 @@ async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = No
     from searchr1.learner.dispatcher import Dispatcher
     from searchr1.learner.publisher import weights_app
 
+    if settings.archive.replay_from is not None:
+        from searchr1.learner.replay import run_replay
+
+        return await run_replay(settings, stop, max_steps)
     info = init_distributed()
     stop = stop or asyncio.Event()
     install_shutdown_signals(stop)
@@ -428,8 +381,11 @@ async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = No
             publisher.base_url = f"http://{settings.weights.public_host or settings.weights.host}:{http.port}"
         if settings.metrics_port is not None:
             metrics_server = start_metrics_server(metrics.registry, port=settings.metrics_port)
+    archive = None
+    if info.is_main and settings.archive.enabled:
+        archive = await asyncio.to_thread(ArchiveWriter, settings.archive.dir, settings.archive.every_steps)
     learner = Learner(settings, training, Checkpointer(settings.checkpoint.dir, settings.checkpoint.keep, info),
-                      publisher, metrics, step_log, redis=redis, info=info)
+                      publisher, metrics, step_log, redis=redis, info=info, archive=archive)
     try:
         state = await learner.start()
         dispatcher = None

@@ -207,6 +207,19 @@ class CheckpointSettings(Section):
     `visibility_timeout_ms` longer than `every` steps."""
 
 
+class ArchiveSettings(Section):
+    enabled: bool = True
+    """Archive every trained group to Parquet (`archive.py`): one row per trajectory with its tokens, masks,
+    log-probs and rewards, durable before the group is acked."""
+    every_steps: int = Field(default=10, ge=1, le=10_000)
+    """Steps per part file; the open part is rewritten at each step, so its cost grows with this."""
+    dir: Path = Path("archive")
+    """Directory of the part files (`part-{seq:06d}.parquet`)."""
+    replay_from: Path | None = None
+    """Train from this archive instead of the trajectories stream (no Redis, no rollout): its groups, step by
+    step in order. Replay writes no archive."""
+
+
 class LearnerSettings(ServiceSettings):
     """Settings of the learner service (`searchr1 train`)."""
 
@@ -229,6 +242,8 @@ class LearnerSettings(ServiceSettings):
     """Weight publishing."""
     checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
     """Checkpoints."""
+    archive: ArchiveSettings = Field(default_factory=ArchiveSettings)
+    """Trajectory archive (and replay from one)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Training device."""
     seed: int = 0
