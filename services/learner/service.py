@@ -383,7 +383,7 @@ async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = No
             metrics_server = start_metrics_server(metrics.registry, port=settings.metrics_port)
     archive = None
     if info.is_main and settings.archive.enabled:
-        archive = await asyncio.to_thread(ArchiveWriter, settings.archive.dir, settings.archive.every_steps)
+        archive = await asyncio.to_thread(ArchiveWriter, settings.archive_dir, settings.archive.every_steps)
     learner = Learner(settings, training, Checkpointer(settings.checkpoint.dir, settings.checkpoint.keep, info),
                       publisher, metrics, step_log, redis=redis, info=info, archive=archive)
     try:
