@@ -129,7 +129,6 @@ def register_archive(group: typer.Typer) -> None:
                         max_reward=max_reward)
         if fmt == "datasets":
             import datasets
-
             from datasets.table import InMemoryTable
 
             datasets.Dataset(InMemoryTable(table)).save_to_disk(str(out))

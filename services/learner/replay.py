@@ -35,7 +35,10 @@ async def run_replay(settings: LearnerSettings, stop: asyncio.Event | None = Non
     source = settings.archive.replay_from
     if source is None:
         raise ValueError("archive.replay_from is not set")
+    from searchr1.core.servers import install_shutdown_signals
+
     stop = stop or asyncio.Event()
+    install_shutdown_signals(stop)
     limit = max_steps if max_steps is not None else settings.optim.total_steps
     table = await asyncio.to_thread(lambda: latest_copies(read(source)))
     steps = await asyncio.to_thread(groups_by_step, table)

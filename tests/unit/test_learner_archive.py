@@ -174,3 +174,13 @@ def test_cli_list_show_export(archive_dir, tmp_path):
 
     r = runner.invoke(app, ["archive", "show", str(tmp_path / "missing")])
     assert r.exit_code != 0 and "no archive parts" in r.output
+
+
+def test_train_offers_replay_and_the_archive_group_is_listed():
+    app, runner = build_app(), CliRunner()
+    r = runner.invoke(app, ["train", "--help"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0 and "--replay" in r.output
+    r = runner.invoke(app, ["--help"], env={"COLUMNS": "200"})
+    assert "archive" in r.output
+    r = runner.invoke(app, ["archive", "--help"], env={"COLUMNS": "200"})
+    assert all(c in r.output for c in ("list", "show", "export"))

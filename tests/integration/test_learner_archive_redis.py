@@ -153,6 +153,7 @@ async def test_replay_trains_from_the_archive_without_redis(tmp_path, redis, red
     trained = json.loads((tmp_path / "logs" / "t.jsonl").read_text().splitlines()[0])
 
     from searchr1.learner.replay import run_replay
+    from searchr1.learner.service import run_learner
 
     replay_dir = tmp_path / "replay"
     replayed = settings.model_copy(update={
@@ -161,7 +162,7 @@ async def test_replay_trains_from_the_archive_without_redis(tmp_path, redis, red
         "weights": settings.weights.model_copy(update={"dir": replay_dir / "weights"}),
         "checkpoint": settings.checkpoint.model_copy(update={"dir": replay_dir / "ckpt"}),
         "log_dir": replay_dir / "logs"})
-    state = await asyncio.wait_for(run_replay(replayed, max_steps=2), timeout=240)
+    state = await asyncio.wait_for(run_learner(replayed, max_steps=2), timeout=240)  # what `train --replay` runs
     assert state.step == 2 and state.consumed == {"s0-0", "s0-1", "s1-0", "s1-1"}
     lines = [json.loads(line) for line in (replay_dir / "logs" / "t.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == [1, 2]
