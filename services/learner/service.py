@@ -5,7 +5,8 @@
 
 plus the dispatcher task feeding the tasks stream and (optionally) the HTTP server for snapshots.
 Which groups are too stale and how many tasks the dispatcher is granted is the `StalenessPolicy`'s
-rule (`staleness.py`); the temperature check is `sampling.py`'s; figures are computed in `figures.py`.
+rule (`staleness.py`); the temperature check is `sampling.py`'s; DAPO's dynamic sampling reads through
+`dynamic_reading.py`; figures are computed in `figures.py`.
 
 Delivery guarantees: a trajectory-stream entry is acked only after the step that consumed it is
 checkpointed, and the checkpoint records the consumed task ids; a learner killed before acking re-reads
@@ -38,7 +39,8 @@ from searchr1.learner.archive import ArchiveWriter
 from searchr1.learner.batch import Batch, build_batch
 from searchr1.learner.checkpoint import Checkpointer, TrainState
 from searchr1.learner.distributed import broadcast_groups, init_distributed
-from searchr1.learner.dynamic_sampling import mask_overlong, split_flat_groups
+from searchr1.learner.dynamic_reading import sample_informative
+from searchr1.learner.dynamic_sampling import mask_overlong
 from searchr1.learner.figures import by_source, group_figures
 from searchr1.learner.metrics import LearnerMetrics, StepLog
 from searchr1.learner.model import DistInfo, export_weights
@@ -87,8 +89,8 @@ class Learner:
         self.keys = StreamKeys(settings.redis.run)
         self.staleness = StalenessPolicy.from_settings(settings)
         self.state = TrainState()
-        self._unacked: list[str] = []
-        self._filter_figures: dict[str, float] = {}  # DAPO filters' counts, logged with the next step
+        self.unacked: list[str] = []
+        self.filter_figures: dict[str, float] = {}  # DAPO filters' counts, logged with the next step
         self._dispatcher: Any = None  # set by `run` on rank 0
         self.trajectories: TypedStream[TrajectoryGroup] | None = None
         self.tasks: TypedStream[Task] | None = None
@@ -190,9 +192,9 @@ class Learner:
 
     async def ack(self) -> None:
         """Stage 8: ack every group whose step is checkpointed (and archived)."""
-        if self._unacked and self.trajectories is not None:
-            await self.trajectories.ack(*self._unacked)
-        self._unacked.clear()
+        if self.unacked and self.trajectories is not None:
+            await self.trajectories.ack(*self.unacked)
+        self.unacked.clear()
         self.stages.append("ack")
 
     async def publish_weights(self, force_write: bool = True) -> None:
@@ -214,10 +216,10 @@ class Learner:
             return False  # no partial step on shutdown: the unacked groups are re-read after a restart
         got = self.filter_groups(got)
         await self.dead_letter(got)
-        self._unacked.extend(e.id for e in got.replays)  # already checkpointed: safe to ack now
-        self._unacked.extend(d.item.id for d in got.stale)
+        self.unacked.extend(e.id for e in got.replays)  # already checkpointed: safe to ack now
+        self.unacked.extend(d.item.id for d in got.stale)
         if self.s.algorithm.dynamic_sampling:
-            got = await self.sample_informative(got, stop)
+            got = await sample_informative(self, got, stop)
             if got is None:
                 return False
         if not got.groups:
@@ -227,59 +229,18 @@ class Learner:
         await self._train_and_commit(got.groups, got.group_entry_ids())
         return True
 
-    # ------------------------------------------------------------------ DAPO filters
-
-    async def sample_informative(self, got: StepInput, stop: asyncio.Event) -> StepInput | None:
-        """Dynamic sampling: set aside groups whose advantages are all zero (acked with the step, replaced
-        by the dispatcher, never trained on) and read more until the step has `groups_per_step`
-        informative groups. Raises after `dynamic_sampling_max_batches` reads that did not fill a step;
-        None when stopped first (no partial step on shutdown, as `step_once`)."""
-        a, want = self.s.algorithm, self.s.batch.groups_per_step
-        acc, reads, flat, solved = StepInput(), 0, 0, 0
-        part: StepInput = got
-        while True:
-            reads += 1
-            split = split_flat_groups(part.groups)
-            flat_ids = {id(g) for g in split.flat}
-            self._unacked.extend(e.id for e in part.entries if id(e.value) in flat_ids)
-            acc.entries += [e for e in part.entries if id(e.value) not in flat_ids]
-            acc.replays += part.replays
-            acc.stale += part.stale
-            acc.wrong_temperature += part.wrong_temperature
-            acc.groups += split.informative
-            flat, solved = flat + len(split.flat), solved + split.all_solved
-            self.metrics.dropped.labels("flat").inc(len(split.flat))
-            self.grant(len(split.flat))
-            if len(acc.groups) >= want or await self.data_exhausted():
-                break
-            if stop.is_set():
-                return None
-            if reads >= a.dynamic_sampling_max_batches:
-                raise RuntimeError(
-                    f"dynamic sampling read {reads} batches and found {len(acc.groups)} of the {want} groups "
-                    f"with non-zero advantages a step needs ({flat} groups had equal rewards, {solved} of them "
-                    "all solved): the policy solves every task or none; raise dynamic_sampling_max_batches, "
-                    "change the data, or turn dynamic_sampling off")
-            part = self.filter_groups(await self.read_groups(stop, want - len(acc.groups)))
-            await self.dead_letter(part)
-            self._unacked.extend(e.id for e in part.replays)
-            self._unacked.extend(d.item.id for d in part.stale)
-        self._filter_figures.update(flat_groups=float(flat), flat_all_solved=float(solved),
-                                    flat_all_failed=float(flat - solved), sampling_reads=float(reads))
-        return acc
-
     async def _train_and_commit(self, groups: list[TrajectoryGroup], entry_ids: list[str]) -> None:
         """Stages 4 to 10 for one step's groups; `entry_ids` holds each group's stream entry (empty on ranks
         other than 0, and when replaying an archive)."""
         t0 = time.perf_counter()
         if self.s.algorithm.overlong_filter:
             groups, masked = mask_overlong(groups)
-            self._filter_figures["overlong_masked"] = float(masked)
+            self.filter_figures["overlong_masked"] = float(masked)
         batch = self.make_batch(groups)
         figures = await asyncio.to_thread(self.train, batch)
         self.stages.append("train")
-        figures.update(self._filter_figures)
-        self._filter_figures = {}
+        figures.update(self.filter_figures)
+        self.filter_figures = {}
         step_seconds = time.perf_counter() - t0
         figures.update(group_figures(groups, self.state.version))
         figures["by_source"] = by_source(groups)  # type: ignore[assignment]  # JSONL only
@@ -290,7 +251,7 @@ class Learner:
         self.state.version += 1
         self.state.consumed.update(g.task.task_id for g in groups)
         await self.archive_step(groups, entry_ids or [""] * len(groups))
-        self._unacked.extend(e for e in entry_ids if e)
+        self.unacked.extend(e for e in entry_ids if e)
         if self.state.step % self.s.checkpoint.every == 0:
             if self._dispatcher is not None:  # read on the loop thread, where the dispatcher runs
                 self.state.dispatcher = self._dispatcher.position()
