@@ -1,5 +1,6 @@
 """The trajectory archive written by a real learner over a real Redis: exactly the trained groups, durable
-before they are acked (a learner killed before acking leaves them archived and pending), a step archived
+before they are acked (a learner killed before acking, in this process or as a `kill -9`ed process, leaves
+them archived, readable and pending), a step archived
 again after a restart told apart, and a replay of the archive that trains without Redis or rollout."""
 
 from __future__ import annotations
@@ -173,3 +174,50 @@ async def test_replay_trains_from_the_archive_without_redis(tmp_path, redis, red
     # resumed: the checkpointed steps are skipped, the rest replayed
     state = await asyncio.wait_for(run_replay(replayed), timeout=240)
     assert state.step == 3 and {"s2-0", "s2-1"} <= state.consumed
+
+
+_KILLED_LEARNER = """
+import asyncio, os, signal, sys
+from searchr1.core.streams import connect
+from searchr1.learner.archive import ArchiveWriter
+from searchr1.learner.checkpoint import Checkpointer
+from searchr1.learner.metrics import LearnerMetrics
+from searchr1.learner.model import DistInfo
+from searchr1.learner.publisher import WeightPublisher
+from searchr1.learner.service import Learner, build_training
+from searchr1.learner.settings import LearnerSettings
+
+async def main():
+    s = LearnerSettings.model_validate_json(sys.argv[1])
+    redis = connect(s.redis.url)
+    learner = Learner(s, build_training(s, DistInfo()), Checkpointer(s.checkpoint.dir, s.checkpoint.keep),
+                      WeightPublisher(s.weights.dir, keep=s.weights.keep), LearnerMetrics(), None, redis=redis,
+                      archive=ArchiveWriter(s.archive_dir, s.archive.every_steps))
+    learner.checkpoint = lambda: os.kill(os.getpid(), signal.SIGKILL)  # dies between archive and ack
+    await learner.start()
+    await learner.step_once(asyncio.Event())
+
+asyncio.run(main())
+"""
+
+
+async def test_learner_killed_between_archive_and_ack_leaves_a_readable_archive(tmp_path, redis, redis_server,
+                                                                                model_path):
+    import os
+    import signal
+    import sys
+
+    settings = _settings(tmp_path, redis_server.url, model_path)
+    producer = _producer(redis)
+    ids = await producer.publish_many(_groups("k", 2))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _KILLED_LEARNER, settings.model_dump_json(), env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    out, _ = await asyncio.wait_for(proc.communicate(), timeout=240)
+    assert proc.returncode == -signal.SIGKILL, out.decode(errors="replace")[-3000:]
+    assert await producer.pending() == 2, "killed before the ack: both groups still pending"
+    assert sorted(p.name for p in settings.archive_dir.iterdir()) == ["part-000000.parquet"]
+    table = read(settings.archive_dir)
+    assert {(r["task_id"], r["entry_id"]) for r in table.select(["task_id", "entry_id"]).to_pylist()} == {
+        ("k0", ids[0]), ("k1", ids[1])}
+    assert table.num_rows == 8 and set(table.column("step").to_pylist()) == {1}
