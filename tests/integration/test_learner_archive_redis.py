@@ -1,7 +1,7 @@
 """The trajectory archive written by a real learner over a real Redis: exactly the trained groups, durable
 before they are acked (a learner killed before acking, in this process or as a `kill -9`ed process, leaves
-them archived, readable and pending), a step archived
-again after a restart told apart, and a replay of the archive that trains without Redis or rollout."""
+them archived, readable and pending), a step archived again after a restart told apart, and a replay of the
+archive that trains without Redis or rollout."""
 
 from __future__ import annotations
 
