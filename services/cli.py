@@ -45,10 +45,13 @@ class Groups:
         help="Sample trajectories by hand (one question, printed for a person to read).", no_args_is_help=True))
     streams: typer.Typer = field(default_factory=lambda: typer.Typer(
         help="Inspect a run's Redis streams: lengths, pending entries, dead letters.", no_args_is_help=True))
+    archive: typer.Typer = field(default_factory=lambda: typer.Typer(
+        help="The trajectory archive of a run (every trained group): list its parts, show trajectories, export.",
+        no_args_is_help=True))
 
     def named(self) -> dict[str, typer.Typer]:
         return {"serve": self.serve, "index": self.index, "data": self.data, "world": self.world,
-                "rollout": self.rollout, "streams": self.streams}
+                "rollout": self.rollout, "streams": self.streams, "archive": self.archive}
 
 
 def _register_streams(groups: Groups) -> None:

@@ -60,7 +60,7 @@ DEFAULT_ENV: dict[str, dict[str, str]] = {
     # Everything a run writes lives under its run directory, so two runs never share (or resume from)
     # each other's snapshots and checkpoints. Env beats the run config's [learner.weights]/[learner.checkpoint].
     "learner": {"LEARNER_LOG_DIR": "{run_dir}/learner", "LEARNER_WEIGHTS__DIR": "{run_dir}/weights",
-                "LEARNER_CHECKPOINT__DIR": "{run_dir}/checkpoints"},
+                "LEARNER_CHECKPOINT__DIR": "{run_dir}/checkpoints", "LEARNER_ARCHIVE__DIR": "{run_dir}/archive"},
 }
 
 PLACEHOLDERS = {

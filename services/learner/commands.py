@@ -1,5 +1,6 @@
 """CLI commands of the learner service, registered into `searchr1` by `searchr1.cli`:
-`searchr1 train --config …`, `searchr1 data prepare` and `searchr1 data fetch`.
+`searchr1 train --config …` (`--replay ARCHIVE_DIR` trains from an archive), `searchr1 data prepare`,
+`searchr1 data fetch` and the `searchr1 archive` group (`archive_commands.py`).
 
 Keep this module light: Typer at import time only; heavy imports go inside the commands.
 """
@@ -17,6 +18,9 @@ if TYPE_CHECKING:
 
 def register(groups: Groups) -> None:
     """Add this service's commands to the CLI groups."""
+    from searchr1.learner.archive_commands import register_archive
+
+    register_archive(groups.archive)
 
     @groups.app.command("train")
     def train(
@@ -27,6 +31,8 @@ def register(groups: Groups) -> None:
         run: Annotated[str | None, typer.Option(help="Override learner.redis.run (key prefix searchr1:{run}:).")] = None,
         metrics_port: Annotated[int | None, typer.Option(min=0, max=65535, help="Serve Prometheus /metrics here.")] = None,
         max_steps: Annotated[int | None, typer.Option(min=1, help="Stop after this many steps.")] = None,
+        replay: Annotated[Path | None, typer.Option(help="Train from this trajectory archive (no Redis, no "
+                                                    "rollout): sets learner.archive.replay_from.")] = None,
     ) -> None:
         """Train the policy with GRPO/PPO on groups from the trajectories stream (the learner service).
 
@@ -54,6 +60,8 @@ def register(groups: Groups) -> None:
             overrides["redis"] = settings.redis.model_copy(update=update)
         if metrics_port is not None:
             overrides["metrics_port"] = metrics_port
+        if replay is not None:
+            overrides["archive"] = settings.archive.model_copy(update={"replay_from": replay})
         if overrides:
             settings = settings.model_copy(update=overrides)
         state = asyncio.run(run_learner(settings, max_steps=max_steps))

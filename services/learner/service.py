@@ -1,16 +1,18 @@
 """The learner process: one loop that reads top to bottom as named stages
 
     read groups → filter (replays, temperature, staleness) → dead-letter → batch → advantages + train
-    step → checkpoint → ack → publish weights → grant tasks → log
+    step → archive → checkpoint → ack → publish weights → grant tasks → log
 
 plus the dispatcher task feeding the tasks stream and (optionally) the HTTP server for snapshots.
 Which groups are too stale and how many tasks the dispatcher is granted is the `StalenessPolicy`'s
-rule (`staleness.py`); the temperature check is `sampling.py`'s; figures are computed in `figures.py`.
+rule (`staleness.py`); the temperature check is `sampling.py`'s; DAPO's dynamic sampling reads through
+`dynamic_reading.py`; figures are computed in `figures.py`.
 
 Delivery guarantees: a trajectory-stream entry is acked only after the step that consumed it is
 checkpointed, and the checkpoint records the consumed task ids; a learner killed before acking re-reads
 its groups after restart (reclaimed once idle past the visibility timeout) and acks without retraining
-those whose task ids the checkpoint already holds. On start the learner resumes from the latest
+those whose task ids the checkpoint already holds. Every trained group is in the trajectory archive
+(`archive.py`), fsynced before its entries are acked. On start the learner resumes from the latest
 checkpoint and (re)announces its current version (version 0 = the initial weights).
 
 Data parallel under torchrun: rank 0 alone talks to Redis and broadcasts each step's groups (msgpack,
@@ -27,102 +29,34 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from collections import deque
 from typing import Any
-
-import torch
 
 from searchr1.core.aio import stop_task
 from searchr1.core.schemas import Task, TrajectoryGroup
-from searchr1.core.streams import Entry, StreamKeys, TypedStream, tasks_stream, trajectories_stream
+from searchr1.core.streams import StreamKeys, TypedStream, tasks_stream, trajectories_stream
+from searchr1.learner.archive import ArchiveWriter
 from searchr1.learner.batch import Batch, build_batch
-from searchr1.learner.checkpoint import Checkpointer, Component, TrainState
+from searchr1.learner.checkpoint import Checkpointer, TrainState
 from searchr1.learner.distributed import broadcast_groups, init_distributed
-from searchr1.learner.dynamic_sampling import mask_overlong, split_flat_groups
+from searchr1.learner.dynamic_reading import sample_informative
+from searchr1.learner.dynamic_sampling import mask_overlong
 from searchr1.learner.figures import by_source, group_figures
 from searchr1.learner.metrics import LearnerMetrics, StepLog
-from searchr1.learner.model import (
-    DistInfo,
-    export_weights,
-    load_critic,
-    load_policy,
-    load_reference,
-    resolve_device,
-)
-from searchr1.learner.optim import build_optimizer
+from searchr1.learner.model import DistInfo, export_weights
 from searchr1.learner.publisher import WeightPublisher
 from searchr1.learner.sampling import temperature_mismatch
 from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.staleness import Dropped, StalenessPolicy
-from searchr1.learner.trainer import Trainer
+from searchr1.learner.step_input import StepInput
+from searchr1.learner.training import Training, build_training
+
+__all__ = ["Learner", "StepInput", "Training", "build_training", "run_learner"]
 
 log = logging.getLogger("searchr1.learner")
 
 
-@dataclass
-class Training:
-    """The models and the trainer of one process."""
-
-    trainer: Trainer
-    components: list[Component]
-    pad_id: int
-
-
-def build_training(settings: LearnerSettings, info: DistInfo) -> Training:
-    """Load policy (+ reference, + critic) and their optimizers as the settings ask."""
-    device = resolve_device(settings.device)
-    if device.type == "cpu" and settings.threads:
-        torch.set_num_threads(settings.threads)
-    torch.manual_seed(settings.seed)
-    a = settings.algorithm
-    policy = load_policy(settings, device, info)
-    opt, sched = build_optimizer(policy, settings.optim.lr, settings, settings.optim.warmup_ratio)
-    components = [Component("policy", policy, opt, sched)]
-    need_ref = (a.use_kl_loss and a.advantage != "gae" and a.kl_loss_coef > 0) or a.kl_in_reward
-    if a.use_kl_loss and a.kl_loss_coef == 0:
-        settings = settings.model_copy(update={"algorithm": a.model_copy(update={"use_kl_loss": False})})
-    reference = load_reference(settings, device, info) if need_ref else None
-    if reference is not None and a.ref_ema_tau < 1.0:  # an EMA reference is state: checkpointed
-        components.append(Component("reference", reference))
-    critic_kw: dict[str, Any] = {}
-    if a.advantage == "gae":
-        critic = load_critic(settings, device, info)
-        c_opt, c_sched = build_optimizer(critic, settings.optim.critic_lr, settings, settings.optim.critic_warmup_ratio)
-        components.append(Component("critic", critic, c_opt, c_sched))
-        critic_kw = {"critic": critic, "critic_optimizer": c_opt, "critic_scheduler": c_sched}
-    trainer = Trainer(settings, policy, opt, sched, device=device, info=info, reference=reference, **critic_kw)
-    config = getattr(policy, "config", None)
-    pad = getattr(config, "pad_token_id", None)
-    return Training(trainer, components, int(pad) if pad is not None else 0)
-
-
 # ---------------------------------------------------------------------------- the loop
-
-
-@dataclass
-class StepInput:
-    """What the read and filter stages produce for one step."""
-
-    entries: list[Entry[TrajectoryGroup]] = field(default_factory=list)
-    """Every entry read (reclaimed first)."""
-    groups: list[TrajectoryGroup] = field(default_factory=list)
-    """The groups to train on."""
-    replays: list[Entry[TrajectoryGroup]] = field(default_factory=list)
-    """Task ids already trained on (acked, not trained)."""
-    stale: list[Dropped[Entry[TrajectoryGroup]]] = field(default_factory=list)
-    """Too stale under the staleness policy (acked, not trained)."""
-    wrong_temperature: list[Dropped[Entry[TrajectoryGroup]]] = field(default_factory=list)
-    """Sampled at another temperature than the learner's (dead-lettered)."""
-
-    @property
-    def skipped(self) -> int:
-        """Entries read and not trained on."""
-        return len(self.replays) + len(self.stale) + len(self.wrong_temperature)
-
-    def trained_ids(self) -> list[str]:
-        """Entry ids of the groups trained on."""
-        skipped = {e.id for e in self.replays} | {d.item.id for d in self.stale + self.wrong_temperature}
-        return [e.id for e in self.entries if e.id not in skipped]
 
 
 class Learner:
@@ -139,6 +73,7 @@ class Learner:
         *,
         redis=None,
         info: DistInfo | None = None,
+        archive: ArchiveWriter | None = None,
     ) -> None:
         self.s = settings
         self.training = training
@@ -148,11 +83,14 @@ class Learner:
         self.step_log = step_log
         self.redis = redis
         self.info = info or DistInfo()
+        self.archive = archive if self.info.is_main else None
+        self.stages: deque[str] = deque(maxlen=64)
+        """The last stages run, in order (`archive`, `checkpoint`, `ack`, …): the loop's record of itself."""
         self.keys = StreamKeys(settings.redis.run)
         self.staleness = StalenessPolicy.from_settings(settings)
         self.state = TrainState()
-        self._unacked: list[str] = []
-        self._filter_figures: dict[str, float] = {}  # DAPO filters' counts, logged with the next step
+        self.unacked: list[str] = []
+        self.filter_figures: dict[str, float] = {}  # DAPO filters' counts, logged with the next step
         self._dispatcher: Any = None  # set by `run` on rank 0
         self.trajectories: TypedStream[TrajectoryGroup] | None = None
         self.tasks: TypedStream[Task] | None = None
@@ -241,18 +179,26 @@ class Learner:
         """Stage 5: advantages and one training step (every rank)."""
         return self.training.trainer.train_step(batch, self.state.version)
 
+    async def archive_step(self, groups: list[TrajectoryGroup], entry_ids: list[str]) -> None:
+        """Stage 6: make the step's groups durable in the trajectory archive (rank 0), before any ack."""
+        if self.archive is not None:
+            await asyncio.to_thread(self.archive.append, self.state.step, groups, entry_ids)
+        self.stages.append("archive")
+
     def checkpoint(self) -> None:
-        """Stage 6: save a resumable checkpoint (collective)."""
+        """Stage 7: save a resumable checkpoint (collective)."""
         self.checkpointer.save(self.state, self.training.components)
+        self.stages.append("checkpoint")
 
     async def ack(self) -> None:
-        """Stage 7: ack every group whose step is checkpointed."""
-        if self._unacked and self.trajectories is not None:
-            await self.trajectories.ack(*self._unacked)
-        self._unacked.clear()
+        """Stage 8: ack every group whose step is checkpointed (and archived)."""
+        if self.unacked and self.trajectories is not None:
+            await self.trajectories.ack(*self.unacked)
+        self.unacked.clear()
+        self.stages.append("ack")
 
     async def publish_weights(self, force_write: bool = True) -> None:
-        """Stage 8: snapshot (collective gather), announce and prune."""
+        """Stage 9: snapshot (collective gather), announce and prune."""
         if force_write:
             model, state = await asyncio.to_thread(export_weights, self.training.trainer.policy, self.info)
             if self.info.is_main:
@@ -270,69 +216,31 @@ class Learner:
             return False  # no partial step on shutdown: the unacked groups are re-read after a restart
         got = self.filter_groups(got)
         await self.dead_letter(got)
-        self._unacked.extend(e.id for e in got.replays)  # already checkpointed: safe to ack now
-        self._unacked.extend(d.item.id for d in got.stale)
+        self.unacked.extend(e.id for e in got.replays)  # already checkpointed: safe to ack now
+        self.unacked.extend(d.item.id for d in got.stale)
         if self.s.algorithm.dynamic_sampling:
-            got = await self.sample_informative(got, stop)
+            got = await sample_informative(self, got, stop)
             if got is None:
                 return False
         if not got.groups:
             await self.ack()
             return not stop.is_set()
         await asyncio.to_thread(broadcast_groups, got.groups, self.info)
-        await self._train_and_commit(got.groups, got.trained_ids())
+        await self._train_and_commit(got.groups, got.group_entry_ids())
         return True
 
-    # ------------------------------------------------------------------ DAPO filters
-
-    async def sample_informative(self, got: StepInput, stop: asyncio.Event) -> StepInput | None:
-        """Dynamic sampling: set aside groups whose advantages are all zero (acked with the step, replaced
-        by the dispatcher, never trained on) and read more until the step has `groups_per_step`
-        informative groups. Raises after `dynamic_sampling_max_batches` reads that did not fill a step;
-        None when stopped first (no partial step on shutdown, as `step_once`)."""
-        a, want = self.s.algorithm, self.s.batch.groups_per_step
-        acc, reads, flat, solved = StepInput(), 0, 0, 0
-        part: StepInput = got
-        while True:
-            reads += 1
-            split = split_flat_groups(part.groups)
-            flat_ids = {id(g) for g in split.flat}
-            self._unacked.extend(e.id for e in part.entries if id(e.value) in flat_ids)
-            acc.entries += [e for e in part.entries if id(e.value) not in flat_ids]
-            acc.replays += part.replays
-            acc.stale += part.stale
-            acc.wrong_temperature += part.wrong_temperature
-            acc.groups += split.informative
-            flat, solved = flat + len(split.flat), solved + split.all_solved
-            self.metrics.dropped.labels("flat").inc(len(split.flat))
-            self.grant(len(split.flat))
-            if len(acc.groups) >= want or await self.data_exhausted():
-                break
-            if stop.is_set():
-                return None
-            if reads >= a.dynamic_sampling_max_batches:
-                raise RuntimeError(
-                    f"dynamic sampling read {reads} batches and found {len(acc.groups)} of the {want} groups "
-                    f"with non-zero advantages a step needs ({flat} groups had equal rewards, {solved} of them "
-                    "all solved): the policy solves every task or none; raise dynamic_sampling_max_batches, "
-                    "change the data, or turn dynamic_sampling off")
-            part = self.filter_groups(await self.read_groups(stop, want - len(acc.groups)))
-            await self.dead_letter(part)
-            self._unacked.extend(e.id for e in part.replays)
-            self._unacked.extend(d.item.id for d in part.stale)
-        self._filter_figures.update(flat_groups=float(flat), flat_all_solved=float(solved),
-                                    flat_all_failed=float(flat - solved), sampling_reads=float(reads))
-        return acc
-
     async def _train_and_commit(self, groups: list[TrajectoryGroup], entry_ids: list[str]) -> None:
+        """Stages 4 to 10 for one step's groups; `entry_ids` holds each group's stream entry (empty on ranks
+        other than 0, and when replaying an archive)."""
         t0 = time.perf_counter()
         if self.s.algorithm.overlong_filter:
             groups, masked = mask_overlong(groups)
-            self._filter_figures["overlong_masked"] = float(masked)
+            self.filter_figures["overlong_masked"] = float(masked)
         batch = self.make_batch(groups)
         figures = await asyncio.to_thread(self.train, batch)
-        figures.update(self._filter_figures)
-        self._filter_figures = {}
+        self.stages.append("train")
+        figures.update(self.filter_figures)
+        self.filter_figures = {}
         step_seconds = time.perf_counter() - t0
         figures.update(group_figures(groups, self.state.version))
         figures["by_source"] = by_source(groups)  # type: ignore[assignment]  # JSONL only
@@ -342,7 +250,8 @@ class Learner:
         self.state.step += 1
         self.state.version += 1
         self.state.consumed.update(g.task.task_id for g in groups)
-        self._unacked.extend(entry_ids)
+        await self.archive_step(groups, entry_ids or [""] * len(groups))
+        self.unacked.extend(e for e in entry_ids if e)
         if self.state.step % self.s.checkpoint.every == 0:
             if self._dispatcher is not None:  # read on the loop thread, where the dispatcher runs
                 self.state.dispatcher = self._dispatcher.position()
@@ -405,6 +314,10 @@ async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = No
     from searchr1.learner.dispatcher import Dispatcher
     from searchr1.learner.publisher import weights_app
 
+    if settings.archive.replay_from is not None:
+        from searchr1.learner.replay import run_replay
+
+        return await run_replay(settings, stop, max_steps)
     info = init_distributed()
     stop = stop or asyncio.Event()
     install_shutdown_signals(stop)
@@ -428,9 +341,12 @@ async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = No
             await http.start()
             publisher.base_url = f"http://{settings.weights.public_host or settings.weights.host}:{http.port}"
         if settings.metrics_port is not None:
-            metrics_server = start_metrics_server(metrics.registry, settings.metrics_host, settings.metrics_port)
+            metrics_server = start_metrics_server(metrics.registry, port=settings.metrics_port)
+    archive = None
+    if info.is_main and settings.archive.enabled:
+        archive = await asyncio.to_thread(ArchiveWriter, settings.archive_dir, settings.archive.every_steps)
     learner = Learner(settings, training, Checkpointer(settings.checkpoint.dir, settings.checkpoint.keep, info),
-                      publisher, metrics, step_log, redis=redis, info=info)
+                      publisher, metrics, step_log, redis=redis, info=info, archive=archive)
     try:
         state = await learner.start()
         dispatcher = None

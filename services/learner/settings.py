@@ -207,6 +207,20 @@ class CheckpointSettings(Section):
     `visibility_timeout_ms` longer than `every` steps."""
 
 
+class ArchiveSettings(Section):
+    enabled: bool = True
+    """Archive every trained group to Parquet (`archive.py`): one row per trajectory with its tokens, masks,
+    log-probs and rewards, durable before the group is acked."""
+    every_steps: int = Field(default=10, ge=1, le=10_000)
+    """Steps per part file; the open part is rewritten at each step, so its cost grows with this."""
+    dir: Path | None = None
+    """Directory of the part files (`part-{seq:06d}.parquet`); None = `archive/` beside `checkpoint.dir`
+    (`LearnerSettings.archive_dir`)."""
+    replay_from: Path | None = None
+    """Train from this archive instead of the trajectories stream (no Redis, no rollout): its groups, step by
+    step in order. Replay writes no archive."""
+
+
 class LearnerSettings(ServiceSettings):
     """Settings of the learner service (`searchr1 train`)."""
 
@@ -229,6 +243,8 @@ class LearnerSettings(ServiceSettings):
     """Weight publishing."""
     checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
     """Checkpoints."""
+    archive: ArchiveSettings = Field(default_factory=ArchiveSettings)
+    """Trajectory archive (and replay from one)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Training device."""
     seed: int = 0
@@ -251,6 +267,11 @@ class LearnerSettings(ServiceSettings):
     """How long one stream read blocks."""
     wandb_project: str | None = None
     """Also log to this wandb project (needs `wandb`)."""
+
+    @property
+    def archive_dir(self) -> Path:
+        """Where the trajectory archive goes: `archive.dir`, or `archive/` beside the checkpoints."""
+        return self.archive.dir if self.archive.dir is not None else self.checkpoint.dir.parent / "archive"
 
     @model_validator(mode="after")
     def _coherent(self) -> LearnerSettings:

@@ -58,7 +58,8 @@ def test_order_commands_and_gates(tmp_path, cfg):
                             "--run", "r1", "--metrics-port", lport]
     assert learner.env == {"LEARNER_LOG_DIR": f"{tmp_path / 'run'}/learner",
                            "LEARNER_WEIGHTS__DIR": f"{tmp_path / 'run'}/weights",
-                           "LEARNER_CHECKPOINT__DIR": f"{tmp_path / 'run'}/checkpoints"}
+                           "LEARNER_CHECKPOINT__DIR": f"{tmp_path / 'run'}/checkpoints",
+                           "LEARNER_ARCHIVE__DIR": f"{tmp_path / 'run'}/archive"}
     assert plan.metrics_jsonl == tmp_path / "run" / "learner" / "r1.jsonl"
     assert retriever.env == reward.env == r1.env == {}
     assert learner.main and not any(p.main for p in plan.specs[:-1])

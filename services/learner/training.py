@@ -1,0 +1,55 @@
+"""The models and trainer of one learner process: `build_training` loads the policy, and the reference and
+critic when the algorithm needs them, with their optimizers, as the settings ask.
+
+Owns which models a run needs; not the training step (`trainer.py`) nor the loading itself (`model.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from searchr1.learner.checkpoint import Component
+from searchr1.learner.model import DistInfo, load_critic, load_policy, load_reference, resolve_device
+from searchr1.learner.settings import LearnerSettings
+from searchr1.learner.optim import build_optimizer
+from searchr1.learner.trainer import Trainer
+
+
+@dataclass
+class Training:
+    """The models and the trainer of one process."""
+
+    trainer: Trainer
+    components: list[Component]
+    pad_id: int
+
+
+def build_training(settings: LearnerSettings, info: DistInfo) -> Training:
+    """Load policy (+ reference, + critic) and their optimizers as the settings ask."""
+    device = resolve_device(settings.device)
+    if device.type == "cpu" and settings.threads:
+        torch.set_num_threads(settings.threads)
+    torch.manual_seed(settings.seed)
+    a = settings.algorithm
+    policy = load_policy(settings, device, info)
+    opt, sched = build_optimizer(policy, settings.optim.lr, settings, settings.optim.warmup_ratio)
+    components = [Component("policy", policy, opt, sched)]
+    need_ref = (a.use_kl_loss and a.advantage != "gae" and a.kl_loss_coef > 0) or a.kl_in_reward
+    if a.use_kl_loss and a.kl_loss_coef == 0:
+        settings = settings.model_copy(update={"algorithm": a.model_copy(update={"use_kl_loss": False})})
+    reference = load_reference(settings, device, info) if need_ref else None
+    if reference is not None and a.ref_ema_tau < 1.0:  # an EMA reference is state: checkpointed
+        components.append(Component("reference", reference))
+    critic_kw: dict[str, Any] = {}
+    if a.advantage == "gae":
+        critic = load_critic(settings, device, info)
+        c_opt, c_sched = build_optimizer(critic, settings.optim.critic_lr, settings, settings.optim.critic_warmup_ratio)
+        components.append(Component("critic", critic, c_opt, c_sched))
+        critic_kw = {"critic": critic, "critic_optimizer": c_opt, "critic_scheduler": c_sched}
+    trainer = Trainer(settings, policy, opt, sched, device=device, info=info, reference=reference, **critic_kw)
+    config = getattr(policy, "config", None)
+    pad = getattr(config, "pad_token_id", None)
+    return Training(trainer, components, int(pad) if pad is not None else 0)
