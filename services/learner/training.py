@@ -13,8 +13,8 @@ import torch
 
 from searchr1.learner.checkpoint import Component
 from searchr1.learner.model import DistInfo, load_critic, load_policy, load_reference, resolve_device
-from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.optim import build_optimizer
+from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.trainer import Trainer
 
 
