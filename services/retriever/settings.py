@@ -36,8 +36,9 @@ class BatchSettings(Section):
 
     max_queries: int = Field(default=128, ge=1, le=100_000)
     """Most queries in one micro-batch (a single larger request still runs whole)."""
-    max_wait_ms: float = Field(default=1.0, ge=0.0, le=1000.0)
-    """How long a batch with room left waits for more requests after taking all that are queued."""
+    max_wait_ms: float = Field(default=0.0, ge=0.0, le=1000.0)
+    """How long a batch with room left waits for more requests after taking all that are queued (0: no
+    wait; requests that arrive while a batch runs form the next one, so batches grow with the load)."""
 
 
 class SearchSettings(Section):
@@ -90,9 +91,14 @@ class RetrieverSettings(ServiceSettings):
     token: str | None = None
     """Bearer token both APIs require (health and metrics stay open). None: no auth."""
     torch_threads: int = Field(default=1, ge=1, le=1024)
-    """torch intra-op threads for the query encoder (1 each for torch and FAISS worked best on 2 cores)."""
+    """torch intra-op threads for the query encoder on batches below `batch_threads_from` queries."""
     faiss_threads: int = Field(default=1, ge=1, le=1024)
-    """FAISS OpenMP threads (also BM25 threads)."""
+    """FAISS OpenMP threads on batches below `batch_threads_from` queries (also BM25 threads)."""
+    batch_threads: int = Field(default=0, ge=0, le=1024)
+    """torch and FAISS threads for batches of `batch_threads_from` queries or more (0: every core this
+    process may use)."""
+    batch_threads_from: int = Field(default=16, ge=1, le=100_000)
+    """Batch size (queries) from which `batch_threads` are used: a small batch is too small to split."""
     faiss_blas_threshold: int = Field(default=20, ge=1)
     """faiss.cvar.distance_compute_blas_threshold: batches at least this big use BLAS (default 128000 never does)."""
     max_message_bytes: int = Field(default=64 << 20, ge=1 << 16)
