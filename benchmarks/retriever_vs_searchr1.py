@@ -43,8 +43,8 @@ HERE = Path(__file__).resolve().parent
 WORDS = ("river mountain city king queen war treaty album film novel singer physicist painter empire island capital "
          "bridge university election president company battle church opera museum desert festival football olympic "
          "satellite planet ocean language dynasty born founded located known century north south east west village "
-         "county province state railway station team season league cup award prize poet composer band record label "
-         "army navy air force general minister").split()
+         "county province state railway station team season league cup award prize poet composer album band record "
+         "label army navy air force general minister").split()
 STARTS = ["who founded the", "when was the", "where is the", "what is the largest", "who wrote the",
           "which country has the", "how tall is the", "who won the"]
 

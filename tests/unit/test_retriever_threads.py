@@ -14,7 +14,13 @@ from searchr1.retriever.batcher import MicroBatcher
 from searchr1.retriever.encoders import length_order
 from searchr1.retriever.indexes import Ranked
 from searchr1.retriever.settings import RetrieverSettings
-from searchr1.retriever.threads import ThreadPolicy, available_cores, threads_for
+from searchr1.retriever.threads import (
+    FAISS_DEFAULT_BLAS_THRESHOLD,
+    ThreadPolicy,
+    available_cores,
+    blas_threshold_for,
+    threads_for,
+)
 
 
 def test_threads_for_switches_at_the_threshold():
@@ -22,9 +28,15 @@ def test_threads_for_switches_at_the_threshold():
     assert threads_for(100, small=2, large=2, large_from=1) == 2
 
 
+def test_blas_only_for_batches_of_several_queries():
+    assert [blas_threshold_for(b, low=20, blas_from=4) for b in (1, 3, 4, 64)] == [
+        FAISS_DEFAULT_BLAS_THRESHOLD, FAISS_DEFAULT_BLAS_THRESHOLD, 20, 20]
+
+
 def test_policy_from_settings_defaults_to_every_core():
     p = ThreadPolicy.from_settings(RetrieverSettings())
     assert (p.small, p.small_faiss, p.large, p.large_from) == (1, 1, available_cores(), 16)
+    assert (p.blas_threshold, p.blas_from) == (20, 4)
     p = ThreadPolicy.from_settings(RetrieverSettings(torch_threads=2, faiss_threads=3, batch_threads=5,
                                                      batch_threads_from=8))
     assert (p.small, p.small_faiss, p.large, p.large_from) == (2, 3, 5, 8)
@@ -37,20 +49,23 @@ def test_policy_sets_torch_and_faiss_threads_on_the_calling_thread():
     import torch
 
     def run():
-        policy = ThreadPolicy(small=1, small_faiss=1, large=2, large_from=4)
+        policy = ThreadPolicy(small=1, small_faiss=1, large=2, large_from=4, blas_threshold=7, blas_from=2)
         seen = []
-        for batch in (1, 4, 64, 2):
+        for batch in (1, 2, 4, 64, 1):
             n = policy.apply(batch)
-            seen.append((n, torch.get_num_threads(), faiss.omp_get_max_threads()))
+            seen.append((n, torch.get_num_threads(), faiss.omp_get_max_threads(),
+                         faiss.cvar.distance_compute_blas_threshold))
         return seen
 
-    before = torch.get_num_threads()
+    before = torch.get_num_threads(), faiss.cvar.distance_compute_blas_threshold
     out: list = []
     t = threading.Thread(target=lambda: out.extend(run()))
     t.start()
     t.join()
-    torch.set_num_threads(before)
-    assert out == [(1, 1, 1), (2, 2, 2), (2, 2, 2), (1, 1, 1)]
+    torch.set_num_threads(before[0])
+    faiss.cvar.distance_compute_blas_threshold = before[1]
+    big = FAISS_DEFAULT_BLAS_THRESHOLD
+    assert out == [(1, 1, 1, big), (1, 1, 1, 7), (2, 2, 2, 7), (2, 2, 2, 7), (1, 1, 1, big)]
 
 
 def _fake_search(thread_ids: list[int]):
