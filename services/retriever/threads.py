@@ -6,17 +6,17 @@ searches. torch's intra-op count, FAISS's OpenMP count and its BLAS threshold ar
 change, so a run of same-sized batches costs nothing. It does not decide batch sizes (the micro-batcher
 does).
 
-BLAS: FAISS (1.15) takes the BLAS path of a brute-force search when the query count *or the database
-size* reaches `distance_compute_blas_threshold`, so a low threshold sends one query through a matrix
-product too. On a 20,000 × 384 Flat index (one thread): one query costs 2.3 ms of CPU on FAISS's own loop
-and 6.6 ms through BLAS; 8 queries cost 2.2 vs 0.8 ms each, 64 queries 2.0 vs 0.24 ms each. Hence a low
-threshold from `blas_from` queries on and FAISS's default (128,000, in effect never) below.
+BLAS: FAISS (1.15) takes the BLAS path of a brute-force search when the query count *or the database size*
+reaches `distance_compute_blas_threshold`, so a low threshold sends one query through a matrix product too.
+On a 20,000 × 384 Flat index (one thread; 2 cores, 24 GiB, shared): one query costs 2.3 ms of CPU on FAISS's
+own loop and 6.6 ms through BLAS; 8 queries cost 2.2 vs 0.8 ms each, 64 queries 2.0 vs 0.24 ms each. Hence a
+low threshold from `blas_from` queries on and FAISS's default (128,000, in effect never) below.
 
 Why: a one-query encode + search is too small to split (a second thread only adds synchronisation and
 spin-waiting that takes the core the event loop needs for HTTP), while a batch of dozens of queries is
 one big matrix product that scales with cores. With one fixed count the server loses either way: one
 thread leaves half of a 2-core machine idle on batches, two threads slow every small request
-(docs/retriever.md, "Performance"; docs/architecture.md, "Platform notes").
+(docs/performance.md, "Retriever"; docs/architecture.md, "Platform notes").
 """
 
 from __future__ import annotations
