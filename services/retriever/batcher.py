@@ -1,14 +1,16 @@
 """Micro-batching: concurrent requests are merged into one encode + one index search.
 
 One asyncio task drains a queue of requests. A batch takes every request already queued (up to
-`max_queries` queries), then, if it still has room, waits up to `max_wait_s` for more; it runs the
-search for all their queries at the largest requested k in a single worker thread (so the event loop
-keeps accepting requests, and torch and FAISS never run two batches at once), and hands each request
-its slice, cut to its own k. A request is never split across batches.
+`max_queries` queries), then, if it still has room, waits up to `max_wait_s` for more (0 by default:
+requests that arrive while a batch runs form the next one, so batches grow with the load and a lone
+request never waits). It runs the search for all their queries at the largest requested k in a single
+worker thread (so the event loop keeps accepting requests, and torch and FAISS never run two batches at
+once), cuts each request its slice at its own k, and, on the same thread, applies the request's
+`finish` function (the service turns rows into passages there), so a request costs one thread hop. A
+request is never split across batches.
 
-Departure from Search-R1: its server runs one request at a time, so concurrent rollout workers queue
-behind each other and each pays a full encode + search; batching amortises both (see
-benchmarks/retriever.py).
+Departure from Search-R1: its server runs every request on its own (FastAPI's thread pool), so each pays
+a full encode + search; batching amortises both (benchmarks/retriever_vs_searchr1.py).
 """
 
 from __future__ import annotations
@@ -18,12 +20,17 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from searchr1.core.aio import stop_task
 from searchr1.retriever.indexes import Ranked
 from searchr1.retriever.metrics import RetrieverMetrics
 
 SearchFn = Callable[[Sequence[str], int], Ranked]
+Hits = list[list[tuple[int, float]]]
+"""(row, score) pairs per query of one request."""
+FinishFn = Callable[[Hits], Any]
+"""Turns a request's hits into its answer, on the search thread."""
 
 
 class QueueFull(RuntimeError):
@@ -35,6 +42,7 @@ class _Pending:
     queries: list[str]
     k: int
     future: asyncio.Future = field(repr=False)
+    finish: FinishFn | None = field(default=None, repr=False)
 
 
 def split_ranked(ranked: Ranked, sizes: Sequence[int], ks: Sequence[int]) -> list[list[list[tuple[int, float]]]]:
@@ -56,7 +64,7 @@ class MicroBatcher:
         search_fn: SearchFn,
         *,
         max_queries: int = 128,
-        max_wait_s: float = 0.001,
+        max_wait_s: float = 0.0,
         max_queue_queries: int = 8192,
         metrics: RetrieverMetrics | None = None,
     ) -> None:
@@ -85,7 +93,8 @@ class MicroBatcher:
         """Run `fn` on the search thread (e.g. thread-count set-up that must happen on that thread)."""
         return self._executor.submit(fn, *args).result()
 
-    async def search(self, queries: Sequence[str], k: int) -> list[list[tuple[int, float]]]:
+    async def search(self, queries: Sequence[str], k: int, *, finish: FinishFn | None = None) -> Any:
+        """Hits per query (row, score), or `finish(hits)` computed on the search thread."""
         if self._task is None:
             raise RuntimeError("MicroBatcher.start() was not awaited")
         if self._queued + len(queries) > self.max_queue_queries:
@@ -93,7 +102,7 @@ class MicroBatcher:
         fut = asyncio.get_running_loop().create_future()
         self._queued += len(queries)
         self._gauge()
-        await self._queue.put(_Pending(list(queries), k, fut))
+        await self._queue.put(_Pending(list(queries), k, fut, finish))
         return await fut
 
     def _gauge(self) -> None:
@@ -139,7 +148,7 @@ class MicroBatcher:
             k = max(p.k for p in live)
             t0 = time.perf_counter()
             try:
-                ranked = await loop.run_in_executor(self._executor, self._search_fn, queries, k)
+                answers = await loop.run_in_executor(self._executor, self._search_batch, live, queries, k)
             except Exception as exc:  # noqa: BLE001 - one failed batch fails its requests, never the batcher
                 for p in live:
                     if not p.future.done():
@@ -149,7 +158,22 @@ class MicroBatcher:
                 self._metrics.batch_queries.observe(len(queries))
                 self._metrics.batch_seconds.observe(time.perf_counter() - t0)
                 self._metrics.queries.inc(len(queries))
-            for p, hits in zip(live, split_ranked(ranked, [len(p.queries) for p in live], [p.k for p in live]),
-                               strict=True):
+            for p, (ok, answer) in zip(live, answers, strict=True):
                 if not p.future.done():
-                    p.future.set_result(hits)
+                    if ok:
+                        p.future.set_result(answer)
+                    else:
+                        p.future.set_exception(answer)
+
+    def _search_batch(self, live: list[_Pending], queries: list[str], k: int) -> list[tuple[bool, Any]]:
+        """On the search thread: one search, cut per request, each request's `finish` applied; a failing
+        `finish` fails only its own request."""
+        ranked = self._search_fn(queries, k)
+        answers: list[tuple[bool, Any]] = []
+        for p, hits in zip(live, split_ranked(ranked, [len(p.queries) for p in live], [p.k for p in live]),
+                           strict=True):
+            try:
+                answers.append((True, p.finish(hits) if p.finish is not None else hits))
+            except Exception as exc:  # noqa: BLE001 - handed to that request's caller
+                answers.append((False, exc))
+        return answers

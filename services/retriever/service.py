@@ -2,8 +2,9 @@
 hits), the gRPC servicer and the Search-R1-compatible FastAPI app.
 
 Both APIs go through `RetrieverService.search`, so they batch together and answer identically. The
-search runs on the micro-batcher's thread and the corpus rows are read from the memory map in a worker
-thread, so page faults on a cold corpus never stall the event loop.
+search runs on the micro-batcher's thread, and the corpus rows are read from the memory map on that same
+thread right after it (one thread hop per request), so page faults on a cold corpus never stall the
+event loop.
 
 HTTP `POST /retrieve` takes Search-R1's body `{"queries": [...], "topk": 3, "return_scores": true}` and
 answers `{"result": [[{"document": {"id", "contents"}, "score"}, …], …]}`, or
@@ -15,7 +16,6 @@ range) gets HTTP 422 with a message instead of a 500 or an unbounded search.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -71,11 +71,10 @@ class RetrieverService:
 
     async def search(self, queries: Sequence[str], top_k: int) -> list[list[Hit]]:
         validate_request(queries, top_k, self.limits)
-        ranked = await self.batcher.search(queries, top_k)
-        return await asyncio.to_thread(self.hits, ranked)
+        return await self.batcher.search(queries, top_k, finish=self.hits)
 
     def hits(self, ranked: Sequence[Sequence[tuple[int, float]]]) -> list[list[Hit]]:
-        """Corpus rows → hits, per query (memory-map reads: blocking, so called in a worker thread)."""
+        """Corpus rows → hits, per query (memory-map reads: blocking, so run on the search thread)."""
         out = []
         for row_scores in ranked:
             query_hits = []

