@@ -133,6 +133,7 @@ SETTINGS = {
     "learner": ("searchr1.learner.settings", "LearnerSettings"),
     "launcher": ("searchr1.launcher.settings", "LauncherSettings"),
     "world": ("searchr1.world.settings", "WorldSettings"),
+    "placement": ("searchr1.launcher.placement", "PlacementSettings"),
 }
 
 
