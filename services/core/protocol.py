@@ -72,6 +72,7 @@ _SEARCH_RE = re.compile(r"<search>(.*?)</search>", re.DOTALL)
 _ASSISTANT_RE = re.compile(r"<\|im_start\|>assistant\s*")
 _TAG_ALTERNATION = "|".join(TAGS)
 _TAG_SPLIT_RE = re.compile(rf"(</?(?:{_TAG_ALTERNATION})>)")
+_TAG_BLOCK_RE = re.compile(rf"<({_TAG_ALTERNATION})>(.*?)</\1>", re.DOTALL)
 _TAG_RE = re.compile(rf"</?(?:{_TAG_ALTERNATION})>")
 _DROP_PUNCTUATION = str.maketrans("", "", string.punctuation)
 _ARTICLES_RE = re.compile(r"\b(a|an|the)\b")
@@ -188,6 +189,21 @@ def extract_answer(response: str) -> str | None:
     """The response's answer: the last `<answer>…</answer>`, stripped; None when there is none."""
     matches = _ANSWER_RE.findall(response)
     return matches[-1].strip() if matches else None
+
+
+def tag_segments(text: str) -> list[tuple[str, str | None]]:
+    """`text` cut into consecutive `(segment, tag)` pairs: each whole `<tag>…</tag>` block of the protocol
+    with its tag name, the text between blocks with None (for displaying a trajectory)."""
+    out: list[tuple[str, str | None]] = []
+    pos = 0
+    for m in _TAG_BLOCK_RE.finditer(text):
+        if m.start() > pos:
+            out.append((text[pos:m.start()], None))
+        out.append((m.group(0), m.group(1)))
+        pos = m.end()
+    if pos < len(text):
+        out.append((text[pos:], None))
+    return out
 
 
 def information_blocks(text: str) -> list[str]:

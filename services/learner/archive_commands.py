@@ -8,13 +8,13 @@ copy of a step archived twice (see `archive.py`) unless `--all-copies` is given.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-_TAGS = re.compile(r"<(think|search|information|answer)>(.*?)</\1>", re.DOTALL)
+from searchr1.core.protocol import tag_segments
+
 TAG_STYLES = {"think": "italic cyan", "search": "bold yellow", "information": "dim green on grey11",
               "answer": "bold magenta"}
 """How `show` sets each Search-R1 tag apart; the environment's `<information>` blocks are dimmed on a
@@ -34,16 +34,7 @@ AllCopies = Annotated[bool, typer.Option("--all-copies", help="Keep every copy o
 
 def styled_segments(text: str) -> list[tuple[str, str]]:
     """Split a response into (segment, style) pairs by Search-R1 tag (untagged text: no style)."""
-    out: list[tuple[str, str]] = []
-    pos = 0
-    for m in _TAGS.finditer(text):
-        if m.start() > pos:
-            out.append((text[pos:m.start()], ""))
-        out.append((m.group(0), TAG_STYLES[m.group(1)]))
-        pos = m.end()
-    if pos < len(text):
-        out.append((text[pos:], ""))
-    return out
+    return [(segment, TAG_STYLES[tag] if tag else "") for segment, tag in tag_segments(text)]
 
 
 def register_archive(group: typer.Typer) -> None:

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from searchr1.core.protocol import tag_segments
+
 if TYPE_CHECKING:
     from searchr1.cli import Groups
 
@@ -21,19 +23,7 @@ TAG_STYLES = {"think": "italic cyan", "search": "bold yellow", "information": "d
 
 def styled_segments(text: str) -> list[tuple[str, str]]:
     """Split a response into (segment, style) pairs by Search-R1 tag (untagged text: no style)."""
-    import re
-
-    out: list[tuple[str, str]] = []
-    pattern = re.compile(r"<(think|search|information|answer)>(.*?)</\1>", re.DOTALL)
-    pos = 0
-    for m in pattern.finditer(text):
-        if m.start() > pos:
-            out.append((text[pos:m.start()], ""))
-        out.append((m.group(0), TAG_STYLES[m.group(1)]))
-        pos = m.end()
-    if pos < len(text):
-        out.append((text[pos:], ""))
-    return out
+    return [(segment, TAG_STYLES[tag] if tag else "") for segment, tag in tag_segments(text)]
 
 
 def register(groups: Groups) -> None:

@@ -302,3 +302,17 @@ def _reference_normalize(text: str) -> str:
 @given(_TEXT)
 def test_normalisation_matches_the_reference_definition(text):
     assert P.normalize_answer(text) == _reference_normalize(text)
+
+
+def test_tag_segments_cut_text_into_protocol_blocks():
+    from searchr1.core.protocol import tag_segments
+
+    text = "a<think> t </think>\n<search>q</search><information>Doc 1(Title: X) y</information>b<answer> z </answer>"
+    assert tag_segments(text) == [
+        ("a", None), ("<think> t </think>", "think"), ("\n", None), ("<search>q</search>", "search"),
+        ("<information>Doc 1(Title: X) y</information>", "information"), ("b", None),
+        ("<answer> z </answer>", "answer"),
+    ]
+    assert "".join(s for s, _ in tag_segments(text)) == text
+    assert tag_segments("no tags <think> unclosed") == [("no tags <think> unclosed", None)]
+    assert tag_segments("") == []
