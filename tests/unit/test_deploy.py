@@ -32,6 +32,7 @@ import typer.main
 import yaml
 
 from searchr1.cli import build_app
+from tests.support.configs import SETTINGS
 
 ROOT = Path(__file__).resolve().parents[2]
 YAMLS = sorted([ROOT / "docker-compose.yml", *(ROOT / "deploy").rglob("*.yml"), *(ROOT / "deploy").rglob("*.yaml")])
@@ -126,15 +127,6 @@ def test_every_command_line_names_real_commands_and_options():
                 assert tok in known, f"{where}: {cmd.name} has no option {tok} (known: {sorted(known)})"
 
 
-SETTINGS = {
-    "retriever": ("searchr1.retriever.settings", "RetrieverSettings"),
-    "reward": ("searchr1.reward.settings", "RewardSettings"),
-    "rollout": ("searchr1.rollout.settings", "RolloutSettings"),
-    "learner": ("searchr1.learner.settings", "LearnerSettings"),
-    "launcher": ("searchr1.launcher.settings", "LauncherSettings"),
-    "world": ("searchr1.world.settings", "WorldSettings"),
-    "placement": ("searchr1.launcher.placement", "PlacementSettings"),
-}
 
 
 def _clear_service_env(monkeypatch):

@@ -1,6 +1,6 @@
-"""Every run config under configs/ validates against the settings class of each table it holds (unknown
-keys and bad values are errors), and the Search-R1 paper configs (configs/searchr1-*.toml) agree with
-Search-R1 v0.2's hyperparameters and launch as their own [placement] table places them."""
+"""The Search-R1 paper configs (configs/searchr1-*.toml) agree with Search-R1 v0.2's hyperparameters and
+launch as their own [placement] table places them. (That every config under configs/ validates table by
+table is tests/unit/test_deploy.py's `test_run_configs_load`.)"""
 
 from __future__ import annotations
 
@@ -11,22 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from searchr1.core.settings import load_settings, read_config_file
+from searchr1.core.settings import load_settings
 from searchr1.launcher.placement import plan_placement
 from searchr1.launcher.specs import build_plan
+from tests.support.configs import SETTINGS
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-SETTINGS = {
-    "launcher": ("searchr1.launcher.settings", "LauncherSettings"),
-    "retriever": ("searchr1.retriever.settings", "RetrieverSettings"),
-    "reward": ("searchr1.reward.settings", "RewardSettings"),
-    "rollout": ("searchr1.rollout.settings", "RolloutSettings"),
-    "learner": ("searchr1.learner.settings", "LearnerSettings"),
-    "placement": ("searchr1.launcher.placement", "PlacementSettings"),
-    "world": ("searchr1.world.settings", "WorldSettings"),
-}
 PAPER = sorted(CONFIGS.glob("searchr1-*.toml"))
-ALL = sorted(CONFIGS.glob("*.toml"))
 
 
 def _load(cls_path: tuple[str, str], config: Path, monkeypatch: pytest.MonkeyPatch):
@@ -34,14 +25,6 @@ def _load(cls_path: tuple[str, str], config: Path, monkeypatch: pytest.MonkeyPat
     for key in [k for k in os.environ if k.startswith(cls.model_config["env_prefix"])]:
         monkeypatch.delenv(key)
     return load_settings(cls, config)
-
-
-@pytest.mark.parametrize("config", ALL, ids=lambda p: p.stem)
-def test_every_table_validates(config: Path, monkeypatch: pytest.MonkeyPatch):
-    tables = [t for t in read_config_file(config) if t in SETTINGS]
-    assert tables, f"{config.name} holds no service table"
-    for table in tables:
-        _load(SETTINGS[table], config, monkeypatch)  # raises on an unknown key or a bad value
 
 
 def test_paper_configs_exist():
