@@ -57,7 +57,8 @@ class AlgorithmSettings(Section):
     entropy_coef: float = Field(default=0.001, ge=-1.0, le=1.0)
     """Entropy bonus coefficient (Search-R1 default 0.001); negative = entropy minimisation (a sharper policy)."""
     use_kl_loss: bool = True
-    """GRPO: add `kl_loss_coef × KL(π‖π_ref)` to the loss (needs a frozen reference model)."""
+    """Add `kl_loss_coef × KL(π‖π_ref)` to the actor's loss, for GRPO and PPO alike as in veRL's actor (needs a
+    reference model). PPO configs that take Search-R1's in-reward KL instead set it false."""
     kl_loss_coef: float = Field(default=0.001, ge=0.0)
     """Weight of the KL loss."""
     kl_loss_type: Literal[
@@ -276,13 +277,14 @@ class LearnerSettings(ServiceSettings):
     @model_validator(mode="after")
     def _coherent(self) -> LearnerSettings:
         if self.algorithm.advantage == "gae" and self.algorithm.use_kl_loss and self.algorithm.kl_in_reward:
-            raise ValueError("choose one of use_kl_loss (GRPO) and kl_in_reward (PPO)")
+            raise ValueError("choose one KL term for PPO: use_kl_loss (in the actor's loss) or kl_in_reward "
+                             "(in the token rewards, Search-R1's PPO)")
         a = self.algorithm
         if a.ref_ema_tau < 1.0:
             if self.model.lora.enabled:
                 raise ValueError("ref_ema_tau < 1 (EMA reference) needs full fine-tuning: with LoRA the policy is "
                                  "base weights plus adapters and cannot be averaged into the reference")
-            kl_loss = a.use_kl_loss and a.advantage != "gae" and a.kl_loss_coef > 0
+            kl_loss = a.use_kl_loss and a.kl_loss_coef > 0
             if not (kl_loss or a.kl_in_reward):
                 raise ValueError("ref_ema_tau < 1 needs a KL term (use_kl_loss with kl_loss_coef > 0, or kl_in_reward)")
         if a.kl_iw_clip is not None and not 0.0 <= a.kl_iw_clip[0] <= a.kl_iw_clip[1]:

@@ -19,7 +19,7 @@ used instead of a second forward pass — the same numbers, one forward less. Of
 multiplied into their advantages (decoupled PPO). PPO: critic values, in-reward KL and GAE are
 computed in a no-grad pre-pass; advantages are whitened with the whole step's statistics (all-reduced).
 
-KL loss (GRPO): `kl_term.KLTerm` runs the policy's forward and the reference's per micro-batch (a sampled
+KL loss (GRPO and PPO's actor): `kl_term.KLTerm` runs the policy's forward and the reference's per micro-batch (a sampled
 estimator, or EMA-PG's full / top-k KL; the pre-pass also records the pre-update policy's top-k ids for a
 reverse top-k KL). EMA anchor: with `ref_ema_tau < 1` the reference moves towards the policy after every
 `ref_ema_period`-th step's last optimizer step (`reference.ema_update_`).
@@ -142,11 +142,11 @@ class Trainer:
         self.is_ppo = a.advantage == "gae"
         if self.is_ppo and critic is None:
             raise ValueError("advantage 'gae' (PPO) needs a critic")
-        if (a.use_kl_loss and not self.is_ppo or a.kl_in_reward) and reference is None:
+        if (a.use_kl_loss or a.kl_in_reward) and reference is None:
             raise ValueError("a KL term needs a reference model")
         self.policy_loss = POLICY_LOSSES[a.policy_loss]
         # the KL loss's forwards and per-token values (sampled, full or top-k; see kl_term.py)
-        self.kl_term = KLTerm(a, enabled=a.use_kl_loss and not self.is_ppo)
+        self.kl_term = KLTerm(a, enabled=a.use_kl_loss)
         # per-step state, set by `_place` at the start of each `train_step`
         self._lengths: list[int] = []  # attention lengths of this rank's rows (micro-batch grouping)
         self._dummy: Batch | None = None  # one real row standing in for an empty micro-batch (_micro_rows)

@@ -37,7 +37,7 @@ def build_training(settings: LearnerSettings, info: DistInfo) -> Training:
     policy = load_policy(settings, device, info)
     opt, sched = build_optimizer(policy, settings.optim.lr, settings, settings.optim.warmup_ratio)
     components = [Component("policy", policy, opt, sched)]
-    need_ref = (a.use_kl_loss and a.advantage != "gae" and a.kl_loss_coef > 0) or a.kl_in_reward
+    need_ref = (a.use_kl_loss and a.kl_loss_coef > 0) or a.kl_in_reward
     if a.use_kl_loss and a.kl_loss_coef == 0:
         settings = settings.model_copy(update={"algorithm": a.model_copy(update={"use_kl_loss": False})})
     reference = load_reference(settings, device, info) if need_ref else None

@@ -204,6 +204,39 @@ def test_ppo_step_trains_policy_and_critic(model_path):
     assert any(not torch.equal(after[k], critic_before[k]) for k in after)
 
 
+def test_ppo_actor_takes_the_kl_loss_top_k_and_ema(model_path):
+    """PPO with the actor's KL loss (EMA-PG's top-k reverse KL to an EMA anchor): the KL term is in the
+    policy's loss (a step without it gives another update), the in-reward penalty stays off, and the
+    anchor moves after the step."""
+    algo = {"advantage": "gae", "use_kl_loss": True, "kl_loss_coef": 1.0, "kl_in_reward": False,
+            "kl_loss_type": "full_reverse", "kl_topk_tokens": 8, "ref_ema_tau": 0.5, "ref_ema_period": 1}
+    s = _settings(model_path, algorithm=algo, batch={"micro_batch_size": 4, "mini_batches": 2})
+    torch.manual_seed(0)
+    with_kl = build_training(s, DistInfo())
+    ref_before = _params(with_kl.trainer.reference)
+    stats = with_kl.trainer.train_step(build_batch(_groups()), version=0)
+    assert stats["kl_loss"] != 0.0 and math.isfinite(stats["kl_loss"])
+    after = _params(with_kl.trainer.reference)
+    assert any(not torch.equal(after[k], ref_before[k]) for k in after)  # the EMA anchor moved
+
+    no_kl = {**algo, "use_kl_loss": False, "ref_ema_tau": 1.0, "kl_topk_tokens": 0, "kl_loss_type": "low_var_kl"}
+    torch.manual_seed(0)
+    without = build_training(_settings(model_path, algorithm=no_kl, batch={"micro_batch_size": 4, "mini_batches": 2}),
+                             DistInfo())
+    assert without.trainer.reference is None
+    other = without.trainer.train_step(build_batch(_groups()), version=0)
+    assert other["kl_loss"] == 0.0
+    pa, pb = _params(with_kl.trainer.policy), _params(without.trainer.policy)
+    assert any(not torch.allclose(pa[k], pb[k]) for k in pa)
+
+
+def test_ppo_refuses_two_kl_terms():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="choose one KL term for PPO"):
+        LearnerSettings(algorithm={"advantage": "gae", "use_kl_loss": True, "kl_in_reward": True})
+
+
 def test_checkpoint_round_trip_restores_everything(model_path, tmp_path):
     s = _settings(model_path)
     a = build_training(s, DistInfo())
