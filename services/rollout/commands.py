@@ -48,6 +48,7 @@ def register(groups: Groups) -> None:
         import logging
 
         from searchr1.core.settings import ConfigError, load_settings
+        from searchr1.rollout.engine import GeneratorDead
         from searchr1.rollout.service import serve
         from searchr1.rollout.settings import RolloutSettings
 
@@ -76,6 +77,9 @@ def register(groups: Groups) -> None:
 
         try:
             asyncio.run(serve(settings, on_ready=ready))
+        except GeneratorDead as exc:
+            typer.echo(f"error: {exc}; exiting for a restart (the tasks held are redelivered)", err=True)
+            raise typer.Exit(1) from None
         except (OSError, ValueError) as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(1) from None

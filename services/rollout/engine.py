@@ -12,6 +12,9 @@ this protocol, so it is unit-tested with a scripted fake and runs on vLLM in pro
   under a lock, in a thread; a reload reads the new weights and frees the old ones in a thread too).
   Slow; for laptops and `rollout once`, not for training.
 
+A dead vLLM engine (its process killed, out of memory) surfaces as `GeneratorDead`, which the worker
+treats as fatal (worker.py).
+
 What this module does not do: parse actions, talk to the retriever, or decide turn budgets.
 
 Departure from Search-R1: Search-R1 generates every turn to `max_tokens` and cuts the text after the
@@ -22,9 +25,10 @@ are kept as they are.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -59,6 +63,13 @@ class TurnOutput:
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
             raise ValueError("token_ids and logprobs must have the same length")
+
+
+class GeneratorDead(RuntimeError):
+    """The generation engine is gone for good (vLLM's engine process died: killed, out of memory, a CUDA
+    error). Nothing in this process can bring it back: the worker stops taking tasks, leaves the ones it
+    holds unacked for redelivery and exits non-zero, so its supervisor (`searchr1 up`, Kubernetes)
+    starts a fresh one."""
 
 
 class Generator(Protocol):
@@ -181,9 +192,10 @@ class VllmGenerator:
             extra_args=request.extra_args,
         )
         final = None
-        async for out in self.engine.generate(TokensPrompt(prompt_token_ids=list(request.prompt_ids)), params,
-                                              request_id):
-            final = out
+        with _dead_engine_is_fatal():
+            async for out in self.engine.generate(TokensPrompt(prompt_token_ids=list(request.prompt_ids)),
+                                                  params, request_id):
+                final = out
         if final is None or not final.outputs:
             raise RuntimeError(f"vLLM returned no output for {request_id}")
         comp = final.outputs[0]
@@ -203,8 +215,9 @@ class VllmGenerator:
         return TurnOutput(ids, lps, comp.text, finish, comp.stop_reason if finish == "stop" else None)
 
     async def reload(self, weights_path: str) -> None:
-        await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": weights_path})
-        await self.engine.reset_prefix_cache()
+        with _dead_engine_is_fatal():
+            await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": weights_path})
+            await self.engine.reset_prefix_cache()
 
     async def close(self) -> None:
         engine, self.engine = self.engine, None
@@ -214,6 +227,17 @@ class VllmGenerator:
             # and prints a TypeError traceback into every demo log. Collect it now, while vLLM is alive.
             del engine
             gc.collect()
+
+
+@contextlib.contextmanager
+def _dead_engine_is_fatal() -> Iterator[None]:
+    """vLLM's `EngineDeadError` (its engine process is gone) → `GeneratorDead`."""
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    try:
+        yield
+    except EngineDeadError as exc:
+        raise GeneratorDead(f"vLLM's engine died: {exc}") from exc
 
 
 class HfGenerator:

@@ -18,7 +18,9 @@ worker's `agent` setting. Every group records the temperature it was actually sa
 Failure rules: a retriever that stays unavailable past the client's retry deadline ends that trajectory
 with finish reason `retriever_unavailable`, a refused search with `error` (the group is still published;
 the learner may drop it); a reward or publish failure leaves the task unacked, so it is
-redelivered after the visibility timeout and dead-lettered after `max_deliveries`. SIGTERM drains:
+redelivered after the visibility timeout and dead-lettered after `max_deliveries`. A dead engine
+(`GeneratorDead`) is fatal: the worker takes no more tasks, drains, and `run` raises it (the process
+exits 1 for its supervisor to restart; the tasks it held are redelivered). SIGTERM drains:
 no new tasks, in-flight groups finish, are published and acked, then the worker exits.
 
 What the worker does not do: decide how many tasks exist (the learner's dispatcher) or train.
@@ -39,7 +41,7 @@ from searchr1.core.protocol import render_prompt
 from searchr1.core.schemas import Task, Trajectory, TrajectoryGroup
 from searchr1.core.streams import Entry, TypedStream
 from searchr1.rollout.agent import AgentLimits, Sampling, SearchFn, TrajectoryResult, run_trajectory
-from searchr1.rollout.engine import Generator, TextCodec
+from searchr1.rollout.engine import Generator, GeneratorDead, TextCodec
 from searchr1.rollout.metrics import RolloutMetrics
 from searchr1.rollout.settings import AgentSettings, RewardClientSettings
 from searchr1.rollout.weights import WeightLoader
@@ -56,6 +58,23 @@ class Scorer(Protocol):
     """`RewardClient.score` has this signature."""
 
     async def score(self, scorer: str, items: Sequence[Any], params: dict | None = None) -> ScoreResultLike: ...
+
+
+def _dead_generator(exc: BaseException) -> GeneratorDead | None:
+    """The `GeneratorDead` inside `exc` (itself, a cause, or one of an exception group's), if any."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [exc]
+    while todo:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, GeneratorDead):
+            return e
+        todo += [x for x in (e.__cause__, e.__context__) if x is not None]
+        if isinstance(e, BaseExceptionGroup):
+            todo += list(e.exceptions)
+    return None
 
 
 def _set_or(value, fallback):
@@ -198,6 +217,7 @@ class Worker:
     _next_reclaim: float = 0.0
     _next_weights: float = 0.0
     _next_lag: float = 0.0
+    _fatal: GeneratorDead | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until `stop` is set, then drain (finish, publish and ack in-flight tasks)."""
@@ -207,7 +227,7 @@ class Worker:
         self._next_reclaim = 0.0
         self._next_weights = 0.0
         try:
-            while not stop.is_set():
+            while not stop.is_set() and self._fatal is None:
                 try:
                     await self._step()
                 except (RedisError, OSError) as exc:  # Redis restarting / unreachable: wait and retry
@@ -215,6 +235,8 @@ class Worker:
                     await asyncio.sleep(1.0)
         finally:
             await self._drain()
+        if self._fatal is not None:  # after the drain: every task still held stays unacked for redelivery
+            raise self._fatal
 
     async def _step(self) -> None:
         """One pass: new weights? → reclaim idle tasks → read new tasks → start them."""
@@ -295,6 +317,10 @@ class Worker:
         except Exception as exc:  # noqa: BLE001 - any failure leaves the task for redelivery
             self.metrics.task_failures.labels(stage).inc()
             log.error("task %s failed at %s (left unacked for redelivery): %s", task.task_id, stage, exc)
+            dead = _dead_generator(exc)
+            if dead is not None and self._fatal is None:
+                log.critical("the generation engine died (%s): taking no more tasks; exiting for a restart", dead)
+                self._fatal = dead
             return
         self.metrics.groups.inc()
         self.metrics.group_seconds.observe(time.perf_counter() - t0)
