@@ -368,7 +368,8 @@ async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = No
             publisher.base_url = f"http://{settings.weights.public_host or settings.weights.host}:{http.port}"
         if settings.metrics_port is not None:
             metrics_server = start_metrics_server(metrics.registry, host=settings.metrics_host,
-                                                  port=settings.metrics_port, ready=lambda: link.up)
+                                                  port=settings.metrics_port, ready=lambda: link.up,
+                                                  token=None if settings.metrics_open else settings.token)
     archive = None
     if info.is_main and settings.archive.enabled:
         archive = await asyncio.to_thread(ArchiveWriter, settings.archive_dir, settings.archive.every_steps)

@@ -103,7 +103,8 @@ async def build_service(settings: RolloutSettings, *, generator: Generator | Non
     metrics = RolloutMetrics()
     link = RedisLink("rollout", **metrics.redis.link_callbacks())
     metrics_server = (start_metrics_server(metrics.registry, settings.metrics_host, settings.metrics_port,
-                                           ready=lambda: link.up)
+                                           ready=lambda: link.up,
+                                           token=None if settings.metrics_open else settings.token)
                       if serve_metrics else None)
     closers: list[Callable[[], Any]] = []
     owns = generator is None
