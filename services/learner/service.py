@@ -384,7 +384,7 @@ async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = No
             dispatcher = Dispatcher(learner.tasks, specs, settings.dispatcher,
                                     epoch=pos.get("epoch", 0), cursor=pos.get("cursor", 0),
                                     on_publish=metrics.tasks.inc, staleness=learner.staleness,
-                                    version=state.version)
+                                    version=state.version, downstream=learner.trajectories)
         return await learner.run(stop, max_steps=max_steps, dispatcher=dispatcher)
     finally:
         if http is not None:
