@@ -39,8 +39,9 @@ from collections import deque
 from typing import Any
 
 from searchr1.core.aio import stop_task
+from searchr1.core.redis_link import RedisLink
 from searchr1.core.schemas import Task, TrajectoryGroup
-from searchr1.core.streams import RedisLink, StreamKeys, TypedStream, tasks_stream, trajectories_stream
+from searchr1.core.streams import StreamKeys, TypedStream, tasks_stream, trajectories_stream
 from searchr1.learner.archive import ArchiveWriter
 from searchr1.learner.batch import Batch, build_batch
 from searchr1.learner.checkpoint import Checkpointer, TrainState
@@ -333,8 +334,9 @@ async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = No
                       max_steps: int | None = None) -> TrainState:
     """Everything `searchr1 train` does: models, Redis, dispatcher, weight server, metrics, loop."""
     from searchr1.core.metrics import start_metrics_server
+    from searchr1.core.redis_link import RedisLink
     from searchr1.core.servers import HttpServer, install_shutdown_signals
-    from searchr1.core.streams import RedisLink, connect
+    from searchr1.core.streams import connect
     from searchr1.learner.data import load_tasks, oversample
     from searchr1.learner.dispatcher import Dispatcher
     from searchr1.learner.publisher import weights_app
