@@ -21,6 +21,7 @@ help:
 	@echo "make test      set up .venv and run the whole test suite (unit, integration, e2e)"
 	@echo "make test-deploy  docker compose up of the tiny world on a real Docker daemon (tests/deploy)"
 	@echo "make test-repro   the GPU-reproduction flow once on CPU (data fetch, index fetch, up, eval, table)"
+	@echo "make test-load    load tests (tests/load: the retriever under 256 clients for 60 s; prints RSS)"
 	@echo "make demo      the tiny world end to end (searchr1 demo; see README)"
 	@echo "make bench     run benchmarks/ (prints figures against in-run baselines)"
 	@echo "make lint      ruff + import-linter contracts"
@@ -61,6 +62,10 @@ test-e2e: $(STAMP)
 # the reproduction flow once on CPU (data fetch → index fetch → up → eval → table; a few minutes)
 test-repro: $(STAMP)
 	$(BIN)/python -m pytest tests/integration/test_reproduce_flow.py -m slow $(PYTEST_ARGS)
+
+# saturating load (tests/load, marker `load`; minutes of full CPU), excluded from `make test`
+test-load: $(STAMP)
+	$(BIN)/python -m pytest tests/load -m load -s $(PYTEST_ARGS)
 
 # Needs root (it starts dockerd) and Debian's docker.io, docker-compose and mmdebstrap (see docs/deploy.md).
 test-deploy: $(STAMP)

@@ -21,7 +21,10 @@ the learner may drop it); a reward or publish failure leaves the task unacked, s
 redelivered after the visibility timeout and dead-lettered after `max_deliveries`. A dead engine
 (`GeneratorDead`) is fatal: the worker takes no more tasks, drains, and `run` raises it (the process
 exits 1 for its supervisor to restart; the tasks it held are redelivered). SIGTERM drains:
-no new tasks, in-flight groups finish, are published and acked, then the worker exits.
+no new tasks, in-flight groups finish, are published and acked, then the worker exits. Redis away: the
+streams' `RedisLink` makes every read, publish and ack wait for it (a task is acked only after its
+group is published), and once Redis is back the worker first re-reads the tasks still pending for it
+that it does not hold (a read whose reply the outage lost).
 
 What the worker does not do: decide how many tasks exist (the learner's dispatcher) or train.
 """
@@ -247,8 +250,8 @@ class Worker:
         if slots <= 0:
             await asyncio.wait(self._inflight, timeout=self.block_ms / 1000, return_when=asyncio.FIRST_COMPLETED)
             return
-        entries: list[Entry[Task]] = []
-        if now >= self._next_reclaim:
+        entries = await self.tasks.reread_own(self.worker_id, self._inflight_ids, slots)
+        if not entries and now >= self._next_reclaim:
             self._next_reclaim = now + self.reclaim_interval_s
             reclaimed = await self.tasks.reclaim(self.worker_id, slots)
             # our own slow tasks look idle too: claiming them resets their idle time, nothing more
