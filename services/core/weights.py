@@ -4,9 +4,15 @@ notice per publication, plus the snapshot digest both sides compute the same way
 
 It does not write or load tensors (that is the learner's publisher and the rollout's loader).
 
+The digest is one sha256 over every file's relative path and bytes, in sorted order (`snapshot_digest`).
+`DigestBuilder` computes it incrementally, so a writer hashes a snapshot while writing it (the learner's
+publisher) and a reader while receiving it (`fetch_snapshot` over HTTP): each side makes one pass over the
+bytes, none reads a snapshot back just to hash it.
+
 `snapshot_digest` and the other filesystem helpers are synchronous; `fetch_snapshot` is async and runs
 every piece of disk work (hashing gigabytes, `rmtree`, file writes, renames) in a worker thread, so the
-event loop of a rollout worker keeps serving while a snapshot is verified or downloaded.
+event loop of a rollout worker keeps serving while a snapshot is verified or downloaded; a download
+writes and hashes one chunk in a thread while the loop receives the next.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from searchr1.core.schemas import SchemaError, WeightVersion, decode, encode
 from searchr1.core.streams import StreamKeys
 
 _CHUNK = 1 << 20
+_HTTP_CHUNK = 4 << 20
 
 
 def snapshot_files(directory: str | Path) -> list[Path]:
@@ -36,18 +43,56 @@ def snapshot_files(directory: str | Path) -> list[Path]:
     )
 
 
+class DigestBuilder:
+    """`snapshot_digest` computed incrementally: `begin(name)`, `update(bytes)`..., `end()` per file, files
+    in sorted order of their relative names (enforced: a name out of order raises `ValueError`)."""
+
+    def __init__(self) -> None:
+        self._h = hashlib.sha256()
+        self._last: str | None = None
+        self._open = False
+
+    def begin(self, name: str) -> None:
+        if self._open:
+            raise ValueError(f"file {self._last!r} was not ended before {name!r}")
+        if self._last is not None and name <= self._last:
+            raise ValueError(f"snapshot files must be digested in sorted order: {name!r} after {self._last!r}")
+        self._last, self._open = name, True
+        self._h.update(name.encode() + b"\0")
+
+    def update(self, data: bytes | memoryview) -> None:
+        if not self._open:
+            raise ValueError("update() outside a file")
+        self._h.update(data)
+
+    def end(self) -> None:
+        if not self._open:
+            raise ValueError("end() outside a file")
+        self._open = False
+        self._h.update(b"\0")
+
+    def add_file(self, name: str, path: Path) -> None:
+        """Digest the file at `path` under the relative name `name`."""
+        self.begin(name)
+        with path.open("rb") as f:
+            while chunk := f.read(_CHUNK):
+                self._h.update(chunk)
+        self.end()
+
+    def hexdigest(self) -> str:
+        if self._open:
+            raise ValueError(f"file {self._last!r} was not ended")
+        return self._h.hexdigest()
+
+
 def snapshot_digest(directory: str | Path) -> str:
     """sha256 over each file's relative path and bytes, in sorted order: equal digests mean equal
     snapshots, whatever directory they were copied to."""
     root = Path(directory)
-    h = hashlib.sha256()
+    d = DigestBuilder()
     for path in snapshot_files(root):
-        h.update(path.relative_to(root).as_posix().encode() + b"\0")
-        with path.open("rb") as f:
-            while chunk := f.read(_CHUNK):
-                h.update(chunk)
-        h.update(b"\0")
-    return h.hexdigest()
+        d.add_file(path.relative_to(root).as_posix(), path)
+    return d.hexdigest()
 
 
 async def announce(redis: aioredis.Redis, keys: StreamKeys, version: WeightVersion) -> None:
@@ -85,9 +130,7 @@ def snapshot_listing(directory: str | Path) -> list[str]:
     return [p.relative_to(root).as_posix() for p in snapshot_files(root)]
 
 
-def _verify(path: Path, announced: WeightVersion, what: object) -> None:
-    """Raise `SnapshotError` unless `path`'s digest is the announced one (blocking: run in a thread)."""
-    digest = snapshot_digest(path)
+def _check(digest: str, announced: WeightVersion, what: object) -> None:
     if digest != announced.sha256:
         raise SnapshotError(f"sha256 mismatch for {what}: got {digest}, announced {announced.sha256}")
 
@@ -95,7 +138,7 @@ def _verify(path: Path, announced: WeightVersion, what: object) -> None:
 def _verify_local(path: Path, announced: WeightVersion) -> None:
     if not path.is_dir():
         raise SnapshotError(f"snapshot directory {path} does not exist")
-    _verify(path, announced, path)
+    _check(snapshot_digest(path), announced, path)
 
 
 def _cached(dest: Path, announced: WeightVersion) -> bool:
@@ -116,6 +159,20 @@ def _open_target(partial: Path, name: str) -> BinaryIO:
     return target.open("wb")
 
 
+def _write_and_hash(f: BinaryIO, digest: DigestBuilder, chunk: bytes) -> None:
+    f.write(chunk)
+    digest.update(chunk)
+
+
+def _listing(names: object, base: str) -> list[str]:
+    """The served names in digest order; a listing that is not a list of distinct names is refused."""
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise SnapshotError(f"{base}/files did not return a list of file names")
+    if len(set(names)) != len(names):
+        raise SnapshotError(f"{base}/files lists a file name twice")
+    return sorted(names)
+
+
 def _promote(partial: Path, dest: Path) -> None:
     shutil.rmtree(dest, ignore_errors=True)
     partial.rename(dest)
@@ -127,7 +184,8 @@ async def fetch_snapshot(announced: WeightVersion, dest_root: str | Path, *, tim
 
     A local `uri` (a path or `file://` URL) is verified in place and returned. An `http(s)://` uri is
     downloaded into `dest_root/v{version}` (files first written under a dot-name, so a half-finished
-    download never verifies) and verified there. Raises `SnapshotError` on any mismatch or failure.
+    download never verifies); every byte is hashed as it is written, so the digest is checked when the
+    last file ends, without reading the download back. Raises `SnapshotError` on any mismatch or failure.
     All disk work runs in a thread; the caller's event loop is never blocked by it.
     """
     uri = announced.uri
@@ -148,29 +206,36 @@ async def fetch_snapshot(announced: WeightVersion, dest_root: str | Path, *, tim
     partial = Path(dest_root) / f".partial-v{announced.version:08d}"
     await asyncio.to_thread(_fresh_dir, partial)
     base = uri.rstrip("/")
+    digest = DigestBuilder()
     try:
         async with httpx.AsyncClient(timeout=timeout_s, headers=http_headers(token)) as client:
             resp = await client.get(f"{base}/files")
             resp.raise_for_status()
-            names = resp.json()
-            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-                raise SnapshotError(f"{base}/files did not return a list of file names")
-            for name in names:
+            for name in _listing(resp.json(), base):
                 f = await asyncio.to_thread(_open_target, partial, name)
+                digest.begin(name)
+                pending: asyncio.Future | None = None
                 try:
                     async with client.stream("GET", f"{base}/files/{name}") as r:
                         r.raise_for_status()
-                        async for chunk in r.aiter_bytes(_CHUNK):
-                            await asyncio.to_thread(f.write, chunk)
+                        # one chunk is written and hashed in a thread while the loop receives the next
+                        async for chunk in r.aiter_bytes(_HTTP_CHUNK):
+                            if pending is not None:
+                                await pending
+                            pending = asyncio.ensure_future(asyncio.to_thread(_write_and_hash, f, digest, chunk))
+                        if pending is not None:
+                            await pending
+                            pending = None
                 finally:
+                    if pending is not None:
+                        await asyncio.gather(pending, return_exceptions=True)
                     await asyncio.to_thread(f.close)
-    except httpx.HTTPError as exc:
+                digest.end()
+        _check(digest.hexdigest(), announced, base)
+    except (httpx.HTTPError, ValueError, SnapshotError) as exc:
         await asyncio.to_thread(shutil.rmtree, partial, True)
+        if isinstance(exc, SnapshotError):
+            raise
         raise SnapshotError(f"cannot download snapshot {base}: {exc}") from exc
-    try:
-        await asyncio.to_thread(_verify, partial, announced, base)
-    except SnapshotError:
-        await asyncio.to_thread(shutil.rmtree, partial, True)
-        raise
     await asyncio.to_thread(_promote, partial, dest)
     return dest
