@@ -92,6 +92,23 @@ def write_safetensors(f: BinaryIO, tensors: dict[str, Any], digest: DigestBuilde
     return written
 
 
+def drop_shared(hf_model: Any, state_dict: dict) -> dict:
+    """`state_dict` without the second name of a tensor stored twice (tied embeddings), as
+    `save_pretrained` saves it: the name the model declares tied goes, the other stays."""
+    tied = getattr(hf_model, "_tied_weights_keys", None) or ()
+    tied_names = set(tied.keys() if isinstance(tied, dict) else tied)
+    kept: dict[str, Any] = {}
+    seen: set[tuple] = set()
+    for name in sorted(state_dict, key=lambda n: (n in tied_names, n)):
+        t = state_dict[name]
+        key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.dtype)
+        if key in seen and t.numel():
+            continue
+        seen.add(key)
+        kept[name] = t
+    return kept
+
+
 def _fingerprint(directory: Path) -> tuple:
     """What identifies the files as written: names, sizes, mtimes and inodes."""
     out = []
@@ -163,7 +180,7 @@ class WeightPublisher:
             d.add_file(n, directory / n)
         d.begin(WEIGHTS_FILE)
         with (directory / WEIGHTS_FILE).open("wb") as f:
-            write_safetensors(f, state_dict, d)
+            write_safetensors(f, drop_shared(hf_model, state_dict), d)
         d.end()
         for n in names[len(before):]:
             d.add_file(n, directory / n)

@@ -45,18 +45,22 @@ def test_write_replace_and_prune(tmp_path):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_snapshot_loads_like_save_pretrained(tmp_path, dtype):
-    """Same files as `save_pretrained`, tensors bit-identical, loadable by transformers in its dtype."""
+@pytest.mark.parametrize("untied", [True, False])
+def test_snapshot_loads_like_save_pretrained(tmp_path, dtype, untied):
+    """Same files as `save_pretrained`, tensors bit-identical (a tied output embedding stored once),
+    loadable by transformers in its dtype."""
     from transformers import AutoModelForCausalLM
 
     model = tiny(0, dtype)
-    state = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}  # untied, as the learner
+    state = model.state_dict()
+    if untied:  # as the learner exports it
+        state = {k: v for k, v in state.items() if k != "lm_head.weight"}
     path = WeightPublisher(tmp_path / "w").write(1, model, state)
     model.save_pretrained(tmp_path / "hf", state_dict=state, safe_serialization=True)
     assert snapshot_listing(path) == snapshot_listing(tmp_path / "hf")
     assert (path / "config.json").read_text() == (tmp_path / "hf" / "config.json").read_text()
     ours, theirs = load_file(path / "model.safetensors"), load_file(tmp_path / "hf" / "model.safetensors")
-    assert ours.keys() == theirs.keys()
+    assert ours.keys() == theirs.keys() and "lm_head.weight" not in ours
     assert all(torch.equal(ours[k], theirs[k]) and ours[k].dtype == dtype for k in ours)
     back = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     assert all(torch.equal(a, b) for a, b in zip(back.state_dict().values(), model.state_dict().values()))
