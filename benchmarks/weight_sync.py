@@ -18,8 +18,9 @@ path); sizes not in `--vllm-sizes` are reloaded by loading the safetensors into 
 bfloat16 (a vLLM CPU engine per size does not fit a shared 24 GiB machine beside the training jobs).
 
 Variants, same run, same snapshot bytes:
-- before: the previous digest (one sequential sha256 pass over every file) and the previous HTTP fetch
-  (download every file, then read the whole snapshot back to verify it);
+- before: the previous path: `save_pretrained`, then the digest in a second pass over the files (one
+  sequential sha256), files served by Starlette's `FileResponse`, the download received on the event
+  loop (each 1 MiB chunk written in a thread), then read back whole to verify it;
 - after: `searchr1.core.weights` as it is (see its docstring).
 
 Memory: weights are bfloat16 for the large sizes, at most two copies of a model's weights are alive at
@@ -175,22 +176,47 @@ def hf_reload(path: Path, dtype_name: str) -> None:
 
 # ---------------------------------------------------------------------------------------------- serving
 
-def serve(root: str, port: int) -> None:
+def before_app(root: Path):
+    """The previous file server: the same routes, files sent by Starlette's `FileResponse` (64 KiB reads)."""
+    from fastapi import FastAPI
+    from fastapi.responses import FileResponse
+
+    from searchr1.core.weights import snapshot_listing
+
+    app = FastAPI()
+
+    @app.get("/weights/{version}/files")
+    def list_files(version: int) -> list[str]:
+        return snapshot_listing(root / f"v{version:08d}")
+
+    @app.get("/weights/{version}/files/{name:path}")
+    def get_file(version: int, name: str) -> FileResponse:
+        return FileResponse(root / f"v{version:08d}" / name)
+
+    @app.get("/healthz")
+    def healthz() -> dict:
+        return {"ok": True}
+
+    return app
+
+
+def serve(root: str, port: int, variant: str) -> None:
     """The learner's weight file server over `root`, in this process (`--serve`)."""
     import uvicorn
 
     from searchr1.learner.publisher import WeightPublisher, weights_app
 
-    uvicorn.run(weights_app(WeightPublisher(Path(root))), host="127.0.0.1", port=port, log_level="warning",
-                access_log=False)
+    app = before_app(Path(root)) if variant == "before" else weights_app(WeightPublisher(Path(root)))
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
 class FileServer:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, variant: str) -> None:
         from searchr1.core.servers import free_port
 
         self.port = free_port()
-        self.proc = subprocess.Popen([sys.executable, __file__, "--serve", str(root), "--port", str(self.port)])
+        self.proc = subprocess.Popen([sys.executable, __file__, "--serve", str(root), "--port", str(self.port),
+                                      "--variant", variant])
         self.url = f"http://127.0.0.1:{self.port}"
 
     def cpu(self) -> float:
@@ -284,15 +310,16 @@ async def run_size(size: str, args, redis, workdir: Path, engine_factory) -> lis
     dtype_name = str(next(model.parameters()).dtype).removeprefix("torch.")
     engine = await engine_factory(engine_dir) if engine_dir is not None and size in args.vllm_sizes else None
     publisher = WeightPublisher(workdir / "weights", keep=1)
-    server = FileServer(publisher.root) if "http" in args.transports else None
+    servers = {v: FileServer(publisher.root, v) for v in args.variants} if "http" in args.transports else {}
     rows: list[Row] = []
     version = 0
     try:
-        if server is not None:
+        for server in servers.values():
             server.wait()
         for r in range(args.repeats):
             for variant in (args.variants if r % 2 == 0 else args.variants[::-1]):  # take turns
                 version += 1
+                server = servers.get(variant)
                 pub = Row(size, variant, "", params, 0)
                 path, digest = await publish(variant, publisher, version, model, Clock(pub, server))
                 pub.bytes = sum(p.stat().st_size for p in snapshot_files(path))
@@ -319,7 +346,7 @@ async def run_size(size: str, args, redis, workdir: Path, engine_factory) -> lis
                     await asyncio.to_thread(shutil.rmtree, dl, True)
                 await asyncio.to_thread(shutil.rmtree, path, True)
     finally:
-        if server is not None:
+        for server in servers.values():
             server.stop()
         if engine is not None:
             await engine.close()
@@ -379,9 +406,10 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="write the rows here as JSON")
     ap.add_argument("--serve", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--variant", default="after", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve:
-        serve(args.serve, args.port)
+        serve(args.serve, args.port, args.variant)
         return
     for name in ("sizes", "transports", "variants", "vllm_sizes"):
         setattr(args, name, [x for x in getattr(args, name).split(",") if x])

@@ -11,8 +11,9 @@ bytes, none reads a snapshot back just to hash it.
 
 `snapshot_digest` and the other filesystem helpers are synchronous; `fetch_snapshot` is async and runs
 every piece of disk work (hashing gigabytes, `rmtree`, file writes, renames) in a worker thread, so the
-event loop of a rollout worker keeps serving while a snapshot is verified or downloaded; a download
-writes and hashes one chunk in a thread while the loop receives the next.
+event loop of a rollout worker keeps serving while a snapshot is verified or downloaded. A download runs
+whole in one worker thread with a blocking client (receive, write and hash each chunk there), with no
+hop between the loop and a thread per chunk.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import shutil
+import threading
 from pathlib import Path
 from typing import BinaryIO
 
@@ -29,7 +31,6 @@ from searchr1.core.schemas import SchemaError, WeightVersion, decode, encode
 from searchr1.core.streams import StreamKeys
 
 _CHUNK = 1 << 20
-_HTTP_CHUNK = 4 << 20
 
 
 def snapshot_files(directory: str | Path) -> list[Path]:
@@ -159,9 +160,29 @@ def _open_target(partial: Path, name: str) -> BinaryIO:
     return target.open("wb")
 
 
-def _write_and_hash(f: BinaryIO, digest: DigestBuilder, chunk: bytes) -> None:
-    f.write(chunk)
-    digest.update(chunk)
+def _download(base: str, partial: Path, timeout_s: float, headers: dict[str, str], stop: threading.Event) -> str:
+    """Download every listed file of the snapshot at `base` into `partial`, hashing each chunk as it is
+    written; returns the digest (blocking: run it in a thread). Raises `SnapshotError`."""
+    import httpx
+
+    digest = DigestBuilder()
+    try:
+        with httpx.Client(timeout=timeout_s, headers=headers) as client:
+            resp = client.get(f"{base}/files")
+            resp.raise_for_status()
+            for name in _listing(resp.json(), base):
+                with _open_target(partial, name) as f, client.stream("GET", f"{base}/files/{name}") as r:
+                    r.raise_for_status()
+                    digest.begin(name)
+                    for chunk in r.iter_bytes():
+                        if stop.is_set():
+                            raise SnapshotError(f"download of {base} cancelled")
+                        f.write(chunk)
+                        digest.update(chunk)
+                    digest.end()
+    except (httpx.HTTPError, ValueError) as exc:
+        raise SnapshotError(f"cannot download snapshot {base}: {exc}") from exc
+    return digest.hexdigest()
 
 
 def _listing(names: object, base: str) -> list[str]:
@@ -196,8 +217,6 @@ async def fetch_snapshot(announced: WeightVersion, dest_root: str | Path, *, tim
         await asyncio.to_thread(_verify_local, path, announced)
         return path
 
-    import httpx
-
     from searchr1.core.auth import http_headers
 
     dest = Path(dest_root) / f"v{announced.version:08d}"
@@ -206,36 +225,14 @@ async def fetch_snapshot(announced: WeightVersion, dest_root: str | Path, *, tim
     partial = Path(dest_root) / f".partial-v{announced.version:08d}"
     await asyncio.to_thread(_fresh_dir, partial)
     base = uri.rstrip("/")
-    digest = DigestBuilder()
+    stop = threading.Event()
     try:
-        async with httpx.AsyncClient(timeout=timeout_s, headers=http_headers(token)) as client:
-            resp = await client.get(f"{base}/files")
-            resp.raise_for_status()
-            for name in _listing(resp.json(), base):
-                f = await asyncio.to_thread(_open_target, partial, name)
-                digest.begin(name)
-                pending: asyncio.Future | None = None
-                try:
-                    async with client.stream("GET", f"{base}/files/{name}") as r:
-                        r.raise_for_status()
-                        # one chunk is written and hashed in a thread while the loop receives the next
-                        async for chunk in r.aiter_bytes(_HTTP_CHUNK):
-                            if pending is not None:
-                                await pending
-                            pending = asyncio.ensure_future(asyncio.to_thread(_write_and_hash, f, digest, chunk))
-                        if pending is not None:
-                            await pending
-                            pending = None
-                finally:
-                    if pending is not None:
-                        await asyncio.gather(pending, return_exceptions=True)
-                    await asyncio.to_thread(f.close)
-                digest.end()
-        _check(digest.hexdigest(), announced, base)
-    except (httpx.HTTPError, ValueError, SnapshotError) as exc:
+        digest = await asyncio.to_thread(_download, base, partial, timeout_s, http_headers(token), stop)
+        _check(digest, announced, base)
+    except SnapshotError:
         await asyncio.to_thread(shutil.rmtree, partial, True)
-        if isinstance(exc, SnapshotError):
-            raise
-        raise SnapshotError(f"cannot download snapshot {base}: {exc}") from exc
+        raise
+    finally:
+        stop.set()  # a cancelled fetch stops its download thread at the next chunk
     await asyncio.to_thread(_promote, partial, dest)
     return dest
