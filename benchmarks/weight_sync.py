@@ -72,6 +72,7 @@ class Row:
     bytes: int
     seconds: dict[str, float] = field(default_factory=dict)
     cpu: dict[str, float] = field(default_factory=dict)
+    server_cpu: dict[str, float] = field(default_factory=dict)
     reload_into: str = ""
 
     @property
@@ -251,17 +252,19 @@ class Clock:
     def __init__(self, row: Row, server: FileServer | None) -> None:
         self.row, self.server = row, server
 
-    def cpu(self) -> float:
-        return time.process_time() + (self.server.cpu() if self.server is not None else 0.0)
+    def server_cpu(self) -> float:
+        return self.server.cpu() if self.server is not None else 0.0
 
     @contextlib.contextmanager
     def phase(self, name: str):
-        w0, c0 = time.perf_counter(), self.cpu()
+        w0, c0, s0 = time.perf_counter(), time.process_time(), self.server_cpu()
         try:
             yield
         finally:
+            server = self.server_cpu() - s0
             self.row.seconds[name] = self.row.seconds.get(name, 0.0) + time.perf_counter() - w0
-            self.row.cpu[name] = self.row.cpu.get(name, 0.0) + self.cpu() - c0
+            self.row.cpu[name] = self.row.cpu.get(name, 0.0) + time.process_time() - c0 + server
+            self.row.server_cpu[name] = self.row.server_cpu.get(name, 0.0) + server
 
 
 async def publish(variant: str, publisher, version: int, model, clock: Clock) -> tuple[Path, str]:
@@ -326,7 +329,8 @@ async def run_size(size: str, args, redis, workdir: Path, engine_factory) -> lis
                 for transport in args.transports:
                     uri = f"{server.url}/weights/{version}" if transport == "http" else str(path)
                     wv = WeightVersion(version=version, uri=uri, sha256=digest)
-                    row = Row(size, variant, transport, params, pub.bytes, dict(pub.seconds), dict(pub.cpu))
+                    row = Row(size, variant, transport, params, pub.bytes, dict(pub.seconds), dict(pub.cpu),
+                              dict(pub.server_cpu))
                     clock = Clock(row, server)
                     with clock.phase("announce"):
                         await announce(redis, keys, wv)
