@@ -23,10 +23,11 @@ Variants, same run, same snapshot bytes:
   loop (each 1 MiB chunk written in a thread), then read back whole to verify it;
 - after: `searchr1.core.weights` as it is (see its docstring).
 
-Memory: weights are bfloat16 for the large sizes, at most two copies of a model's weights are alive at
-once (the learner's model + the reloaded one; the previous `save_pretrained` write makes a transient
-second one), every object is freed between sizes, and a size is skipped (and said so) when the kernel
-reports less available memory than two copies of its weights plus 1 GiB.
+Memory: weights are bfloat16 for the large sizes; at most two copies of a model's weights are alive at
+once (the previous `save_pretrained` write makes a transient second one; the current writer streams),
+the learner's model is dropped before the last round's reloads, every object is freed between sizes,
+and a size is skipped (and said so) when the kernel reports less available memory than the copies it
+needs (two with the previous writer or `--repeats` > 1, else one) plus 1 GiB.
 
 Prints, per size × variant × transport, wall seconds per phase, end-to-end GB/s (bytes / the sum of all
 phases) and CPU seconds (this process's threads plus the file server's; a vLLM reload runs in the
@@ -320,12 +321,20 @@ async def run_size(size: str, args, redis, workdir: Path, engine_factory) -> lis
         for server in servers.values():
             server.wait()
         for r in range(args.repeats):
+            # publish every variant, then (last round) drop the learner's model before any reload, so
+            # at most two copies of the weights are alive: save_pretrained's transient one, or a reload's
+            published = []
             for variant in (args.variants if r % 2 == 0 else args.variants[::-1]):  # take turns
                 version += 1
-                server = servers.get(variant)
                 pub = Row(size, variant, "", params, 0)
-                path, digest = await publish(variant, publisher, version, model, Clock(pub, server))
+                path, digest = await publish(variant, publisher, version, model, Clock(pub, servers.get(variant)))
                 pub.bytes = sum(p.stat().st_size for p in snapshot_files(path))
+                published.append((variant, version, path, digest, pub))
+            if r == args.repeats - 1:
+                model = None
+                gc.collect()
+            for variant, version, path, digest, pub in published:
+                server = servers.get(variant)
                 for transport in args.transports:
                     uri = f"{server.url}/weights/{version}" if transport == "http" else str(path)
                     wv = WeightVersion(version=version, uri=uri, sha256=digest)
@@ -385,11 +394,14 @@ async def amain(args) -> list[Row]:
                   f"phases in seconds", flush=True)
             print(HEADER, flush=True)
             for size in args.sizes:
-                need = 2 * SIZE_BYTES[size] + 2**30
+                # two copies when the previous writer runs (its transient one) or the model outlives a reload
+                copies = 2 if "before" in args.variants or args.repeats > 1 else 1
+                need = copies * SIZE_BYTES[size] + 2**30
                 have = available_bytes()
                 print(f"{size}: {have / 2**30:.1f} GiB available, {need / 2**30:.1f} GiB needed", flush=True)
                 if need > have:
-                    print(f"{size}: skipped (two copies of its weights + 1 GiB do not fit)", flush=True)
+                    print(f"{size}: skipped ({copies} cop{'ies' if copies > 1 else 'y'} of its weights + 1 GiB do not fit)",
+                          flush=True)
                     continue
                 rows += await run_size(size, args, redis, Path(tmp) / size, start_vllm)
                 gc.collect()
