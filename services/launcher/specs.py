@@ -352,11 +352,11 @@ def build_plan(settings: LauncherSettings, config: str | Path, run_dir: str | Pa
         mport = ports.get(ro.metrics_port + i if ro.metrics_port else 0, f"{worker_id} metrics")
         service(worker_id, "rollout", ro,
                 {**common, "worker_id": worker_id, "worker_index": str(i), "metrics_port": str(mport)},
-                [HttpGate(f"http://{host}:{mport}/metrics")])
+                [HttpGate(f"http://{host}:{mport}/readyz")])
     le = settings.learner
     lport = ports.get(le.metrics_port, "learner metrics")
     learner_metrics_url = f"http://{host}:{lport}/metrics"
-    service("learner", "learner", le, {**common, "metrics_port": str(lport)}, [HttpGate(learner_metrics_url)],
+    service("learner", "learner", le, {**common, "metrics_port": str(lport)}, [HttpGate(f"http://{host}:{lport}/readyz")],
             main=True)
     jsonl = Path(render_template("metrics_jsonl", [le.metrics_jsonl], {"run": settings.run,
                                                                         "run_dir": str(run_root)})[0])

@@ -11,7 +11,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from searchr1.core.metrics import new_registry
+from searchr1.core.metrics import RedisMetrics, new_registry
 
 STEP_GAUGES = {
     "loss": "Total loss of the last step.",
@@ -49,6 +49,7 @@ class LearnerMetrics:
                               registry=r)
         self.tasks = Counter("searchr1_learner_tasks_dispatched_total", "Tasks published by the dispatcher.",
                              registry=r)
+        self.redis = RedisMetrics.on(r, "learner")
         self.version = Gauge("searchr1_learner_policy_version", "Latest published policy version.", registry=r)
         self.step_seconds = Histogram("searchr1_learner_step_seconds", "Wall time of one training step.",
                                       buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600), registry=r)

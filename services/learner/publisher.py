@@ -23,7 +23,7 @@ from fastapi.responses import FileResponse
 
 from searchr1.core.auth import BearerAuthMiddleware
 from searchr1.core.schemas import WeightVersion
-from searchr1.core.streams import StreamKeys
+from searchr1.core.streams import RedisLink, StreamKeys
 from searchr1.core.weights import announce, snapshot_digest, snapshot_listing
 
 _SNAPSHOT = re.compile(r"^v(\d{8,})$")
@@ -65,11 +65,15 @@ class WeightPublisher:
             tmp.rename(final)
         return final
 
-    async def announce(self, redis, keys: StreamKeys, version: int) -> WeightVersion:
-        """Digest the snapshot of `version`, announce it, then prune older snapshots."""
+    async def announce(self, redis, keys: StreamKeys, version: int, *, link: RedisLink | None = None) -> WeightVersion:
+        """Digest the snapshot of `version`, announce it (through `link`: waiting for Redis while it is
+        away), then prune older snapshots."""
         digest = await asyncio.to_thread(snapshot_digest, self.path(version))
         wv = WeightVersion(version=version, uri=self.uri(version), sha256=digest)
-        await announce(redis, keys, wv)
+        if link is not None:
+            await link.call(lambda: announce(redis, keys, wv), "announce weights")
+        else:
+            await announce(redis, keys, wv)
         await asyncio.to_thread(self.prune, version)
         return wv
 

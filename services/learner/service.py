@@ -15,6 +15,12 @@ those whose task ids the checkpoint already holds. Every trained group is in the
 (`archive.py`), fsynced before its entries are acked. On start the learner resumes from the latest
 checkpoint and (re)announces its current version (version 0 = the initial weights).
 
+Redis away: every Redis call of rank 0 (reads, acks, the dispatcher's publishes, weight announcements)
+goes through one `RedisLink` and waits for Redis to come back, so an ack waits behind its checkpoint
+and nothing is acked that was not trained; once Redis is back the learner first re-reads the entries
+still pending for it that it does not hold (a read whose reply the outage lost). `link.up` is the
+readiness `/readyz` reports on the metrics port (a PING every second keeps it current).
+
 Data parallel under torchrun: rank 0 alone talks to Redis and broadcasts each step's groups (msgpack,
 never pickle; `distributed.py`) to the other ranks; every rank trains on its shard; checkpoints and
 snapshots are gathered to rank 0, which writes them.
@@ -35,7 +41,7 @@ from typing import Any
 from searchr1.core.aio import stop_task
 from searchr1.core.faults import fault_point
 from searchr1.core.schemas import Task, TrajectoryGroup
-from searchr1.core.streams import StreamKeys, TypedStream, tasks_stream, trajectories_stream
+from searchr1.core.streams import RedisLink, StreamKeys, TypedStream, tasks_stream, trajectories_stream
 from searchr1.learner.archive import ArchiveWriter
 from searchr1.learner.batch import Batch, build_batch
 from searchr1.learner.checkpoint import Checkpointer, TrainState
@@ -75,6 +81,7 @@ class Learner:
         redis=None,
         info: DistInfo | None = None,
         archive: ArchiveWriter | None = None,
+        link: RedisLink | None = None,
     ) -> None:
         self.s = settings
         self.training = training
@@ -91,15 +98,20 @@ class Learner:
         self.staleness = StalenessPolicy.from_settings(settings)
         self.state = TrainState()
         self.unacked: list[str] = []
+        self.holding: set[str] = set()
+        """Ids of the entries read and not yet acked or dead-lettered."""
         self.filter_figures: dict[str, float] = {}  # DAPO filters' counts, logged with the next step
         self._dispatcher: Any = None  # set by `run` on rank 0
         self.trajectories: TypedStream[TrajectoryGroup] | None = None
         self.tasks: TypedStream[Task] | None = None
+        self.link = link
         if redis is not None:
+            if self.link is None:
+                self.link = RedisLink("learner", **metrics.redis.link_callbacks())
             self.trajectories = trajectories_stream(redis, self.keys,
                                                     visibility_timeout_ms=settings.visibility_timeout_ms,
-                                                    max_deliveries=settings.max_deliveries)
-            self.tasks = tasks_stream(redis, self.keys)
+                                                    max_deliveries=settings.max_deliveries, link=self.link)
+            self.tasks = tasks_stream(redis, self.keys, link=self.link)
 
     # ------------------------------------------------------------------ start-up
 
@@ -124,10 +136,16 @@ class Learner:
         got = StepInput()
         got.entries.extend(await self.trajectories.reclaim(self.s.consumer, count=want))
         while len(got.entries) < want and not stop.is_set():
+            self.holding.update(e.id for e in got.entries)
+            got.entries.extend(await self.trajectories.reread_own(self.s.consumer, self.holding,
+                                                                  want - len(got.entries)))
+            if len(got.entries) >= want:
+                break
             got.entries.extend(await self.trajectories.read(
                 self.s.consumer, count=want - len(got.entries), block_ms=self.s.read_block_ms))
             if len(got.entries) < want and await self.data_exhausted():
                 break  # the last, partial step of the run
+        self.holding.update(e.id for e in got.entries)
         return got
 
     async def data_exhausted(self) -> bool:
@@ -165,6 +183,7 @@ class Learner:
         for d in got.wrong_temperature:
             log.warning("dead-lettering group of task %s: %s", d.item.value.task.task_id, d.reason)
             await self.trajectories.dead_letter(d.item.id, d.reason)
+            self.holding.discard(d.item.id)
 
     def grant(self, consumed: int) -> None:
         """Let the dispatcher publish the tasks the staleness policy grants for `consumed` groups, stamped
@@ -197,6 +216,7 @@ class Learner:
         """Stage 8: ack every group whose step is checkpointed (and archived)."""
         if self.unacked and self.trajectories is not None:
             await self.trajectories.ack(*self.unacked)
+        self.holding.difference_update(self.unacked)
         self.unacked.clear()
         self.stages.append("ack")
 
@@ -207,7 +227,7 @@ class Learner:
             if self.info.is_main:
                 await asyncio.to_thread(self.publisher.write, self.state.version, model, state)
         if self.info.is_main and self.redis is not None:
-            wv = await self.publisher.announce(self.redis, self.keys, self.state.version)
+            wv = await self.publisher.announce(self.redis, self.keys, self.state.version, link=self.link)
             self.metrics.version.set(wv.version)
 
     # ------------------------------------------------------------------ loop
@@ -289,6 +309,9 @@ class Learner:
         halt = asyncio.Event()  # ends the dispatcher when this loop ends (a cancel alone can be lost: core.aio)
         if dispatcher is not None:
             disp_task = asyncio.create_task(dispatcher.run(halt))
+        watch_task = None
+        if self.link is not None and self.redis is not None:
+            watch_task = asyncio.create_task(self.link.watch(self.redis, halt))
         try:
             while self.state.step < limit and not stop.is_set():
                 await self.step_once(stop)
@@ -301,6 +324,8 @@ class Learner:
             halt.set()
             if disp_task is not None:
                 await stop_task(disp_task, timeout=10.0)
+            if watch_task is not None:
+                await stop_task(watch_task, timeout=5.0)
         return self.state
 
 
@@ -312,7 +337,7 @@ async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = No
     """Everything `searchr1 train` does: models, Redis, dispatcher, weight server, metrics, loop."""
     from searchr1.core.metrics import start_metrics_server
     from searchr1.core.servers import HttpServer, install_shutdown_signals
-    from searchr1.core.streams import connect
+    from searchr1.core.streams import RedisLink, connect
     from searchr1.learner.data import load_tasks, oversample
     from searchr1.learner.dispatcher import Dispatcher
     from searchr1.learner.publisher import weights_app
@@ -328,7 +353,7 @@ async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = No
     publisher = WeightPublisher(settings.weights.dir, keep=settings.weights.keep)
     metrics = LearnerMetrics()
     step_log = None
-    http = metrics_server = redis = None
+    http = metrics_server = redis = link = None
     if info.is_main:
         wandb_run = None
         if settings.wandb_project:
@@ -338,6 +363,7 @@ async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = No
                                    config=settings.model_dump(mode="json"))
         step_log = StepLog(settings.log_dir / f"{settings.redis.run}.jsonl", wandb_run)
         redis = connect(settings.redis.url)
+        link = RedisLink("learner", **metrics.redis.link_callbacks())
         if settings.weights.http:
             http = HttpServer(weights_app(publisher, token=settings.weights.token), settings.weights.host,
                               settings.weights.port)
@@ -345,12 +371,12 @@ async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = No
             publisher.base_url = f"http://{settings.weights.public_host or settings.weights.host}:{http.port}"
         if settings.metrics_port is not None:
             metrics_server = start_metrics_server(metrics.registry, host=settings.metrics_host,
-                                                  port=settings.metrics_port)
+                                                  port=settings.metrics_port, ready=lambda: link.up)
     archive = None
     if info.is_main and settings.archive.enabled:
         archive = await asyncio.to_thread(ArchiveWriter, settings.archive_dir, settings.archive.every_steps)
     learner = Learner(settings, training, Checkpointer(settings.checkpoint.dir, settings.checkpoint.keep, info),
-                      publisher, metrics, step_log, redis=redis, info=info, archive=archive)
+                      publisher, metrics, step_log, redis=redis, info=info, archive=archive, link=link)
     try:
         state = await learner.start()
         dispatcher = None

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from searchr1.core.metrics import new_registry
+from searchr1.core.metrics import RedisMetrics, new_registry
 
 _LAT = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 _COUNT = (0, 1, 2, 3, 4, 5, 6, 8, 10, 16, 32)
@@ -56,5 +56,6 @@ class RolloutMetrics:
                                     "Tasks not yet delivered to any rollout worker.", registry=r)
         self.inflight_tasks = Gauge("searchr1_rollout_inflight_tasks", "Tasks this worker is rolling out.",
                                     registry=r)
+        self.redis = RedisMetrics.on(r, "rollout")
         self.group_seconds = Histogram("searchr1_rollout_group_seconds", "Wall time of one task, read to ack.",
                                        buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300), registry=r)

@@ -5,6 +5,10 @@ search batcher → reward client → Redis streams (both consumer groups ensured
 on start order) → weight loader (catch up with the latest announced version before serving) → ready
 line → worker loop until SIGTERM/SIGINT → drain → close.
 
+Redis: every Redis call goes through one `RedisLink`, so the worker waits for Redis through an outage
+(a restart, an AOF reload) instead of failing; the metrics port's `/readyz` answers 503 while Redis is
+away (a PING every second keeps it current) and 200 once it answers again.
+
 Tests and benchmarks pass an already-started `generator` (one vLLM engine per test session).
 """
 
@@ -19,11 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from searchr1.core.aio import stop_task
 from searchr1.core.clients.retriever import RetrieverClient
 from searchr1.core.clients.reward import RewardClient
 from searchr1.core.metrics import MetricsServer, start_metrics_server
 from searchr1.core.servers import install_shutdown_signals
-from searchr1.core.streams import StreamKeys, connect, tasks_stream, trajectories_stream
+from searchr1.core.streams import RedisLink, StreamKeys, connect, tasks_stream, trajectories_stream
 from searchr1.rollout.batcher import SearchBatcher
 from searchr1.rollout.engine import Generator, HfCodec, HfGenerator, VllmEngineConfig, VllmGenerator
 from searchr1.rollout.metrics import RolloutMetrics
@@ -63,6 +68,7 @@ class RolloutService:
     generator: Generator
     owns_generator: bool
     closers: list[Callable[[], Any]]
+    link: RedisLink | None = None
 
     @property
     def metrics_url(self) -> str | None:
@@ -71,7 +77,14 @@ class RolloutService:
         return f"http://{self.settings.metrics_host}:{self.metrics_server.port}/metrics"
 
     async def run(self, stop: asyncio.Event) -> None:
-        await self.worker.run(stop)
+        watch = None
+        if self.link is not None:
+            watch = asyncio.create_task(self.link.watch(self.worker.tasks.redis, stop))
+        try:
+            await self.worker.run(stop)
+        finally:
+            if watch is not None:
+                await stop_task(watch, timeout=5.0)
 
     async def close(self) -> None:
         for close in reversed(self.closers):
@@ -88,7 +101,9 @@ async def build_service(settings: RolloutSettings, *, generator: Generator | Non
                         tokenizer: Any = None, serve_metrics: bool = True) -> RolloutService:
     """Wire a worker from settings (pass `generator` + `tokenizer` to share an engine)."""
     metrics = RolloutMetrics()
-    metrics_server = (start_metrics_server(metrics.registry, settings.metrics_host, settings.metrics_port)
+    link = RedisLink("rollout", **metrics.redis.link_callbacks())
+    metrics_server = (start_metrics_server(metrics.registry, settings.metrics_host, settings.metrics_port,
+                                           ready=lambda: link.up)
                       if serve_metrics else None)
     closers: list[Callable[[], Any]] = []
     owns = generator is None
@@ -124,10 +139,10 @@ async def build_service(settings: RolloutSettings, *, generator: Generator | Non
         keys = StreamKeys(settings.redis.run)
         t = settings.tasks
         tasks = tasks_stream(redis, keys, visibility_timeout_ms=t.visibility_timeout_ms,
-                             max_deliveries=t.max_deliveries)
-        groups = trajectories_stream(redis, keys, maxlen=t.trajectories_maxlen)
+                             max_deliveries=t.max_deliveries, link=link)
+        groups = trajectories_stream(redis, keys, maxlen=t.trajectories_maxlen, link=link)
         loader = WeightLoader(redis, keys, generator, metrics, Path(settings.weights.download_dir),
-                              version=settings.initial_version, token=settings.weights.token)
+                              version=settings.initial_version, token=settings.weights.token, link=link)
         metrics.weight_version.set(loader.version)
         await loader.maybe_update()
         worker_id = settings.worker_id or default_worker_id()
@@ -146,7 +161,7 @@ async def build_service(settings: RolloutSettings, *, generator: Generator | Non
         if owns and generator is not None:
             await generator.close()
         raise
-    return RolloutService(settings, worker, metrics, metrics_server, generator, owns, closers)
+    return RolloutService(settings, worker, metrics, metrics_server, generator, owns, closers, link)
 
 
 async def serve(settings: RolloutSettings, *, on_ready: Callable[[RolloutService], None] | None = None) -> None:

@@ -4,7 +4,8 @@ place. The worker calls `maybe_update` only when no trajectory is in flight, so 
 by exactly one version.
 
 A snapshot that fails verification is skipped (and logged); the worker keeps the weights it has and
-tries again when a newer version is announced.
+tries again when a newer version is announced. With a `RedisLink`, reading the announcement waits for
+Redis through an outage.
 
 Nothing here blocks the event loop: verification and downloads run their disk work in threads
 (`fetch_snapshot`), and both engines reload off the loop (vLLM in its engine-core process, the
@@ -21,7 +22,7 @@ from pathlib import Path
 from redis import asyncio as aioredis
 
 from searchr1.core.schemas import WeightVersion
-from searchr1.core.streams import StreamKeys
+from searchr1.core.streams import RedisLink, StreamKeys
 from searchr1.core.weights import SnapshotError, fetch_snapshot, latest
 from searchr1.rollout.engine import Generator
 from searchr1.rollout.metrics import RolloutMetrics
@@ -40,11 +41,15 @@ class WeightLoader:
     download_dir: Path
     version: int = 0
     token: str | None = None
+    link: RedisLink | None = None
     _failed_version: int = -1
 
     async def newer(self) -> WeightVersion | None:
         """The announced version if it is newer than the one loaded (and not one that already failed)."""
-        announced = await latest(self.redis, self.keys)
+        if self.link is not None:
+            announced = await self.link.call(lambda: latest(self.redis, self.keys), "weights")
+        else:
+            announced = await latest(self.redis, self.keys)
         if announced is None or announced.version <= self.version or announced.version == self._failed_version:
             return None
         return announced

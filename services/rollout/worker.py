@@ -19,7 +19,10 @@ Failure rules: a retriever that stays unavailable past the client's retry deadli
 with finish reason `retriever_unavailable`, a refused search with `error` (the group is still published;
 the learner may drop it); a reward or publish failure leaves the task unacked, so it is
 redelivered after the visibility timeout and dead-lettered after `max_deliveries`. SIGTERM drains:
-no new tasks, in-flight groups finish, are published and acked, then the worker exits.
+no new tasks, in-flight groups finish, are published and acked, then the worker exits. Redis away: the
+streams' `RedisLink` makes every read, publish and ack wait for it (a task is acked only after its
+group is published), and once Redis is back the worker first re-reads the tasks still pending for it
+that it does not hold (a read whose reply the outage lost).
 
 What the worker does not do: decide how many tasks exist (the learner's dispatcher) or train.
 """
@@ -226,8 +229,8 @@ class Worker:
         if slots <= 0:
             await asyncio.wait(self._inflight, timeout=self.block_ms / 1000, return_when=asyncio.FIRST_COMPLETED)
             return
-        entries: list[Entry[Task]] = []
-        if now >= self._next_reclaim:
+        entries = await self.tasks.reread_own(self.worker_id, self._inflight_ids, slots)
+        if not entries and now >= self._next_reclaim:
             self._next_reclaim = now + self.reclaim_interval_s
             reclaimed = await self.tasks.reclaim(self.worker_id, slots)
             # our own slow tasks look idle too: claiming them resets their idle time, nothing more

@@ -70,8 +70,8 @@ def test_order_commands_and_gates(tmp_path, cfg):
     # gates: gRPC health AND HTTP /health for the retriever, /health, /metrics, PING for the others
     assert retriever.gates == [GrpcHealthGate(f"127.0.0.1:{gport}"), HttpGate(f"http://127.0.0.1:{hport}/health")]
     assert reward.gates == [HttpGate(f"http://127.0.0.1:{rport}/health")]
-    assert r1.gates == [HttpGate(f"http://127.0.0.1:{m1}/metrics")]
-    assert learner.gates == [HttpGate(f"http://127.0.0.1:{lport}/metrics")]
+    assert r1.gates == [HttpGate(f"http://127.0.0.1:{m1}/readyz")]
+    assert learner.gates == [HttpGate(f"http://127.0.0.1:{lport}/readyz")]
     assert redis.gates == [RedisPingGate(plan.redis_url)]
     assert plan.learner_metrics_url == f"http://127.0.0.1:{lport}/metrics"
 
