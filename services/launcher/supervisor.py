@@ -179,7 +179,9 @@ class Supervisor:
         while True:
             self._check_stop()
             self._check_exits(started=True)
-            await self._sleep_until_woken(None)
+            # polled, not only woken by `_wait_exit`: asyncio's `wait()` returns once the process's pipes are
+            # closed too, and a killed process's own children (vLLM's engine process) can hold them open
+            await self._sleep_until_woken(POLL_S)
 
     # ---------------------------------------------------------------- start
     async def _spawn(self, spec: ProcessSpec) -> Running:

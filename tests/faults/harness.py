@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 WARMSTART = ROOT / "assets" / "tiny-world" / "warmstart"
 SEARCHR1 = [sys.executable, "-m", "searchr1.cli"]
-STEPS = 8
+STEPS = 12
 """The run's step target: enough steps for a fault in the middle and a few after it."""
 
 

@@ -52,7 +52,7 @@ def _kill_case(tmp_path: Path, world: Path, target: str, seed: int) -> dict:
     rng = random.Random(seed)
     run = _start(tmp_path, world)
     try:
-        fault = run.kill(target, after_step=rng.randint(2, STEPS // 2), rng=rng)
+        fault = run.kill(target, after_step=rng.randint(1, 2), rng=rng)
     except BaseException:
         run.stop()
         raise

@@ -87,6 +87,8 @@ async def app(scope, receive, send):
     status, body = 404, b"not found"
     if scope["path"] == "/health":
         status, body = (200, b"ok") if ready else (503, b"starting")
+    elif scope["path"] == "/readyz":
+        status, body = (200, b'{"ready": true}') if ready else (503, b'{"ready": false}')
     elif scope["path"] == "/metrics":
         status = 200 if ready else 503
         body = (f"# TYPE searchr1_learner_steps_total counter\nsearchr1_learner_steps_total {step['n']}\n"
