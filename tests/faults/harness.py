@@ -28,8 +28,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 WARMSTART = ROOT / "assets" / "tiny-world" / "warmstart"
 SEARCHR1 = [sys.executable, "-m", "searchr1.cli"]
-STEPS = 12
-"""The run's step target: enough steps for a fault in the middle and a few after it."""
+STEPS = 20
+"""The run's step target when a service other than the learner is killed: the run goes on without it (a
+worker fewer, searches or scores failing), so it needs steps enough to outlast the restart (up to a minute
+of start-up on a shared machine) and use the restarted service again."""
+LEARNER_STEPS = 6
+"""The step target when the learner is killed: the run waits for it, so a few steps after the fault do."""
 
 
 def build_world(out: Path) -> Path:
@@ -50,7 +54,7 @@ def run_config(root: Path, world: Path, *, steps: int = STEPS, learner_env: dict
     def env(table: dict[str, str] | None) -> str:
         return "{ " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in (table or {}).items()) + " }"
 
-    cfg = root / "faults.toml"
+    cfg = root / f"faults-{steps}.toml"
     cfg.write_text(textwrap.dedent(f"""
         [launcher]
         run = "faults"
@@ -164,6 +168,7 @@ class FaultRun:
 
     root: Path
     config: Path
+    target_steps: int
     proc: subprocess.Popen | None = None
     faults: list[Fault] = field(default_factory=list)
 
@@ -260,7 +265,7 @@ class FaultRun:
         record = self.wait(lambda: self._restarted(fault.target), 600, f"{fault.target} restarted and healthy")
         fault.healthy_after_s = record["healthy_at"] - fault.killed_at
         steps_then = self.steps()
-        if steps_then >= STEPS:
+        if steps_then >= self.target_steps:
             return
         self.wait(lambda: self.steps() > steps_then or self.proc.poll() is not None, 600, "the next step")
         fault.next_step_after_s = time.time() - fault.killed_at

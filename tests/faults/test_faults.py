@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.harness import STEPS, FaultRun, describe, run_config
+from tests.faults.harness import LEARNER_STEPS, STEPS, FaultRun, describe, run_config
 
 
-def _start(tmp_path: Path, world: Path, **env) -> FaultRun:
-    run = FaultRun(tmp_path, run_config(tmp_path, world, **env))
+def _start(tmp_path: Path, world: Path, steps: int, **env) -> FaultRun:
+    run = FaultRun(tmp_path, run_config(tmp_path, world, steps=steps, **env), steps)
     run.start()
     return run
 
@@ -31,7 +31,8 @@ def _finish_and_audit(run: FaultRun) -> dict:
         run.stop()
     out = run.output()
     assert code == 0, out[-6000:]
-    assert run.steps() == STEPS, out[-6000:]
+    steps = run.target_steps
+    assert run.steps() == steps, out[-6000:]
     figures, table = run.audit()
     print(table)
     for fault in run.faults:
@@ -39,8 +40,8 @@ def _finish_and_audit(run: FaultRun) -> dict:
     assert figures["lost"] == 0, (figures["lost_ids"], table)
     assert figures["trained_twice"] == 0, (figures["trained_twice_ids"], table)
     assert figures["ok"], table
-    assert figures["trained_once"] >= STEPS * 2, table  # groups_per_step = 2
-    assert figures["checkpoint_step"] == figures["last_trained_step"] == STEPS, table
+    assert figures["trained_once"] >= steps * 2, table  # groups_per_step = 2
+    assert figures["checkpoint_step"] == figures["last_trained_step"] == steps, table
     assert set(figures["worker_versions"]) == {"rollout-0", "rollout-1"}, table
     assert figures["workers_on_final_version"], table
     for fault in run.faults:
@@ -50,7 +51,7 @@ def _finish_and_audit(run: FaultRun) -> dict:
 
 def _kill_case(tmp_path: Path, world: Path, target: str, seed: int) -> dict:
     rng = random.Random(seed)
-    run = _start(tmp_path, world)
+    run = _start(tmp_path, world, LEARNER_STEPS if target == "learner" else STEPS)
     try:
         fault = run.kill(target, after_step=rng.randint(1, 2), rng=rng)
     except BaseException:
@@ -80,7 +81,7 @@ def test_service_killed_at_a_random_moment(tmp_path, fault_world, target, seed):
 @pytest.mark.parametrize("point", ["learner.after_archive@3", "learner.after_checkpoint@3"])
 def test_learner_killed_between_train_and_ack(tmp_path, fault_world, point):
     marker = tmp_path / "fault.fired"
-    run = _start(tmp_path, fault_world,
+    run = _start(tmp_path, fault_world, LEARNER_STEPS,
                  learner_env={"SEARCHR1_FAULT_POINT": point, "SEARCHR1_FAULT_MARKER": str(marker)})
     try:
         fault = run.fault_point("learner", marker)
@@ -100,7 +101,7 @@ def test_learner_killed_between_train_and_ack(tmp_path, fault_world, point):
 @pytest.mark.timeout(1200)
 def test_worker_killed_between_publish_and_ack(tmp_path, fault_world):
     marker = tmp_path / "fault.fired"
-    run = _start(tmp_path, fault_world, rollout_env={"SEARCHR1_FAULT_POINT": "rollout.after_publish@3",
+    run = _start(tmp_path, fault_world, STEPS, rollout_env={"SEARCHR1_FAULT_POINT": "rollout.after_publish@3",
                                                      "SEARCHR1_FAULT_MARKER": str(marker)})
     try:
         fault = run.fault_point(_fired_worker(run, marker), marker)
