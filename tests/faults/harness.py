@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 WARMSTART = ROOT / "assets" / "tiny-world" / "warmstart"
 SEARCHR1 = [sys.executable, "-m", "searchr1.cli"]
-STEPS = 20
+STEPS = 30
 """The run's step target when a service other than the learner is killed: the run goes on without it (a
 worker fewer, searches or scores failing), so it needs steps enough to outlast the restart (up to a minute
 of start-up on a shared machine) and use the restarted service again."""

@@ -40,7 +40,7 @@ def _finish_and_audit(run: FaultRun) -> dict:
     assert figures["lost"] == 0, (figures["lost_ids"], table)
     assert figures["trained_twice"] == 0, (figures["trained_twice_ids"], table)
     assert figures["ok"], table
-    assert figures["trained_once"] >= steps * 2, table  # groups_per_step = 2
+    assert figures["trained_once"] >= steps, table  # every step trains at least one group
     assert figures["checkpoint_step"] == figures["last_trained_step"] == steps, table
     assert set(figures["worker_versions"]) == {"rollout-0", "rollout-1"}, table
     assert figures["workers_on_final_version"], table
