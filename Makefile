@@ -22,6 +22,7 @@ help:
 	@echo "make test-deploy  docker compose up of the tiny world on a real Docker daemon (tests/deploy)"
 	@echo "make test-repro   the GPU-reproduction flow once on CPU (data fetch, index fetch, up, eval, table)"
 	@echo "make test-faults  kill -9 each service mid-run under searchr1 up, then audit: nothing lost, nothing trained twice"
+	@echo "make test-load    load tests (tests/load: the retriever under 256 clients for 60 s; prints RSS)"
 	@echo "make demo      the tiny world end to end (searchr1 demo; see README)"
 	@echo "make bench     run benchmarks/ (prints figures against in-run baselines)"
 	@echo "make lint      ruff + import-linter contracts"
@@ -67,6 +68,10 @@ test-repro: $(STAMP)
 # the audit tables and times to recover printed
 test-faults: $(STAMP)
 	$(BIN)/python -m pytest tests/faults -m "faults or not faults" -s $(PYTEST_ARGS)
+
+# saturating load (tests/load, marker `load`; minutes of full CPU), excluded from `make test`
+test-load: $(STAMP)
+	$(BIN)/python -m pytest tests/load -m load -s $(PYTEST_ARGS)
 
 # Needs root (it starts dockerd) and Debian's docker.io, docker-compose and mmdebstrap (see docs/deploy.md).
 test-deploy: $(STAMP)

@@ -1,6 +1,9 @@
 """The dispatcher (inside the learner process): feeds the tasks stream from a dataset, epoch-shuffled with
 a seed (epoch e uses `seed + e`, so a resumed run reproduces the order), keeping at most `max_inflight`
-tasks undelivered or unacked (backpressure).
+tasks ahead of the learner (backpressure): tasks undelivered or unacked on the tasks stream, plus — given
+the trajectories stream as `downstream` — groups published and not yet read by the learner. A stalled
+learner thus stops the dispatcher, and the trajectories stream stops growing, at `max_inflight`. Groups
+the learner has read and not yet acked (they wait for a checkpoint) do not count: they are in its hands.
 
 Task ids are `{dataset id}@e{epoch}`, so one question is trained once per epoch and replays are
 recognised. Its position `{epoch, cursor}` is saved in learner checkpoints; tasks published after the
@@ -43,10 +46,11 @@ class Dispatcher:
 
     def __init__(self, stream: TypedStream[Task], specs: Sequence[Question], settings: DispatcherSettings,
                  *, epoch: int = 0, cursor: int = 0, on_publish=None, staleness: StalenessPolicy | None = None,
-                 version: int = 0) -> None:
+                 version: int = 0, downstream: TypedStream | None = None) -> None:
         if not specs:
             raise ValueError("the dispatcher needs at least one task")
         self.stream = stream
+        self.downstream = downstream
         self.specs = list(specs)
         self.s = settings
         self.epoch = epoch + cursor // len(self.specs)
@@ -90,9 +94,16 @@ class Dispatcher:
             self._order = epoch_order(len(self.specs), self.s.seed, self.epoch)
         return task
 
+    async def in_flight(self) -> int:
+        """Tasks ahead of the learner: queued or rolling out, or rolled out and not yet read."""
+        ahead = await self.stream.in_flight()
+        if self.downstream is not None:
+            ahead += await self.downstream.lag()
+        return ahead
+
     async def fill(self) -> int:
         """Publish until `max_inflight` tasks are ahead or the epochs are done; returns how many."""
-        room = self.s.max_inflight - await self.stream.in_flight()
+        room = self.s.max_inflight - await self.in_flight()
         if self.budget is not None:
             room = min(room, self.budget)
         batch = []

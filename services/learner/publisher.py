@@ -22,8 +22,9 @@ from fastapi import FastAPI, HTTPException
 from fastapi.responses import FileResponse
 
 from searchr1.core.auth import BearerAuthMiddleware
+from searchr1.core.redis_link import RedisLink
 from searchr1.core.schemas import WeightVersion
-from searchr1.core.streams import RedisLink, StreamKeys
+from searchr1.core.streams import StreamKeys
 from searchr1.core.weights import announce, snapshot_digest, snapshot_listing
 
 _SNAPSHOT = re.compile(r"^v(\d{8,})$")

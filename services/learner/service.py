@@ -40,8 +40,9 @@ from typing import Any
 
 from searchr1.core.aio import stop_task
 from searchr1.core.faults import fault_point
+from searchr1.core.redis_link import RedisLink
 from searchr1.core.schemas import Task, TrajectoryGroup
-from searchr1.core.streams import RedisLink, StreamKeys, TypedStream, tasks_stream, trajectories_stream
+from searchr1.core.streams import StreamKeys, TypedStream, tasks_stream, trajectories_stream
 from searchr1.learner.archive import ArchiveWriter
 from searchr1.learner.batch import Batch, build_batch
 from searchr1.learner.checkpoint import Checkpointer, TrainState
@@ -336,8 +337,9 @@ async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = No
                       max_steps: int | None = None) -> TrainState:
     """Everything `searchr1 train` does: models, Redis, dispatcher, weight server, metrics, loop."""
     from searchr1.core.metrics import start_metrics_server
+    from searchr1.core.redis_link import RedisLink
     from searchr1.core.servers import HttpServer, install_shutdown_signals
-    from searchr1.core.streams import RedisLink, connect
+    from searchr1.core.streams import connect
     from searchr1.learner.data import load_tasks, oversample
     from searchr1.learner.dispatcher import Dispatcher
     from searchr1.learner.publisher import weights_app
@@ -371,7 +373,8 @@ async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = No
             publisher.base_url = f"http://{settings.weights.public_host or settings.weights.host}:{http.port}"
         if settings.metrics_port is not None:
             metrics_server = start_metrics_server(metrics.registry, host=settings.metrics_host,
-                                                  port=settings.metrics_port, ready=lambda: link.up)
+                                                  port=settings.metrics_port, ready=lambda: link.up,
+                                                  token=None if settings.metrics_open else settings.token)
     archive = None
     if info.is_main and settings.archive.enabled:
         archive = await asyncio.to_thread(ArchiveWriter, settings.archive_dir, settings.archive.every_steps)
@@ -386,7 +389,7 @@ async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = No
             dispatcher = Dispatcher(learner.tasks, specs, settings.dispatcher,
                                     epoch=pos.get("epoch", 0), cursor=pos.get("cursor", 0),
                                     on_publish=metrics.tasks.inc, staleness=learner.staleness,
-                                    version=state.version)
+                                    version=state.version, downstream=learner.trajectories)
         return await learner.run(stop, max_steps=max_steps, dispatcher=dispatcher)
     finally:
         if http is not None:

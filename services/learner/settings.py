@@ -256,7 +256,13 @@ class LearnerSettings(ServiceSettings):
     metrics_host: str = Field(default="127.0.0.1", min_length=1)
     """Host the /metrics endpoint binds (loopback unless told otherwise; 0.0.0.0 in a container)."""
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
-    """Prometheus /metrics port (None = not served)."""
+    """Prometheus /metrics port (None = not served); it also answers the probes `/healthz` and `/readyz`
+    (503 while Redis is unavailable)."""
+    token: str | None = None
+    """Bearer token /metrics requires when `metrics_open` is False (the probes stay open). The snapshot
+    server has its own, `weights.token`."""
+    metrics_open: bool = True
+    """False: /metrics answers only requests carrying `token` (401 otherwise); needs `token`."""
     consumer: str = Field(default="learner-0", min_length=1)
     """Consumer name in the trajectories group."""
     visibility_timeout_ms: int = Field(default=600_000, ge=1)
@@ -275,6 +281,8 @@ class LearnerSettings(ServiceSettings):
 
     @model_validator(mode="after")
     def _coherent(self) -> LearnerSettings:
+        if not self.metrics_open and not self.token:
+            raise ValueError("metrics_open = false needs a token (learner.token)")
         if self.algorithm.advantage == "gae" and self.algorithm.use_kl_loss and self.algorithm.kl_in_reward:
             raise ValueError("choose one of use_kl_loss (GRPO) and kl_in_reward (PPO)")
         a = self.algorithm

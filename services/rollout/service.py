@@ -27,8 +27,9 @@ from searchr1.core.aio import stop_task
 from searchr1.core.clients.retriever import RetrieverClient
 from searchr1.core.clients.reward import RewardClient
 from searchr1.core.metrics import MetricsServer, start_metrics_server
+from searchr1.core.redis_link import RedisLink
 from searchr1.core.servers import install_shutdown_signals
-from searchr1.core.streams import RedisLink, StreamKeys, connect, tasks_stream, trajectories_stream
+from searchr1.core.streams import StreamKeys, connect, tasks_stream, trajectories_stream
 from searchr1.rollout.batcher import SearchBatcher
 from searchr1.rollout.engine import Generator, HfCodec, HfGenerator, VllmEngineConfig, VllmGenerator
 from searchr1.rollout.metrics import RolloutMetrics
@@ -103,7 +104,8 @@ async def build_service(settings: RolloutSettings, *, generator: Generator | Non
     metrics = RolloutMetrics()
     link = RedisLink("rollout", **metrics.redis.link_callbacks())
     metrics_server = (start_metrics_server(metrics.registry, settings.metrics_host, settings.metrics_port,
-                                           ready=lambda: link.up)
+                                           ready=lambda: link.up,
+                                           token=None if settings.metrics_open else settings.token)
                       if serve_metrics else None)
     closers: list[Callable[[], Any]] = []
     owns = generator is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from searchr1.core.settings import RedisSettings, Section, ServiceSettings
@@ -179,4 +179,17 @@ class RolloutSettings(ServiceSettings):
     metrics_host: str = "127.0.0.1"
     """Host the /metrics endpoint binds."""
     metrics_port: int = Field(default=9403, ge=0, le=65535)
-    """Port of the /metrics endpoint (0: any free port)."""
+    """Port of the /metrics endpoint (0: any free port); it also answers the probes `/healthz` and
+    `/readyz` (503 while Redis is unavailable)."""
+    token: str | None = None
+    """Bearer token /metrics requires when `metrics_open` is False (the probes stay open); the worker
+    serves nothing else. The tokens it sends to other services are `retriever.token`, `reward.token` and
+    `weights.token`."""
+    metrics_open: bool = True
+    """False: /metrics answers only requests carrying `token` (401 otherwise); needs `token`."""
+
+    @model_validator(mode="after")
+    def _closed_metrics_need_a_token(self) -> RolloutSettings:
+        if not self.metrics_open and not self.token:
+            raise ValueError("metrics_open = false needs a token (rollout.token)")
+        return self

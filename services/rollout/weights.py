@@ -21,8 +21,9 @@ from pathlib import Path
 
 from redis import asyncio as aioredis
 
+from searchr1.core.redis_link import RedisLink
 from searchr1.core.schemas import WeightVersion
-from searchr1.core.streams import RedisLink, StreamKeys
+from searchr1.core.streams import StreamKeys
 from searchr1.core.weights import SnapshotError, fetch_snapshot, latest
 from searchr1.rollout.engine import Generator
 from searchr1.rollout.metrics import RolloutMetrics

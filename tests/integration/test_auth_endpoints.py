@@ -1,10 +1,12 @@
 """With a token configured, every HTTP and gRPC call without it is refused — each endpoint of the real
 servers on loopback: the retriever (gRPC Search, HTTP /retrieve, /metrics when closed), the reward service
-(/v1/score, /v1/scorers, /metrics when closed) and the learner's weight file server (the files protocol,
-fetched by the worker's own download code). Health stays open so probes work without the secret."""
+(/v1/score, /v1/scorers, /metrics when closed), the learner's weight file server (the files protocol,
+fetched by the worker's own download code), and the metrics ports of the learner and of a rollout worker
+when closed. Health stays open so probes work without the secret."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import grpc
@@ -15,15 +17,21 @@ from searchr1.core.api import retriever_pb2, retriever_pb2_grpc
 from searchr1.core.clients.retriever import RetrieverClient, RetrieverError
 from searchr1.core.clients.reward import RewardClient, RewardError
 from searchr1.core.schemas import WeightVersion
-from searchr1.core.servers import HttpServer
+from searchr1.core.servers import HttpServer, free_port
 from searchr1.core.weights import SnapshotError, fetch_snapshot, snapshot_digest
 from searchr1.learner.publisher import WeightPublisher, weights_app
+from searchr1.learner.service import run_learner
+from searchr1.learner.settings import LearnerSettings
 from searchr1.retriever.builder import build_index
 from searchr1.retriever.loading import load_index
 from searchr1.retriever.server import start_retriever
 from searchr1.retriever.settings import RetrieverSettings
 from searchr1.reward.app import build_service, create_app
 from searchr1.reward.settings import RewardSettings
+from searchr1.rollout.service import build_service as build_rollout
+from searchr1.rollout.settings import RolloutSettings
+from tests.support.synthetic import tiny_qwen2
+from tests.support.tiny_lm import build_tokenizer
 
 TOKEN = "s3cret-token"
 GOOD = {"Authorization": f"Bearer {TOKEN}"}
@@ -143,3 +151,64 @@ async def test_learner_weight_server_needs_the_token(tmp_path):
         assert snapshot_digest(got) == announced.sha256
     finally:
         await server.stop()
+
+
+async def assert_probes_open(base_url: str) -> None:
+    async with httpx.AsyncClient(base_url=base_url, timeout=30, trust_env=False) as http:
+        for path in ("/healthz", "/readyz"):
+            r = await http.get(path)
+            assert r.status_code == 200, (path, r.status_code)
+
+
+class IdleEngine:
+    async def close(self) -> None:
+        pass
+
+
+async def test_rollout_worker_metrics_closed_with_its_token(redis_server, tmp_path):
+    settings = RolloutSettings(worker_id="w", metrics_port=0, token=TOKEN, metrics_open=False,
+                               redis={"url": redis_server.url, "run": "auth-rollout"},
+                               weights={"download_dir": str(tmp_path / "dl")})
+    service = await build_rollout(settings, generator=IdleEngine(), tokenizer=build_tokenizer())
+    try:
+        base = service.metrics_url.removesuffix("/metrics")
+        await assert_http_guarded(base, "GET", "/metrics")
+        await assert_probes_open(base)
+    finally:
+        await service.close()
+
+
+async def test_learner_metrics_closed_with_its_token(redis_server, tmp_path):
+    port = free_port()
+    settings = LearnerSettings(
+        redis={"url": redis_server.url, "run": "auth-learner"}, device="cpu",
+        model={"path": str(tiny_qwen2(tmp_path / "model", vocab=256, hidden=32))},
+        dispatcher={"enabled": False}, weights={"dir": str(tmp_path / "weights")},
+        checkpoint={"dir": str(tmp_path / "ckpt")}, log_dir=str(tmp_path / "logs"), read_block_ms=100,
+        metrics_port=port, token=TOKEN, metrics_open=False)
+    stop = asyncio.Event()
+    learning = asyncio.create_task(run_learner(settings, stop))
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with httpx.AsyncClient(base_url=base, timeout=5, trust_env=False) as http:
+            for _ in range(600):
+                assert not learning.done(), learning.exception()
+                try:
+                    if (await http.get("/readyz")).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                await asyncio.sleep(0.1)
+        await assert_http_guarded(base, "GET", "/metrics")
+        await assert_probes_open(base)
+    finally:
+        stop.set()
+        await asyncio.wait_for(learning, 60)
+
+
+def test_closed_metrics_need_a_token():
+    with pytest.raises(ValueError, match="needs a token"):
+        RolloutSettings(metrics_open=False)
+    with pytest.raises(ValueError, match="needs a token"):
+        LearnerSettings(metrics_open=False)
+    assert RolloutSettings(token=TOKEN).metrics_open, "metrics stay open by default"

@@ -2,7 +2,7 @@
 
 The test writes a fake service script that answers to the launcher's real command templates (`serve
 retriever …`, `serve reward …`, `serve rollout …`, `train …`, `index build …`): a gRPC health server
-(searchr1.core.servers.GrpcServer) and HTTP `/health` + `/metrics` (HttpServer), records its pid and
+(searchr1.core.servers.GrpcServer) and HTTP `/health`, `/readyz` and `/metrics` (HttpServer), records its pid and
 timings in FAKE_RECORD_DIR, and misbehaves on request (`--fake-*` flags appended through each process's
 `extra_args`). The launcher runs in a subprocess as `python -m searchr1.launcher` (the `searchr1 up` command
 on its own, so another service's half-finished CLI cannot break these tests).
@@ -85,10 +85,8 @@ async def app(scope, receive, send):
                 return
     ready = step["ready"]
     status, body = 404, b"not found"
-    if scope["path"] == "/health":
+    if scope["path"] in ("/health", "/readyz"):
         status, body = (200, b"ok") if ready else (503, b"starting")
-    elif scope["path"] == "/readyz":
-        status, body = (200, b'{"ready": true}') if ready else (503, b'{"ready": false}')
     elif scope["path"] == "/metrics":
         status = 200 if ready else 503
         body = (f"# TYPE searchr1_learner_steps_total counter\nsearchr1_learner_steps_total {step['n']}\n"

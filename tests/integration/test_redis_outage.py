@@ -22,9 +22,9 @@ from searchr1.core.streams import StreamKeys, connect, read_dead, tasks_stream, 
 from searchr1.learner import archive
 from searchr1.learner.service import run_learner
 from searchr1.learner.settings import LearnerSettings
-from searchr1.rollout.engine import TurnOutput, TurnRequest
 from searchr1.rollout.service import build_service
 from searchr1.rollout.settings import RolloutSettings
+from tests.load.scripted_engine import ScriptedEngine
 from tests.support.rollout_stack import start_reward
 from tests.support.tiny_lm import build_tiny_lm, build_tokenizer
 
@@ -32,25 +32,6 @@ torch.set_num_threads(1)
 
 TASKS = 16
 OUTAGE_S = 10.0
-
-
-class ScriptedEngine:
-    """Answers every turn with `<answer> a </answer>` after a short delay (the run must last long enough
-    for an outage in the middle of it)."""
-
-    def __init__(self, tokenizer) -> None:
-        self.ids = tokenizer.encode("<answer> a </answer>", add_special_tokens=False)
-        self.text = "<answer> a </answer>"
-
-    async def generate(self, request: TurnRequest, request_id: str) -> TurnOutput:
-        await asyncio.sleep(0.2)
-        return TurnOutput(list(self.ids), [-1.0] * len(self.ids), self.text, "stop", "</answer>")
-
-    async def reload(self, path) -> None:
-        pass
-
-    async def close(self) -> None:
-        pass
 
 
 async def _get(client: httpx.AsyncClient, url: str) -> httpx.Response | None:
@@ -98,7 +79,7 @@ async def test_learner_and_worker_ride_through_10s_without_redis(tmp_path):
         tasks={"max_concurrent": 2, "block_ms": 100},
         weights={"download_dir": str(tmp_path / "dl"), "poll_interval_s": 0.2},
     )
-    service = await build_service(worker_settings, generator=ScriptedEngine(tokenizer), tokenizer=tokenizer)
+    service = await build_service(worker_settings, generator=ScriptedEngine(tokenizer, delay_s=0.2), tokenizer=tokenizer)
     learner_stop, worker_stop = asyncio.Event(), asyncio.Event()
     learning = asyncio.create_task(run_learner(learner_settings, learner_stop))
     working = asyncio.create_task(service.run(worker_stop))
