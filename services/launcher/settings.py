@@ -10,11 +10,40 @@ launcher hands to every process unchanged with `--config`.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from searchr1.core.settings import Section, ServiceSettings
+
+RestartPolicy = Literal["on-failure", "never"]
+
+
+class RestartSettings(Section):
+    """What the launcher does when a long-running process dies after the run is up (Kubernetes' pod
+    `restartPolicy` with its crash-loop back-off, for one machine). A process that dies while the run is
+    still starting ends the launch: that is a configuration error, not a crash to ride out."""
+
+    policy: RestartPolicy = "on-failure"
+    """Default for every process: `on-failure` restarts a process that exits non-zero or dies of a signal
+    (the learner's exit 0 still ends the run); `never` ends the run at the first death (each process may
+    override it with its own `restart`)."""
+    max_restarts: int = Field(default=5, ge=0, le=1000)
+    """Restarts of one process allowed within `window_s`; one more death ends the run."""
+    window_s: float = Field(default=600.0, gt=0, le=86400)
+    """The sliding window `max_restarts` counts in."""
+    backoff_initial_s: float = Field(default=1.0, ge=0, le=600)
+    """Wait before the first restart of a process; doubled for each further restart within the window."""
+    backoff_max_s: float = Field(default=30.0, ge=0, le=3600)
+    """Upper bound of the exponential wait."""
+    jitter_s: float = Field(default=0.5, ge=0, le=600)
+    """Uniform random wait added to each back-off (processes crashed together do not restart in lockstep)."""
+
+    @model_validator(mode="after")
+    def _bounds(self) -> RestartSettings:
+        if self.backoff_max_s < self.backoff_initial_s:
+            raise ValueError(f"backoff_max_s ({self.backoff_max_s}) < backoff_initial_s ({self.backoff_initial_s})")
+        return self
 
 
 class RedisProcessSettings(Section):
@@ -24,6 +53,13 @@ class RedisProcessSettings(Section):
     """Port of the Redis server the launcher starts (0 = a free one)."""
     health_timeout_s: float = Field(default=20.0, gt=0, le=3600)
     """How long Redis may take to answer PING before the launch is abandoned."""
+    appendfsync: Literal["always", "everysec"] = "always"
+    """The started Redis keeps an append-only file (AOF) in `RUN_DIR/redis` and is restarted on the same
+    port and directory after a crash. `always` fsyncs every write before answering it, so an XADD or XACK
+    a service saw succeed survives a `kill -9` of Redis; `everysec` is faster but loses up to about one
+    second of them (a task published twice, an ack forgotten: redelivered, then skipped as a replay)."""
+    restart: RestartPolicy | None = None
+    """This process's restart policy (None = `[launcher.restart] policy`)."""
 
 
 class ProcessSettings(Section):
@@ -34,6 +70,8 @@ class ProcessSettings(Section):
     over the built-in ones (`searchr1.launcher.specs.DEFAULT_ENV`)."""
     extra_args: list[str] = Field(default_factory=list)
     """Extra arguments appended to the process's command line (to every worker's, for the rollout)."""
+    restart: RestartPolicy | None = None
+    """This process's restart policy (None = `[launcher.restart] policy`)."""
 
 
 class RetrieverProcessSettings(ProcessSettings):
@@ -166,6 +204,8 @@ class LauncherSettings(ServiceSettings):
     """The rollout worker processes."""
     learner: LearnerProcessSettings = Field(default_factory=LearnerProcessSettings)
     """The learner process; its exit ends the run."""
+    restart: RestartSettings = Field(default_factory=RestartSettings)
+    """Restart of crashed processes (policy, budget, back-off)."""
     status: StatusSettings = Field(default_factory=StatusSettings)
     """Where the status line finds its numbers."""
     demo: DemoSettings = Field(default_factory=DemoSettings)

@@ -19,8 +19,15 @@ entry that contradicts the placement (an env value, `rollout.workers`, `commands
 problem, not silently overridden.
 
 Redis is started as a supervised process like the others (same logs, process
-group, death detection and shutdown order) using `searchr1.core.redis_server.find_redis_server` and the
-arguments `RedisServer` uses, instead of through the `RedisServer` helper itself.
+group, death detection, restart and shutdown order) using `searchr1.core.redis_server.find_redis_server`,
+instead of through the `RedisServer` helper itself, and unlike that helper (a throw-away server for tests)
+with an append-only file in `RUN_DIR/redis`: restarted after a crash on the same port and directory, it
+comes back with every stream entry, consumer group and pending list it had
+(`[launcher.redis] appendfsync`).
+
+Restarts: each long-running process's `ProcessSpec.restart` is the `[launcher.restart]` table when its
+policy (the process's own `restart`, else the table's `policy`) is `on-failure`, None when `never`; a
+one-shot process (the index build) is never restarted.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from searchr1.core.servers import free_port, port_is_free
 from searchr1.core.settings import ConfigError, load_settings, read_config_file
 from searchr1.launcher.health import Gate, GrpcHealthGate, HttpGate, RedisPingGate
 from searchr1.launcher.placement import Placement, PlacementSettings, ProcessPlacement, plan_placement
-from searchr1.launcher.settings import LauncherSettings
+from searchr1.launcher.settings import LauncherSettings, RestartSettings
 
 # The command templates: arguments after the `searchr1` command (settings.command). ONE place to adjust.
 DEFAULT_TEMPLATES: dict[str, list[str]] = {
@@ -107,6 +114,8 @@ class ProcessSpec:
     """Extra environment variables (on top of the launcher's own)."""
     make_dirs: list[Path] = field(default_factory=list)
     """Directories created just before the process starts."""
+    restart: RestartSettings | None = None
+    """Restart rule after a crash once the run is up (None: a death ends the run)."""
 
 
 @dataclass
@@ -202,6 +211,11 @@ def render_env(name: str, configured: dict[str, str], values: dict[str, str]) ->
     return {key: render_template(f"{name} env", [value], values)[0] for key, value in merged.items()}
 
 
+def restart_rule(settings: LauncherSettings, own: str | None) -> RestartSettings | None:
+    """The restart table for a process whose own policy is `own` (None: the launcher's default policy)."""
+    return settings.restart if (own or settings.restart.policy) == "on-failure" else None
+
+
 def load_placement(config: str | Path) -> PlacementSettings | None:
     """The run config's `[placement]` table as `PlacementSettings` (env `PLACEMENT_*` over it), or None
     when the file has no such table (or cannot be read: `build_plan` reports a missing config)."""
@@ -276,10 +290,11 @@ def build_plan(settings: LauncherSettings, config: str | Path, run_dir: str | Pa
             binary = "redis-server"
         specs.append(ProcessSpec(
             name="redis", stage="redis",
-            argv=[binary, "--port", str(redis_port), "--bind", host, "--save", "", "--appendonly", "no",
-                  "--dir", str(run_root / "redis"), "--protected-mode", "no"],
+            argv=[binary, "--port", str(redis_port), "--bind", host, "--save", "", "--appendonly", "yes",
+                  "--appendfsync", settings.redis.appendfsync, "--dir", str(run_root / "redis"),
+                  "--protected-mode", "no"],
             gates=[RedisPingGate(redis_url)], health_timeout_s=settings.redis.health_timeout_s,
-            make_dirs=[run_root / "redis"],
+            make_dirs=[run_root / "redis"], restart=restart_rule(settings, settings.redis.restart),
         ))
 
     r = settings.retriever
@@ -318,7 +333,7 @@ def build_plan(settings: LauncherSettings, config: str | Path, run_dir: str | Pa
         specs.append(ProcessSpec(
             name=name, stage=kind, health_timeout_s=proc.health_timeout_s, gates=gates,
             argv=base(kind) + render_template(kind, templates[kind], values) + list(proc.extra_args),
-            env=env, **kw,
+            env=env, restart=restart_rule(settings, proc.restart), **kw,
         ))
 
     service("retriever", "retriever", r, {**common, "grpc_port": str(grpc_port), "http_port": str(http_port)},

@@ -5,9 +5,21 @@ process of the stage on its health checks, or for a one-shot process wait for ex
 line; wait for a signal, the main process's exit, or an unexpected death) → stop everything in reverse
 stage order (SIGTERM to each process group, wait `grace_period_s`, then SIGKILL).
 
+Restarts (`restarts.py`, `[launcher.restart]`): a process whose spec has a restart rule, that has passed
+its health checks once and that exits non-zero or dies of a signal is restarted in place — what is left of
+its process group killed, the back-off waited, the same command started again (same ports, same
+directories, its log appended to), and gated on its health checks again — while everything else keeps
+running. The launcher
+says `restarting X (exit …, attempt n, backoff s)`, appends one JSON line per restart to
+`RUN_DIR/restarts.jsonl` (name, exit code, attempt, back-off, when it died and when it was healthy again,
+null if it died again first) and keeps a per-process count in `RUN_DIR/processes.json` and the status
+line. A process that dies before it was ever healthy (a configuration error, not a crash to ride out),
+a restarted process that does not become healthy within its health timeout, or more than `max_restarts`
+deaths within `window_s` still end the run. The main process exiting 0 ends the run as before.
+
 Exit codes: the main process's (the learner's; `128+n` if it died of signal n) when it ends the run;
-`128+n` on SIGINT/SIGTERM (130/143); 1 when any other process dies, fails its gate or times out; 2 when
-the plan is refused before anything starts.
+`128+n` on SIGINT/SIGTERM (130/143); 1 when any other process dies without a restart left, fails its
+gate or times out; 2 when the plan is refused before anything starts.
 
 Every child runs in its own session/process group (`start_new_session=True`), so a terminal's Ctrl-C
 reaches only the launcher, which then stops the children in order, and a child's own children (vLLM's
@@ -42,6 +54,7 @@ from searchr1.launcher.processes import (
     pdeathsig_preexec,
     signal_group,
 )
+from searchr1.launcher.restarts import RestartRule
 from searchr1.launcher.specs import LaunchPlan, ProcessSpec
 from searchr1.launcher.status import StatusCollector, render_status
 from searchr1.launcher.view import LiveView, PlainCadence
@@ -89,6 +102,16 @@ class Supervisor:
         self._status_halt = asyncio.Event()
         self.last_status: str | None = None
         """The last rendered status line (printed once more when the run ends)."""
+        self.rules: dict[str, RestartRule] = {}
+        """Restart history of every process that has a restart rule (created at its first death)."""
+        self._restarting: dict[str, asyncio.Task] = {}
+        self._fatal: Stop | None = None  # raised by the watch loop: a restart that could not be made
+        self._was_healthy: set[str] = set()  # processes that passed their gates once: restartable
+
+    @property
+    def restarts(self) -> dict[str, int]:
+        """Restarts so far, per process that was restarted."""
+        return {name: rule.total for name, rule in self.rules.items() if rule.total}
 
     # ---------------------------------------------------------------- the loop
     async def run(self) -> int:
@@ -129,6 +152,8 @@ class Supervisor:
                 await self.collector.close()
             self.mux.close_all()
             self.view.stop()
+        if self.restarts:
+            self.mux.say("restarts: " + ", ".join(f"{n} {k}" for n, k in self.restarts.items()), "bold")
         self.mux.say(f"exit code {code}", "bold" if code == 0 else "bold red")
         return code
 
@@ -154,7 +179,9 @@ class Supervisor:
         while True:
             self._check_stop()
             self._check_exits(started=True)
-            await self._sleep_until_woken(None)
+            # polled, not only woken by `_wait_exit`: asyncio's `wait()` returns once the process's pipes are
+            # closed too, and a killed process's own children (vLLM's engine process) can hold them open
+            await self._sleep_until_woken(POLL_S)
 
     # ---------------------------------------------------------------- start
     async def _spawn(self, spec: ProcessSpec) -> Running:
@@ -217,6 +244,7 @@ class Supervisor:
                 last[name] = detail
                 if ok:
                     del waiting[name]
+                    self._was_healthy.add(name)
                     self.mux.say(f"{name} healthy after {time.monotonic() - run.started_at:.1f}s "
                                  f"({'; '.join(g.description for g in spec.gates) or 'no health check'})",
                                  "green")
@@ -231,17 +259,28 @@ class Supervisor:
     def _check_stop(self) -> None:
         if self._signal is not None:
             raise Stop(128 + self._signal)
+        if self._fatal is not None:
+            raise self._fatal
 
     def _check_exits(self, started: bool) -> None:
         """Raise Stop for the first process that ended when it should not have (the main process ending
         ends the run with its code; a finished one-shot process is fine)."""
-        for name, run in self.running.items():
+        for name, run in list(self.running.items()):
             rc = run.returncode
-            if rc is None:
+            if rc is None or name in self._restarting:
                 continue
             if run.spec.oneshot and rc == 0:
                 continue
             code = exit_code_of(rc)
+            if name in self._was_healthy and code != 0 and run.spec.restart is not None:
+                rule = self.rules.setdefault(name, RestartRule.from_settings(run.spec.restart))
+                decision = rule.next_restart(time.monotonic())
+                if decision is not None:
+                    self._restarting[name] = asyncio.create_task(self._restart(run, code, *decision))
+                    continue
+                raise Stop(EXIT_FAILED if not run.spec.main else code,
+                           f"{name} exited with code {code} after {rule.max_restarts} restart(s) within "
+                           f"{rule.window_s:.0f}s; giving up and stopping everything", tail_of=(name,))
             if run.spec.main:
                 raise Stop(code, f"{name} exited with code {code}; stopping everything",
                            tail_of=(name,) if code else ())
@@ -250,6 +289,59 @@ class Supervisor:
             when = "" if started else " before becoming healthy"
             raise Stop(EXIT_FAILED, f"{name} exited unexpectedly with code {code}{when}; stopping everything",
                        tail_of=(name,))
+
+    # ---------------------------------------------------------------- restarts
+    async def _restart(self, old: Running, code: int, attempt: int, backoff: float) -> None:
+        """Restart `old`'s process after `backoff` seconds and gate it again (see module docstring); a
+        failure to start it or to get it healthy ends the run through `_fatal`."""
+        spec = old.spec
+        name = spec.name
+        died_wall = time.time()
+        self.mux.say(f"restarting {name} (exit {code}, attempt {attempt}, backoff {backoff:.1f}s)", "bold yellow")
+        self._write_process_table()
+        try:
+            if group_alive(old.proc.pid):  # its own children (vLLM's engine process, say) go with it
+                signal_group(old.proc.pid, signal.SIGKILL)
+            if old.waiter is not None:
+                await old.waiter
+            await self._drain(name)
+            self.mux.close(name)
+            await asyncio.sleep(backoff)
+            run = await self._spawn(spec)
+            while True:
+                if run.returncode is not None:  # died again: the watch loop decides on it, as on any death
+                    self._record_restart({"name": name, "exit": code, "attempt": attempt,
+                                          "backoff_s": round(backoff, 3), "died_at": died_wall, "healthy_at": None,
+                                          "pid": run.proc.pid})
+                    return
+                ok, detail = await check_all(spec.gates)
+                if ok:
+                    break
+                if time.monotonic() - run.started_at > spec.health_timeout_s:
+                    raise Stop(EXIT_FAILED, f"{name} did not become healthy within {spec.health_timeout_s:.0f}s "
+                                            f"after its restart (last check: {detail})", tail_of=(name,))
+                await asyncio.sleep(POLL_S)
+            healthy_wall = time.time()
+            self.mux.say(f"{name} healthy again after {time.monotonic() - run.started_at:.1f}s "
+                         f"(down {healthy_wall - died_wall:.1f}s in all)", "green")
+            self._record_restart({"name": name, "exit": code, "attempt": attempt, "backoff_s": round(backoff, 3),
+                                  "died_at": died_wall, "healthy_at": healthy_wall, "pid": run.proc.pid})
+        except Stop as stop:
+            self._fatal = stop
+        finally:
+            self._restarting.pop(name, None)
+            self._wake.set()
+
+    def _record_restart(self, record: dict) -> None:
+        with (self.plan.run_dir / "restarts.jsonl").open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    async def _cancel_restarts(self) -> None:
+        tasks = list(self._restarting.values())
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     def _say_tail(self, name: str) -> None:
         path = self.mux.path(name)
@@ -296,6 +388,7 @@ class Supervisor:
 
     # ---------------------------------------------------------------- stop
     async def _stop_all(self) -> None:
+        await self._cancel_restarts()
         stages = [list(g) for _, g in groupby(self.plan.specs, key=lambda s: s.stage)]
         for specs in reversed(stages):
             runs = [self.running[s.name] for s in specs if s.name in self.running]
@@ -348,7 +441,10 @@ class Supervisor:
             except (TimeoutError, OSError):
                 snap = None
             if snap is not None:
-                line = self.last_status = render_status(snap)
+                line = render_status(snap)
+                if self.restarts:
+                    line += f" · restarts {sum(self.restarts.values())}"
+                self.last_status = line
                 self.view.update(snap.step, line)
                 if not self.view.active and self.plain_cadence.due(snap.step, time.monotonic()):
                     progress = self.view.plain_progress(snap.step)
@@ -365,7 +461,8 @@ class Supervisor:
 
     def _write_process_table(self) -> None:
         """RUN_DIR/processes.json: name → pid and argv of every started process (for operators/tests)."""
-        table = {name: {"pid": r.proc.pid, "argv": r.spec.argv} for name, r in self.running.items()}
+        table = {name: {"pid": r.proc.pid, "argv": r.spec.argv, "restarts": self.restarts.get(name, 0)}
+                 for name, r in self.running.items()}
         path = self.plan.run_dir / "processes.json"
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(table, indent=2))

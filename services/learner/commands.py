@@ -1,6 +1,7 @@
 """CLI commands of the learner service, registered into `searchr1` by `searchr1.cli`:
 `searchr1 train --config …` (`--replay ARCHIVE_DIR` trains from an archive), `searchr1 data prepare`,
-`searchr1 data fetch` and the `searchr1 archive` group (`archive_commands.py`).
+`searchr1 data fetch`, the `searchr1 archive` group (`archive_commands.py`) and `searchr1 audit`
+(`audit_commands.py`).
 
 Keep this module light: Typer at import time only; heavy imports go inside the commands.
 """
@@ -19,8 +20,10 @@ if TYPE_CHECKING:
 def register(groups: Groups) -> None:
     """Add this service's commands to the CLI groups."""
     from searchr1.learner.archive_commands import register_archive
+    from searchr1.learner.audit_commands import register_audit
 
     register_archive(groups.archive)
+    register_audit(groups.app)
 
     @groups.app.command("train")
     def train(

@@ -39,6 +39,7 @@ from collections import deque
 from typing import Any
 
 from searchr1.core.aio import stop_task
+from searchr1.core.faults import fault_point
 from searchr1.core.redis_link import RedisLink
 from searchr1.core.schemas import Task, TrajectoryGroup
 from searchr1.core.streams import StreamKeys, TypedStream, tasks_stream, trajectories_stream
@@ -204,11 +205,13 @@ class Learner:
         if self.archive is not None:
             await asyncio.to_thread(self.archive.append, self.state.step, groups, entry_ids)
         self.stages.append("archive")
+        fault_point("learner.after_archive")  # test hook (core/faults.py): off unless its env var is set
 
     def checkpoint(self) -> None:
         """Stage 7: save a resumable checkpoint (collective)."""
         self.checkpointer.save(self.state, self.training.components)
         self.stages.append("checkpoint")
+        fault_point("learner.after_checkpoint")  # test hook (core/faults.py): off unless its env var is set
 
     async def ack(self) -> None:
         """Stage 8: ack every group whose step is checkpointed (and archived)."""

@@ -40,6 +40,7 @@ from typing import Any, Protocol
 
 from redis.exceptions import RedisError
 
+from searchr1.core.faults import fault_point
 from searchr1.core.protocol import render_prompt
 from searchr1.core.schemas import Task, Trajectory, TrajectoryGroup
 from searchr1.core.streams import Entry, TypedStream
@@ -315,6 +316,7 @@ class Worker:
             stage = "publish"
             group.timings["total"] = time.perf_counter() - t0
             await self.groups.publish(group)
+            fault_point("rollout.after_publish")  # test hook (core/faults.py): off unless its env var is set
             stage = "ack"
             await self.tasks.ack(entry.id)
         except Exception as exc:  # noqa: BLE001 - any failure leaves the task for redelivery
