@@ -176,8 +176,9 @@ async def run_level(session: aiohttp.ClientSession, url: str, proc: subprocess.P
             "cpu_ms": (cpu1 - cpu0) * 1000 / n_queries, "gen_cpu": (own1 - own0) / wall}
 
 
-def floor(index: Path, queries: list[str], seconds: float) -> list[tuple[int, int, float]]:
-    """Our searcher in this process, no HTTP: (batch, threads, queries/s) with the server's thread policy."""
+def floor(index: Path, queries: list[str], seconds: float) -> list[tuple[str, int, int, float]]:
+    """Our searcher in this process, no HTTP: (encoder, batch, threads, queries/s) with the server's thread
+    policy and encoder (traced by default), then the eager encoder at batch 1 and 64 for comparison."""
     from searchr1.retriever.encoders import TransformerEncoder
     from searchr1.retriever.loading import load_index
     from searchr1.retriever.settings import RetrieverSettings
@@ -186,17 +187,24 @@ def floor(index: Path, queries: list[str], seconds: float) -> list[tuple[int, in
     passive_openmp_waits()  # as the server does (effective if torch is not loaded yet)
     settings = RetrieverSettings()
     policy = ThreadPolicy.from_settings(settings)
-    loaded = load_index(index, encoder_factory=lambda spec: TransformerEncoder(spec))
+    loaded = load_index(index, encoder_factory=lambda spec: TransformerEncoder(
+        spec, trace=settings.search.encoder_trace))
+    encoder = loaded.searcher.encoder
+    runs = [("traced" if encoder.traced is not None else "eager", b) for b in (1, 32, 64)]
+    if encoder.traced is not None:
+        runs += [("eager", 1), ("eager", 64)]
     out = []
     try:
-        for batch in (1, 32, 64):
+        for kind, batch in runs:
+            if kind == "eager":
+                encoder.traced = None
             threads = policy.apply(batch)
             loaded.searcher.search(queries[:batch], 3)
             n, i, t0 = 0, 0, time.perf_counter()
             while time.perf_counter() - t0 < seconds:
                 loaded.searcher.search(queries[i : i + batch], 3)
                 n, i = n + batch, (i + batch) % (len(queries) - batch)
-            out.append((batch, threads, n / (time.perf_counter() - t0)))
+            out.append((kind, batch, threads, n / (time.perf_counter() - t0)))
     finally:
         loaded.corpus.close()
     return out
@@ -272,8 +280,8 @@ async def main_async(args: argparse.Namespace) -> int:
               + f" | {max(x['gen_cpu'] for x in m.values()):.2f} core |")
     if floors:
         print("in-process floor (encode + FAISS, no HTTP): " + ", ".join(
-            f"batch {b} ({t} thread{'s' if t > 1 else ''}) {q:.1f} q/s" for b, t, q in floors))
-        rate = {b: q for b, _, q in floors}
+            f"batch {b} ({t} thread{'s' if t > 1 else ''}, {kind} encoder) {q:.1f} q/s" for kind, b, t, q in floors))
+        rate = {b: q for kind, b, _, q in floors if kind == floors[0][0]}
         for label, clients, m in table:
             # C clients of P queries form batches of at most C·P queries: the floor at the largest such batch
             sizes = [b for b in rate if b <= clients]

