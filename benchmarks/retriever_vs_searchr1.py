@@ -240,7 +240,10 @@ async def main_async(args: argparse.Namespace) -> int:
         levels = [(c, 1) for c in args.concurrency] + [(1, args.batch_queries)]
         table: list[tuple[str, int, dict[str, dict[str, float]]]] = []
         load0 = os.getloadavg()[0]
-        connector = aiohttp.TCPConnector(limit=0, force_close=False)
+        # idle connections dropped after 3 s, before uvicorn's 5 s keep-alive closes them from the other end
+        # (a server's connections idle while the others take their turns; reusing one the server is closing
+        # fails with "Server disconnected")
+        connector = aiohttp.TCPConnector(limit=0, force_close=False, keepalive_timeout=3.0)
         async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as session:
             for proc, url in servers.values():
                 await wait_ready(session, url, proc)
