@@ -11,15 +11,18 @@ servers over that index file:
 The load generator (this process: one asyncio loop, aiohttp with keep-alive connections) runs closed-loop
 clients: C coroutines each sending a one-query request (topk 3, return_scores true) and the next as soon
 as the answer arrives, for C in --concurrency, then one client sending --batch-queries-query requests.
-At every level the two servers take turns (ours first on even rounds, Search-R1 first on odd ones), so
-noise from other jobs on the machine hits both. Printed per level and server: queries/s, p50/p99 request
+At every level the servers take turns (a different one first each round), so noise from other jobs on the
+machine hits all of them. `--ours-variant NAME=RETRIEVER_X=V,...` adds our server again with other
+settings (an earlier default, say), so a before/after comes from one run. Printed per level and server: queries/s, p50/p99 request
 latency, server CPU per query (its process's user+system time over the queries answered), and the load
 generator's own CPU as a share of one core (it must stay well under 1.0, or the clients are the
 bottleneck). Then the in-process floor: our searcher called directly (encode + FAISS, no HTTP) at batch
-1, 32 and 64 with the thread counts the server would use. Last, a check that both servers returned the
-same top-3 ids for every query both answered.
+1, 32 and 64 with the thread counts the server would use, and each level's rate as a share of the floor
+at the largest batch its clients can form (C one-query clients: batch ≤ C). Last, a check that each of
+our servers returned the same top-3 ids as Search-R1's for every query both answered.
 
     .venv/bin/python benchmarks/retriever_vs_searchr1.py [--seconds 5] [--rounds 1] [--workdir DIR]
+        [--ours-variant NAME=RETRIEVER_X=V,...]
 """
 
 from __future__ import annotations
@@ -92,7 +95,7 @@ def _env(**extra: str) -> dict[str, str]:
             **extra}
 
 
-def start_ours(index: Path) -> tuple[subprocess.Popen, str]:
+def start_ours(index: Path, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
     port = free_port()
     # `searchr1 serve retriever`, loading only the retriever's commands
     cli = ("import sys, searchr1.cli as c; c.SERVICE_COMMAND_MODULES = ('searchr1.retriever.commands',); "
@@ -100,7 +103,7 @@ def start_ours(index: Path) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([sys.executable, "-c", cli, "serve", "retriever", "--index", str(index),
                              "--grpc-port", "0", "--http-port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env=_env(RETRIEVER_LOG_LEVEL="warning"))
+                            env=_env(RETRIEVER_LOG_LEVEL="warning", **(env or {})))
     line = proc.stdout.readline()
     if not line.startswith("retriever ready"):
         proc.kill()
@@ -173,8 +176,9 @@ async def run_level(session: aiohttp.ClientSession, url: str, proc: subprocess.P
             "cpu_ms": (cpu1 - cpu0) * 1000 / n_queries, "gen_cpu": (own1 - own0) / wall}
 
 
-def floor(index: Path, queries: list[str], seconds: float) -> list[tuple[int, int, float]]:
-    """Our searcher in this process, no HTTP: (batch, threads, queries/s) with the server's thread policy."""
+def floor(index: Path, queries: list[str], seconds: float) -> list[tuple[str, int, int, float]]:
+    """Our searcher in this process, no HTTP: (encoder, batch, threads, queries/s) with the server's thread
+    policy and encoder (traced by default), then the eager encoder at batch 1 and 64 for comparison."""
     from searchr1.retriever.encoders import TransformerEncoder
     from searchr1.retriever.loading import load_index
     from searchr1.retriever.settings import RetrieverSettings
@@ -183,17 +187,24 @@ def floor(index: Path, queries: list[str], seconds: float) -> list[tuple[int, in
     passive_openmp_waits()  # as the server does (effective if torch is not loaded yet)
     settings = RetrieverSettings()
     policy = ThreadPolicy.from_settings(settings)
-    loaded = load_index(index, encoder_factory=lambda spec: TransformerEncoder(spec))
+    loaded = load_index(index, encoder_factory=lambda spec: TransformerEncoder(
+        spec, trace=settings.search.encoder_trace))
+    encoder = loaded.searcher.encoder
+    runs = [("traced" if encoder.traced is not None else "eager", b) for b in (1, 32, 64)]
+    if encoder.traced is not None:
+        runs += [("eager", 1), ("eager", 64)]
     out = []
     try:
-        for batch in (1, 32, 64):
+        for kind, batch in runs:
+            if kind == "eager":
+                encoder.traced = None
             threads = policy.apply(batch)
             loaded.searcher.search(queries[:batch], 3)
             n, i, t0 = 0, 0, time.perf_counter()
             while time.perf_counter() - t0 < seconds:
                 loaded.searcher.search(queries[i : i + batch], 3)
                 n, i = n + batch, (i + batch) % (len(queries) - batch)
-            out.append((batch, threads, n / (time.perf_counter() - t0)))
+            out.append((kind, batch, threads, n / (time.perf_counter() - t0)))
     finally:
         loaded.corpus.close()
     return out
@@ -204,61 +215,90 @@ def _row(name: str, m: dict[str, float]) -> str:
             f"(gen {m['gen_cpu']:.2f} core)")
 
 
+def parse_variant(text: str) -> tuple[str, dict[str, str]]:
+    """`NAME=KEY=VALUE,KEY=VALUE` → (NAME, {KEY: VALUE}): our server again, with these environment settings."""
+    name, sep, rest = text.partition("=")
+    env = dict(kv.split("=", 1) for kv in rest.split(",") if "=" in kv)
+    if not sep or not name or not env or not all(k.startswith("RETRIEVER_") for k in env):
+        raise argparse.ArgumentTypeError(f"expected NAME=RETRIEVER_X=V[,RETRIEVER_Y=W], got {text!r}")
+    return name, env
+
+
 async def main_async(args: argparse.Namespace) -> int:
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     index, corpus = build(workdir, args.passages)
     queries = make_queries(args.queries)
-    ours, ours_url = start_ours(index)
-    base, base_url = start_searchr1(index, corpus, workdir)
-    servers = {"ours": (ours, ours_url), "searchr1": (base, base_url)}
-    ids: dict[str, dict[str, list[str]]] = {"ours": {}, "searchr1": {}}
-    levels = [(c, 1) for c in args.concurrency] + [(1, args.batch_queries)]
-    table: list[tuple[str, dict, dict]] = []
-    load0 = os.getloadavg()[0]
-    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    servers: dict[str, tuple[subprocess.Popen, str]] = {}
     try:
+        servers["ours"] = start_ours(index)
+        for name, env in args.ours_variant:
+            servers[name] = start_ours(index, env)
+        servers["Search-R1"] = start_searchr1(index, corpus, workdir)
+        names = list(servers)
+        ids: dict[str, dict[str, list[str]]] = {n: {} for n in names}
+        levels = [(c, 1) for c in args.concurrency] + [(1, args.batch_queries)]
+        table: list[tuple[str, int, dict[str, dict[str, float]]]] = []
+        load0 = os.getloadavg()[0]
+        # idle connections dropped after 3 s, before uvicorn's 5 s keep-alive closes them from the other end
+        # (a server's connections idle while the others take their turns; reusing one the server is closing
+        # fails with "Server disconnected")
+        connector = aiohttp.TCPConnector(limit=0, force_close=False, keepalive_timeout=3.0)
         async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as session:
             for proc, url in servers.values():
                 await wait_ready(session, url, proc)
                 await run_level(session, url, proc, queries[-64:], 4, 1, 1.0, {})  # warm-up
             for c, per in levels:
                 label = f"{c} client{'s' if c > 1 else ''}" + (f" x {per}-query batches" if per > 1 else "")
-                acc: dict[str, list[dict]] = {"ours": [], "searchr1": []}
+                acc: dict[str, list[dict]] = {n: [] for n in names}
                 for r in range(args.rounds):
-                    order = ["ours", "searchr1"] if r % 2 == 0 else ["searchr1", "ours"]
-                    for name in order:
+                    for name in names[r % len(names):] + names[: r % len(names)]:  # another server first each round
                         proc, url = servers[name]
                         acc[name].append(await run_level(session, url, proc, queries, c, per, args.seconds,
                                                          ids[name]))
-                a, b = ({k: float(np.mean([m[k] for m in acc[n]])) for k in acc[n][0]} for n in ("ours", "searchr1"))
-                table.append((label, a, b))
-                print(f"{label:>26}: {_row('ours', a)} | {_row('Search-R1', b)} | {a['qps'] / b['qps']:.2f}x",
+                means = {n: {k: float(np.mean([m[k] for m in acc[n]])) for k in acc[n][0]} for n in names}
+                table.append((label, c * per, means))
+                base = means["Search-R1"]["qps"]
+                print(f"{label}: " + " | ".join(f"{_row(n, means[n])} {means[n]['qps'] / base:.2f}x" for n in names),
                       flush=True)
+        load1 = os.getloadavg()[0]
     finally:
-        for proc in (ours, base):
+        for proc, _ in servers.values():
             proc.terminate()
             proc.wait(timeout=30)
-    load1 = os.getloadavg()[0]
     floors = floor(index, queries, min(args.seconds, 3.0)) if args.floor else []
-    common = [q for q in ids["ours"] if q in ids["searchr1"]]
-    same = sum(ids["ours"][q] == ids["searchr1"][q] for q in common)
+    ours = [n for n in names if n != "Search-R1"]
     print()
     print(f"machine: {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB; load average "
           f"{load0:.1f} -> {load1:.1f} (shared with other jobs when above ~2); index: {args.passages} passages, "
-          f"MiniLM Flat; Search-R1 with OMP_NUM_THREADS=1; ours at its defaults")
-    print("| load | ours q/s | ours p50/p99 ms | ours CPU ms/q | Search-R1 q/s | Search-R1 p50/p99 ms | "
-          "Search-R1 CPU ms/q | ratio | load generator CPU |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for label, a, b in table:
-        print(f"| {label} | {a['qps']:.1f} | {a['p50']:.1f} / {a['p99']:.1f} | {a['cpu_ms']:.1f} | {b['qps']:.1f} | "
-              f"{b['p50']:.1f} / {b['p99']:.1f} | {b['cpu_ms']:.1f} | {a['qps'] / b['qps']:.2f}x | "
-              f"{max(a['gen_cpu'], b['gen_cpu']):.2f} core |")
+          f"MiniLM Flat; Search-R1 with OMP_NUM_THREADS=1; ours at its defaults"
+          + "".join(f"; {n}: {' '.join(f'{k}={v}' for k, v in env.items())}" for n, env in args.ours_variant))
+    print("| load | " + " | ".join(f"{n} q/s | {n} p50/p99 ms | {n} CPU ms/q" for n in names) + " | "
+          + " | ".join(f"{n} / Search-R1" for n in ours) + " | load generator CPU |")
+    print("|---|" + "---|" * (3 * len(names) + len(ours) + 1))
+    for label, _, m in table:
+        print(f"| {label} | " + " | ".join(f"{m[n]['qps']:.1f} | {m[n]['p50']:.1f} / {m[n]['p99']:.1f} | "
+                                           f"{m[n]['cpu_ms']:.1f}" for n in names) + " | "
+              + " | ".join(f"{m[n]['qps'] / m['Search-R1']['qps']:.2f}x" for n in ours)
+              + f" | {max(x['gen_cpu'] for x in m.values()):.2f} core |")
     if floors:
-        print("in-process floor (encode + FAISS, no HTTP): " + ", ".join(f"batch {b} ({t} thread{'s' if t > 1 else ''}) {q:.1f} q/s"
-                                                                       for b, t, q in floors))
-    print(f"top-3 ids identical for {same}/{len(common)} queries answered by both servers")
-    return 0 if same == len(common) else 1
+        print("in-process floor (encode + FAISS, no HTTP): " + ", ".join(
+            f"batch {b} ({t} thread{'s' if t > 1 else ''}, {kind} encoder) {q:.1f} q/s" for kind, b, t, q in floors))
+        rate = {b: q for kind, b, _, q in floors if kind == floors[0][0]}
+        for label, clients, m in table:
+            # C clients of P queries form batches of at most C·P queries: the floor at the largest such batch
+            sizes = [b for b in rate if b <= clients]
+            if sizes:
+                b = max(sizes)
+                print(f"{label}: " + ", ".join(f"{n} {m[n]['qps'] / rate[b]:.0%}" for n in ours)
+                      + f" of the batch-{b} floor")
+    mismatched = 0
+    for n in ours:
+        common = [q for q in ids[n] if q in ids["Search-R1"]]
+        same = sum(ids[n][q] == ids["Search-R1"][q] for q in common)
+        mismatched += same != len(common)
+        print(f"top-3 ids identical for {same}/{len(common)} queries answered by {n} and Search-R1")
+    return 0 if not mismatched else 1
 
 
 def main() -> int:
@@ -271,6 +311,9 @@ def main() -> int:
     p.add_argument("--batch-queries", type=int, default=32, help="queries per request of the batch level")
     p.add_argument("--floor", action=argparse.BooleanOptionalAction, default=True,
                    help="also measure the in-process floor (needs this checkout's retriever)")
+    p.add_argument("--ours-variant", type=parse_variant, action="append", default=[], metavar="NAME=ENV=V,...",
+                   help="also run our server with these RETRIEVER_* settings (e.g. an earlier default: "
+                        "before=RETRIEVER_BATCH__REFILL_SHARE=0,RETRIEVER_EVENT_LOOP=asyncio), interleaved")
     p.add_argument("--workdir", default="/tmp/searchr1-bench-vs-searchr1",
                    help="corpus, index and caches (reused by the next run)")
     return asyncio.run(main_async(p.parse_args()))

