@@ -19,8 +19,8 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app, start_http_server
 from prometheus_client.core import CounterMetricFamily
-from prometheus_client.registry import Collector
 from prometheus_client.exposition import ThreadingWSGIServer
+from prometheus_client.registry import Collector
 
 from searchr1.core.auth import token_matches
 
