@@ -169,7 +169,7 @@ def run_variant(variant: Variant, steps: int, world: Path, out: Path, timeout_s:
                 load.append((now, os.getloadavg()[0]))
                 if now - t_start > timeout_s:
                     log(f"  {variant.name}: over {timeout_s:.0f} s, stopping it")
-                    os.killpg(proc.pid, signal.SIGINT)
+                    os.killpg(proc.pid, signal.SIGTERM)
                     proc.wait(timeout=120)
                     break
                 for i in range(variant.workers):
@@ -184,7 +184,7 @@ def run_variant(variant: Variant, steps: int, world: Path, out: Path, timeout_s:
                     scrapes.append(Scrape(now, {k: v[0] for k, v in got.items()},
                                           sum(v[1] for k, v in got.items() if k != "learner")))
         except BaseException:
-            os.killpg(proc.pid, signal.SIGINT)
+            os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=120)
             raise
     rc = proc.returncode
