@@ -126,7 +126,7 @@ def _ratio(base: float | None, v: float | None) -> str:
 
 def comparison_table(figs: list[Figures], level: float, window: int) -> list[str]:
     base = figs[0]
-    head = ("| variant | steps | s to N steps (× vs first) | s to reward "
+    head = ("| variant | steps | s to N steps (× vs first) | s/step | s to reward "
             f"{level:.3f} ({window}-step mean) (×) | final reward | sampled EM (Δ pts) | greedy EM | "
             "rollout busy | learner busy | staleness | train tok/s | gen tok/s | load avg |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
@@ -135,6 +135,7 @@ def comparison_table(figs: list[Figures], level: float, window: int) -> list[str
             f" ({100 * (f.sampled_em - base.sampled_em):+.1f})"
         lines.append(
             f"| {f.label} | {f.steps} | {_f(f.seconds_to_n, '{:.0f}')} ({_ratio(base.seconds_to_n, f.seconds_to_n)}) "
+            f"| {_f(f.seconds_to_n and f.seconds_to_n / f.steps, '{:.1f}')} "
             f"| {_f(f.seconds_to_level, '{:.0f}')} ({_ratio(base.seconds_to_level, f.seconds_to_level)}) "
             f"| {_f(f.final_reward, '{:.3f}')} | {_f(f.sampled_em, '{:.3f}')}{dem} | {_f(f.greedy_em, '{:.3f}')} "
             f"| {_f(f.rollout_busy and 100 * f.rollout_busy, '{:.0f}%')} "
