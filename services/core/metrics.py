@@ -2,20 +2,28 @@
 `metrics.py` on its own `CollectorRegistry` (names `searchr1_<service>_…`, base units, `_total`
 counters, low-cardinality labels); this module serves a registry — with the probes of a service whose
 only port is its metrics port: `/healthz` (alive: always 200) and `/readyz` (200 when ready, 503 when
-not, e.g. while Redis is away) — and defines the Redis-link metrics every Redis user carries.
+not, e.g. while Redis is away) — defines the Redis-link metrics every Redis user carries, and keeps the
+stage clock (`StageClock`: a process's wall time split into stages, exposed as a counter of seconds per
+stage).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app, start_http_server
+from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer
+from prometheus_client.registry import Collector
 
 from searchr1.core.auth import token_matches
 
@@ -121,3 +129,100 @@ def start_metrics_server(registry: CollectorRegistry, host: str = "127.0.0.1", p
     return MetricsServer(server, thread)
 
 
+
+
+class StageClock:
+    """Splits a process's wall time into named stages that never overlap, for a stacked breakdown
+    (`searchr1_<service>_stage_seconds_total{stage=…}`) whose stages add up to the time elapsed.
+
+    `stages` are in priority order: when several are active at once (concurrent trajectories, or a stage
+    nested in another) the time goes to the first of them; when none is, to `idle`. So a rollout worker
+    with one trajectory generating and another waiting on search counts generation, and one with all
+    its trajectories waiting on search counts search wait. Thread-safe (the learner enters stages on its
+    event loop and in its training thread); `clock` is injectable for tests.
+    """
+
+    def __init__(self, stages: Sequence[str], idle: str = "idle", clock: Callable[[], float] = time.monotonic) -> None:
+        if not stages or len(set(stages)) != len(stages) or idle in stages:
+            raise ValueError(f"stages must be distinct, non-empty and not the idle stage {idle!r}: {list(stages)}")
+        self.stages = tuple(stages)
+        self.idle = idle
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._active = dict.fromkeys(self.stages, 0)
+        self._totals = dict.fromkeys((*self.stages, idle), 0.0)
+        self._since = clock()
+
+    def _current(self) -> str:
+        return next((s for s in self.stages if self._active[s]), self.idle)
+
+    def _settle(self) -> None:
+        now = self._clock()
+        self._totals[self._current()] += now - self._since
+        self._since = now
+
+    def enter(self, stage: str) -> None:
+        with self._lock:
+            if stage not in self._active:
+                raise KeyError(f"unknown stage {stage!r} (known: {', '.join(self.stages)})")
+            self._settle()
+            self._active[stage] += 1
+
+    def exit(self, stage: str) -> None:
+        with self._lock:
+            if not self._active.get(stage):
+                raise RuntimeError(f"stage {stage!r} exited more often than entered")
+            self._settle()
+            self._active[stage] -= 1
+
+    @contextmanager
+    def stage(self, stage: str) -> Iterator[None]:
+        """`with clock.stage("generation"): …` (also across awaits: each task enters and exits its own)."""
+        self.enter(stage)
+        try:
+            yield
+        finally:
+            self.exit(stage)
+
+    def totals(self) -> dict[str, float]:
+        """Seconds per stage (`idle` included) since the clock started, up to now."""
+        with self._lock:
+            self._settle()
+            return dict(self._totals)
+
+
+def in_stage(stage: str, clock_of: Callable[[Any], StageClock | None]):
+    """Decorates a method (sync or async) so that each call runs in `stage` of `clock_of(self)` (nothing
+    is timed when that is None)."""
+
+    def decorate(fn):
+        if inspect.iscoroutinefunction(fn):
+            @functools.wraps(fn)
+            async def run_async(self, *args, **kwargs):
+                clock = clock_of(self)
+                with clock.stage(stage) if clock is not None else nullcontext():
+                    return await fn(self, *args, **kwargs)
+            return run_async
+
+        @functools.wraps(fn)
+        def run(self, *args, **kwargs):
+            clock = clock_of(self)
+            with clock.stage(stage) if clock is not None else nullcontext():
+                return fn(self, *args, **kwargs)
+        return run
+
+    return decorate
+
+
+class StageCollector(Collector):
+    """Exposes a `StageClock`'s totals as one counter family `name` (`…_total{stage=…}`; `name` may end
+    in `_total`), read at scrape time, so the stage in progress is counted up to the scrape."""
+
+    def __init__(self, name: str, documentation: str, clock: StageClock) -> None:
+        self.name, self.documentation, self.clock = name, documentation, clock
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(self.name, self.documentation, labels=["stage"])
+        for stage, seconds in self.clock.totals().items():
+            family.add_metric([stage], seconds)
+        yield family

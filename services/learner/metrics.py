@@ -6,12 +6,18 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from searchr1.core.metrics import RedisMetrics, new_registry
+from searchr1.core.metrics import RedisMetrics, StageClock, StageCollector, new_registry
+
+STAGES = ("checkpoint", "archive", "weight_publish", "optimizer", "forward_backward", "queue_wait")
+"""The learner's stages, in priority order (`StageClock`): the optimizer step runs inside the training
+stage (forward/backward, with the reference and old log-prob forwards) and takes its time while it runs;
+`queue_wait` is waiting for groups; the rest of the loop (filtering, batching, acks, logging) is `other`."""
 
 STEP_GAUGES = {
     "loss": "Total loss of the last step.",
@@ -36,7 +42,7 @@ STEP_GAUGES = {
 class LearnerMetrics:
     """Counters and gauges of one learner process."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.registry = registry or new_registry()
         r = self.registry
         self.steps = Counter("searchr1_learner_steps_total", "Training steps completed.", registry=r)
@@ -54,6 +60,17 @@ class LearnerMetrics:
         self.step_seconds = Histogram("searchr1_learner_step_seconds", "Wall time of one training step.",
                                       buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600), registry=r)
         self.gauges = {k: Gauge(f"searchr1_learner_{k}", doc, registry=r) for k, doc in STEP_GAUGES.items()}
+        self.stages = StageClock(STAGES, idle="other", clock=clock)
+        r.register(StageCollector("searchr1_learner_stage_seconds_total",
+                                  "Wall time of the learner by stage (stages never overlap).", self.stages))
+        self._stage_mark = self.stages.totals()
+
+    def stage_seconds(self) -> dict[str, float]:
+        """Seconds per stage since the last call (per step: called once per step)."""
+        now = self.stages.totals()
+        delta = {k: round(v - self._stage_mark.get(k, 0.0), 4) for k, v in now.items()}
+        self._stage_mark = now
+        return delta
 
     def observe_step(self, figures: dict[str, float]) -> None:
         self.steps.inc()

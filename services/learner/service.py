@@ -40,6 +40,7 @@ from typing import Any
 
 from searchr1.core.aio import stop_task
 from searchr1.core.faults import fault_point
+from searchr1.core.metrics import in_stage
 from searchr1.core.redis_link import RedisLink
 from searchr1.core.schemas import Task, TrajectoryGroup
 from searchr1.core.streams import StreamKeys, TypedStream, tasks_stream, trajectories_stream
@@ -62,6 +63,11 @@ from searchr1.learner.training import Training, build_training
 __all__ = ["Learner", "StepInput", "Training", "build_training", "run_learner"]
 
 log = logging.getLogger("searchr1.learner")
+
+
+def _stages(learner: Learner):
+    """The learner's stage clock (`metrics.STAGES`; each stage method below runs in its stage)."""
+    return getattr(learner.metrics, "stages", None)
 
 
 # ---------------------------------------------------------------------------- the loop
@@ -93,6 +99,7 @@ class Learner:
         self.redis = redis
         self.info = info or DistInfo()
         self.archive = archive if self.info.is_main else None
+        training.trainer.stage_clock = _stages(self)  # times the optimizer step within `train`
         self.stages: deque[str] = deque(maxlen=64)
         """The last stages run, in order (`archive`, `checkpoint`, `ack`, …): the loop's record of itself."""
         self.keys = StreamKeys(settings.redis.run)
@@ -130,6 +137,7 @@ class Learner:
 
     # ------------------------------------------------------------------ stages
 
+    @in_stage("queue_wait", _stages)
     async def read_groups(self, stop: asyncio.Event, want: int | None = None) -> StepInput:
         """Stage 1: reclaim groups left unacked by a dead learner, then read new ones until a step's
         worth (`groups_per_step`, or `want`) is in hand or `stop` is set."""
@@ -196,10 +204,12 @@ class Learner:
         """Stage 4: pad the groups into a batch (the trainer computes the advantages)."""
         return build_batch(groups, pad_id=self.training.pad_id, max_seq_len=self.s.batch.max_seq_len)
 
+    @in_stage("forward_backward", _stages)
     def train(self, batch: Batch) -> dict[str, float]:
         """Stage 5: advantages and one training step (every rank)."""
         return self.training.trainer.train_step(batch, self.state.version)
 
+    @in_stage("archive", _stages)
     async def archive_step(self, groups: list[TrajectoryGroup], entry_ids: list[str]) -> None:
         """Stage 6: make the step's groups durable in the trajectory archive (rank 0), before any ack."""
         if self.archive is not None:
@@ -207,6 +217,7 @@ class Learner:
         self.stages.append("archive")
         fault_point("learner.after_archive")  # test hook (core/faults.py): off unless its env var is set
 
+    @in_stage("checkpoint", _stages)
     def checkpoint(self) -> None:
         """Stage 7: save a resumable checkpoint (collective)."""
         self.checkpointer.save(self.state, self.training.components)
@@ -221,6 +232,7 @@ class Learner:
         self.unacked.clear()
         self.stages.append("ack")
 
+    @in_stage("weight_publish", _stages)
     async def publish_weights(self, force_write: bool = True) -> None:
         """Stage 9: snapshot (collective gather), announce and prune."""
         if force_write:
@@ -290,7 +302,8 @@ class Learner:
             self.metrics.observe_step(figures)
             if self.step_log is not None:
                 await asyncio.to_thread(self.step_log.write, self.state.step,
-                                        {"version": self.state.version, **figures})
+                                        {"version": self.state.version, **figures,
+                                         "stage_seconds": self.metrics.stage_seconds()})
             log.info("step %d: loss %.4f reward %.3f %.0f tok/s", self.state.step, figures.get("loss", 0.0),
                      figures["reward_mean"], figures["tokens_per_second"])
 

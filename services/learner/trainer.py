@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from searchr1.core.metrics import StageClock, in_stage
 from searchr1.learner.advantages import (
     OUTCOME_ESTIMATORS,
     outcome_advantages,
@@ -138,6 +139,8 @@ class Trainer:
         self.critic = critic
         self.critic_optimizer = critic_optimizer
         self.critic_scheduler = critic_scheduler
+        self.stage_clock: StageClock | None = None
+        """Set by the learner: each optimizer step (clip + step) runs in its `optimizer` stage."""
         a = settings.algorithm
         self.is_ppo = a.advantage == "gae"
         if self.is_ppo and critic is None:
@@ -333,8 +336,7 @@ class Trainer:
             fig.clip_frac += float(pl.clip_frac) * share
             fig.approx_kl += float(pl.approx_kl) * share
             fig.is_weight_mean += float((weights * mask).sum()) / max(tokens, 1.0) if n_tok else 0.0
-        grad_norm = self._clip(self.policy)
-        self.optimizer.step()
+        grad_norm = self._optimizer_step(self.policy, self.optimizer)
         stats.add_all(_all_reduce_figures(fig, self.info, self.device))
         stats.add("grad_norm", grad_norm)
 
@@ -359,10 +361,16 @@ class Trainer:
             (vl.loss * w).backward()
             fig.value_loss += float(vl.loss.detach()) * w / self.info.world
             fig.value_clip_frac += float(vl.clip_frac) * w / self.info.world
-        grad_norm = self._clip(self.critic)
-        self.critic_optimizer.step()
+        grad_norm = self._optimizer_step(self.critic, self.critic_optimizer)
         stats.add_all(_all_reduce_figures(fig, self.info, self.device))
         stats.add("critic_grad_norm", grad_norm)
+
+    @in_stage("optimizer", lambda self: self.stage_clock)
+    def _optimizer_step(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> float:
+        """Clip `model`'s gradients and apply `optimizer`; returns the norm before clipping."""
+        grad_norm = self._clip(model)
+        optimizer.step()
+        return grad_norm
 
     def _clip(self, model: nn.Module) -> float:
         params = [p for p in model.parameters() if p.requires_grad]

@@ -1,20 +1,32 @@
-"""Prometheus metrics of the rollout service, on their own registry (names `searchr1_rollout_…`)."""
+"""Prometheus metrics of the rollout service, on their own registry (names `searchr1_rollout_…`), and
+the worker's stage clock (`searchr1_rollout_stage_seconds_total{stage=…}`)."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from searchr1.core.metrics import RedisMetrics, new_registry
+from searchr1.core.metrics import RedisMetrics, StageClock, StageCollector, new_registry
 
 _LAT = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+STAGES = ("weight_reload", "generation", "search_wait", "scoring", "publish")
+"""The rollout worker's stages, in priority order (`StageClock`): with several trajectories in flight the
+worker counts generation while any one generates, search wait while none generates and one waits on the
+retriever, and so on; `queue_wait` is no task in flight (waiting for tasks, or for the weights a task
+needs). `weight_reload` is fetch + verify + in-place reload."""
+
 _COUNT = (0, 1, 2, 3, 4, 5, 6, 8, 10, 16, 32)
 
 
 @dataclass
 class RolloutMetrics:
     registry: CollectorRegistry = field(default_factory=new_registry)
+    clock: Callable[[], float] = time.monotonic
+    """The stage clock's time source."""
 
     def __post_init__(self) -> None:
         r = self.registry
@@ -59,3 +71,34 @@ class RolloutMetrics:
         self.redis = RedisMetrics.on(r, "rollout")
         self.group_seconds = Histogram("searchr1_rollout_group_seconds", "Wall time of one task, read to ack.",
                                        buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300), registry=r)
+        self.stages = StageClock(STAGES, idle="queue_wait", clock=self.clock)
+        r.register(StageCollector("searchr1_rollout_stage_seconds_total",
+                                  "Wall time of the worker by stage (stages never overlap).", self.stages))
+
+
+@dataclass
+class StagedGenerator:
+    """A generator whose turns run in the `generation` stage of `clock` (reload and close pass through)."""
+
+    inner: Any
+    clock: StageClock
+
+    async def generate(self, request: Any, request_id: str) -> Any:
+        with self.clock.stage("generation"):
+            return await self.inner.generate(request, request_id)
+
+    async def reload(self, weights_path: str) -> None:
+        await self.inner.reload(weights_path)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+def staged_search(search: Callable[[str], Awaitable[Any]], clock: StageClock) -> Callable[[str], Awaitable[Any]]:
+    """`search` with each call in the `search_wait` stage of `clock`."""
+
+    async def run(query: str) -> Any:
+        with clock.stage("search_wait"):
+            return await search(query)
+
+    return run

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from redis import asyncio as aioredis
 
+from searchr1.core.metrics import in_stage
 from searchr1.core.redis_link import RedisLink
 from searchr1.core.schemas import WeightVersion
 from searchr1.core.streams import StreamKeys
@@ -55,6 +56,7 @@ class WeightLoader:
             return None
         return announced
 
+    @in_stage("weight_reload", lambda self: self.metrics.stages)
     async def load(self, announced: WeightVersion) -> bool:
         """Fetch, verify and reload `announced`; True when the engine now runs it."""
         t0 = time.perf_counter()

@@ -46,7 +46,7 @@ from searchr1.core.schemas import Task, Trajectory, TrajectoryGroup
 from searchr1.core.streams import Entry, TypedStream
 from searchr1.rollout.agent import AgentLimits, Sampling, SearchFn, TrajectoryResult, run_trajectory
 from searchr1.rollout.engine import Generator, GeneratorDead, TextCodec
-from searchr1.rollout.metrics import RolloutMetrics
+from searchr1.rollout.metrics import RolloutMetrics, StagedGenerator, staged_search
 from searchr1.rollout.settings import AgentSettings, RewardClientSettings
 from searchr1.rollout.weights import WeightLoader
 
@@ -147,13 +147,15 @@ class GroupSampler:
         base = base or sampling_for(task, self.agent)
         limits = limits_for(task, self.agent, self.max_context_tokens)
         runs: list[asyncio.Task[TrajectoryResult]] = []
+        generator, search = StagedGenerator(self.generator, self.metrics.stages), staged_search(
+            self.search, self.metrics.stages)  # the worker's stage clock (metrics.STAGES)
         # a TaskGroup: if one trajectory fails (engine error), its siblings are cancelled (their vLLM
         # requests aborted) instead of running on for a group that will not be published
         async with asyncio.TaskGroup() as tg:
             for i in range(task.group_size):
                 seed = None if base.seed is None else base.seed + 1_000_003 * i
                 sampling = Sampling(base.temperature, base.top_p, base.top_k, seed, base.extra_args)
-                runs.append(tg.create_task(run_trajectory(prompt_ids, self.generator, self.codec, self.search,
+                runs.append(tg.create_task(run_trajectory(prompt_ids, generator, self.codec, search,
                                                           limits, sampling, f"{request_prefix}-g{i}")))
         return prompt_text, [r.result() for r in runs]
 
@@ -169,7 +171,8 @@ class GroupSampler:
         if self.scorer is not None:
             items = score_items(task, prompt_text, responses, [r.num_searches for r in results],
                                 self.reward.item_format)
-            scored = await self.scorer.score(self.reward.scorer, items, self.reward.params or None)
+            with self.metrics.stages.stage("scoring"):
+                scored = await self.scorer.score(self.reward.scorer, items, self.reward.params or None)
             scores, components = list(scored.scores), [dict(c) for c in scored.components]
         t_score = time.perf_counter()
         trajectories = [
@@ -315,10 +318,11 @@ class Worker:
             group = await self.sampler.sample_group(task, self.loader.version, self.worker_id, prefix)
             stage = "publish"
             group.timings["total"] = time.perf_counter() - t0
-            await self.groups.publish(group)
-            fault_point("rollout.after_publish")  # test hook (core/faults.py): off unless its env var is set
-            stage = "ack"
-            await self.tasks.ack(entry.id)
+            with self.metrics.stages.stage("publish"):
+                await self.groups.publish(group)
+                fault_point("rollout.after_publish")  # test hook (core/faults.py): off unless its env var is set
+                stage = "ack"
+                await self.tasks.ack(entry.id)
         except Exception as exc:  # noqa: BLE001 - any failure leaves the task for redelivery
             self.metrics.task_failures.labels(stage).inc()
             log.error("task %s failed at %s (left unacked for redelivery): %s", task.task_id, stage, exc)
