@@ -184,7 +184,9 @@ class Learner:
         self.metrics.dropped.labels("temperature").inc(len(got.wrong_temperature))
         for d in got.stale:
             log.info("dropping group of task %s: %s", d.item.value.task.task_id, d.reason)
-        self.grant(got.skipped)  # replace what will not be trained on
+        # replace the tasks that will not be trained on; a replay's task was trained (and replaced) already:
+        # granting for it too would put the dispatcher one task ahead for the rest of the run
+        self.grant(got.untrained_tasks)
         return got
 
     async def dead_letter(self, got: StepInput) -> None:

@@ -8,7 +8,9 @@ With `algorithm.max_staleness = k` and the learner at version v (= training step
   (`min_policy_version`), the oldest weights its group may be sampled with and still be trained on;
 - **grant** (paced dispatcher, `dispatcher.paced`): the dispatcher starts with `(k + 1) × groups_per_step`
   tasks it may publish (`initial_budget`) and is granted one more task per group the learner trains on
-  (after announcing the new weights) or does not train on (`grant`), so no more than k steps' worth of
+  (after announcing the new weights) or drops untrained (stale, wrong temperature; `grant`) — not per
+  replay, the second group of a task already trained (a worker died between publish and ack, a learner
+  between checkpoint and ack): its task was replaced when its first group was — so no more than k steps' worth of
   tasks are ever ahead of the weights. With k = 0 this is Search-R1's synchronous regime: the next
   step's tasks appear only once the weights they must be sampled with are announced.
 

@@ -34,6 +34,12 @@ class StepInput:
         """Entries read and not trained on."""
         return len(self.replays) + len(self.stale) + len(self.wrong_temperature)
 
+    @property
+    def untrained_tasks(self) -> int:
+        """Entries whose task is not trained on: stale or at the wrong temperature. A replay is not one:
+        its task was trained, and granted its replacement, when its first group was."""
+        return len(self.stale) + len(self.wrong_temperature)
+
     def group_entry_ids(self) -> list[str]:
         """The stream entry id of each group to train on, in the order of `groups`."""
         by_value = {id(e.value): e.id for e in self.entries}

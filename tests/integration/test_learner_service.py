@@ -413,3 +413,46 @@ async def test_slow_pruning_and_step_log_sinks_do_not_block_the_event_loop(tmp_p
         await ticking
     assert sink.logged == [1] and publisher.pruned == 2  # at start (version 0) and after the step
     assert max(gaps) < 1.0, f"the event loop stalled for {max(gaps):.2f} s"
+
+
+async def test_replays_are_not_granted_a_replacement_task(tmp_path, redis, redis_server, model_path):
+    """A second group for a task already trained (a worker died between publishing it and acking its task)
+    is acked as a replay without granting the dispatcher another task: its task was replaced when its
+    first group trained. Granting for it put a paced dispatcher one task ahead of the weights for the rest
+    of the run, and that task's group was dropped as stale every step. A stale group is replaced."""
+    settings = _settings(tmp_path, redis_server.url, model_path, algorithm={"advantage": "grpo", "max_staleness": 0,
+                                                                           "use_kl_loss": False})
+    learner = _learner(settings, redis)
+    await learner.start()
+    granted: list[tuple[int, int]] = []
+
+    class Recorder:
+        """Stands in for the dispatcher: records the grants (its budget is tested on its own above)."""
+
+        def grant(self, n: int, version: int) -> None:
+            if n:
+                granted.append((n, version))
+
+        def position(self) -> dict[str, int]:
+            return {"epoch": 0, "cursor": 0}
+
+    learner._dispatcher = Recorder()
+    producer = _producer(redis)
+    await producer.publish_many(_groups("a", 2))
+    assert await learner.step_once(asyncio.Event())
+    assert learner.state.consumed == {"a0", "a1"} and granted == [(2, 1)]  # two trained, two replaced
+
+    granted.clear()
+    again = _groups("a", 1, version=0)  # task a0's second group, sampled before its first was trained
+    await producer.publish_many(again + _groups("old", 1, version=0) + _groups("b", 2, version=1))
+    for _ in range(3):  # a read of only skipped groups ends a pass without a step
+        await learner.step_once(asyncio.Event())
+        if learner.state.step == 2:
+            break
+    assert learner.state.step == 2 and learner.state.consumed == {"a0", "a1", "b0", "b1"}
+    reg = learner.metrics.registry
+    assert reg.get_sample_value("searchr1_learner_groups_dropped_total", {"reason": "replay"}) == 1
+    assert reg.get_sample_value("searchr1_learner_groups_dropped_total", {"reason": "stale"}) == 1
+    # the stale group's task is replaced (1, at the filter), the trained ones after the step (2); the replay: none
+    assert granted == [(1, 1), (2, 2)]
+    assert await producer.pending() == 0
