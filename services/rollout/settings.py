@@ -127,6 +127,11 @@ class TaskSettings(Section):
     """After this many deliveries without ack a task goes to the dead stream."""
     reclaim_interval_s: float = Field(default=10.0, gt=0)
     """How often idle tasks are looked for."""
+    drain_timeout_s: float | None = Field(default=8.0, ge=0)
+    """On SIGTERM, how long the tasks in flight may take to finish, publish and ack; those still running
+    then are cancelled and left unacked (redelivered to another worker after the visibility timeout).
+    Keep it below the supervisor's grace period (`[launcher] grace_period_s`, 10 s by default;
+    Kubernetes' terminationGracePeriodSeconds), or the worker is killed mid-drain. None: no limit."""
     trajectories_maxlen: int | None = Field(default=None, ge=1)
     """Approximate MAXLEN for the trajectories stream (None: never trimmed by workers)."""
 

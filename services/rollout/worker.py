@@ -21,7 +21,8 @@ the learner may drop it); a reward or publish failure leaves the task unacked, s
 redelivered after the visibility timeout and dead-lettered after `max_deliveries`. A dead engine
 (`GeneratorDead`) is fatal: the worker takes no more tasks, drains, and `run` raises it (the process
 exits 1 for its supervisor to restart; the tasks it held are redelivered). SIGTERM drains:
-no new tasks, in-flight groups finish, are published and acked, then the worker exits. Redis away: the
+no new tasks, in-flight groups finish, are published and acked (those not done within
+`drain_timeout_s` are cancelled and left for redelivery), then the worker exits. Redis away: the
 streams' `RedisLink` makes every read, publish and ack wait for it (a task is acked only after its
 group is published), and once Redis is back the worker first re-reads the tasks still pending for it
 that it does not hold (a read whose reply the outage lost).
@@ -218,6 +219,7 @@ class Worker:
     block_ms: int = 500
     reclaim_interval_s: float = 10.0
     weight_poll_s: float = 2.0
+    drain_timeout_s: float | None = None
     _inflight: set[asyncio.Task] = field(default_factory=set)
     _inflight_ids: set[str] = field(default_factory=set)
     _seq: int = 0
@@ -241,7 +243,7 @@ class Worker:
                     log.error("redis error in the worker loop (retrying in 1 s): %s", exc)
                     await asyncio.sleep(1.0)
         finally:
-            await self._drain()
+            await self._drain(self.drain_timeout_s)
         if self._fatal is not None:  # after the drain: every task still held stays unacked for redelivery
             raise self._fatal
 
@@ -305,9 +307,19 @@ class Worker:
 
         task.add_done_callback(_done)
 
-    async def _drain(self) -> None:
-        if self._inflight:
-            await asyncio.gather(*list(self._inflight), return_exceptions=True)
+    async def _drain(self, timeout: float | None = None) -> None:
+        """Wait for the tasks in flight; those still running after `timeout` seconds are cancelled and
+        stay unacked (redelivered)."""
+        if not self._inflight:
+            return
+        running = list(self._inflight)
+        _, late = await asyncio.wait(running, timeout=timeout)
+        if late:
+            log.warning("%d task(s) still in flight after the %.0f s drain: cancelled, left unacked for "
+                        "redelivery", len(late), timeout or 0.0)
+            for t in late:
+                t.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
 
     async def _handle(self, entry: Entry[Task], prefix: str) -> None:
         """read → sample + score → publish → ack, for one task."""

@@ -57,7 +57,7 @@ def _settings(redis_url: str, retriever, reward, model_dir, tokenizer, **tasks) 
         retriever={"addresses": [retriever.address], "top_k": 2, "max_wait_ms": 2},
         reward={"url": reward.url, "scorer": "searchr1_em"},
         tasks={"max_concurrent": 4, "block_ms": 100, "visibility_timeout_ms": 3000, "reclaim_interval_s": 0.3,
-               **tasks},
+               "drain_timeout_s": None, **tasks},
         weights={"poll_interval_s": 0.2},
     )
 

@@ -191,3 +191,40 @@ def test_sampling_for_uses_the_worker_setting_only_for_unset_fields():
     s = sampling_for(Task(task_id="t", question="q", sampling=SamplingParams(top_p=1.0, top_k=-1)), agent)
     assert (s.temperature, s.top_p, s.top_k) == (0.7, 1.0, -1)
     assert limits_for(Task(task_id="t", question="q"), agent).max_tokens_per_turn == 64
+
+
+class HangingGen(Gen):
+    """An engine whose turns never finish (a long generation when SIGTERM comes)."""
+
+    def __init__(self):
+        super().__init__()
+        self.started = asyncio.Event()
+
+    async def generate(self, request: TurnRequest, request_id: str) -> TurnOutput:
+        self.started.set()
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+async def test_drain_past_its_timeout_cancels_and_leaves_the_task_for_redelivery(redis, tmp_path):
+    """Stopping waits `drain_timeout_s` for the tasks in flight, then cancels them: the worker exits in time
+    for its supervisor's grace period, nothing is published, and the task stays pending for another worker."""
+    keys = StreamKeys("dr")
+    metrics = RolloutMetrics()
+    tasks = tasks_stream(redis, keys)
+    groups = trajectories_stream(redis, keys)
+    gen = HangingGen()
+    sampler = GroupSampler(gen, Codec(), None, _search, OkScorer(), AgentSettings(), RewardClientSettings(), metrics)
+    loader = WeightLoader(redis, keys, gen, metrics, tmp_path)
+    worker = Worker(sampler, tasks, groups, loader, metrics, "w", block_ms=50, weight_poll_s=3600.0,
+                    drain_timeout_s=0.5)
+    await tasks.ensure_group()
+    await groups.ensure_group()
+    await tasks.publish(Task(task_id="long", question="capital of france", golden_answers=["Paris"], group_size=2))
+    stop = asyncio.Event()
+    run = asyncio.create_task(worker.run(stop))
+    await asyncio.wait_for(gen.started.wait(), 20)
+    stop.set()
+    await asyncio.wait_for(run, 10)  # without the timeout the drain would wait forever
+    assert await tasks.pending() == 1
+    assert await groups.read("t", count=5, block_ms=50) == []
