@@ -47,10 +47,7 @@ async def sample_informative(learner: Learner, got: StepInput, stop: asyncio.Eve
                 f"with non-zero advantages a step needs ({flat} groups had equal rewards, {solved} of them "
                 "all solved): the policy solves every task or none; raise dynamic_sampling_max_batches, "
                 "change the data, or turn dynamic_sampling off")
-        part = learner.filter_groups(await learner.read_groups(stop, want - len(acc.groups)))
-        await learner.dead_letter(part)
-        learner.unacked.extend(e.id for e in part.replays)
-        learner.unacked.extend(d.item.id for d in part.stale)
+        part = await learner.set_aside(await learner.read_groups(stop, want - len(acc.groups)))
     learner.filter_figures.update(flat_groups=float(flat), flat_all_solved=float(solved),
                                    flat_all_failed=float(flat - solved), sampling_reads=float(reads))
     return acc

@@ -189,6 +189,15 @@ class Learner:
         self.grant(got.untrained_tasks)
         return got
 
+    async def set_aside(self, got: StepInput) -> StepInput:
+        """Stages 2–3 for one read: filter, dead-letter, and queue the replays and stale groups for the
+        next ack (replays were checkpointed already; stale ones are never trained on)."""
+        got = self.filter_groups(got)
+        await self.dead_letter(got)
+        self.unacked.extend(e.id for e in got.replays)
+        self.unacked.extend(d.item.id for d in got.stale)
+        return got
+
     async def dead_letter(self, got: StepInput) -> None:
         """Stage 3: move the groups that can never be trained on to the dead stream, with the reason."""
         for d in got.wrong_temperature:
@@ -252,10 +261,14 @@ class Learner:
         got = await self.read_groups(stop)
         if stop.is_set() and len(got.entries) < self.s.batch.groups_per_step:
             return False  # no partial step on shutdown: the unacked groups are re-read after a restart
-        got = self.filter_groups(got)
-        await self.dead_letter(got)
-        self.unacked.extend(e.id for e in got.replays)  # already checkpointed: safe to ack now
-        self.unacked.extend(d.item.id for d in got.stale)
+        got = await self.set_aside(got)
+        want = self.s.batch.groups_per_step
+        # groups set aside leave the step short: read their replacements, or the step trains short and the
+        # tasks of the groups it did not wait for are sampled a version early and dropped as stale
+        while got.groups and len(got.groups) < want and not stop.is_set() and not await self.data_exhausted():
+            got.merge(await self.set_aside(await self.read_groups(stop, want - len(got.groups))))
+        if stop.is_set() and len(got.groups) < want:
+            return False  # no partial step on shutdown: the unacked groups are re-read after a restart
         if self.s.algorithm.dynamic_sampling:
             got = await sample_informative(self, got, stop)
             if got is None:

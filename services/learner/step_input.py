@@ -40,6 +40,14 @@ class StepInput:
         its task was trained, and granted its replacement, when its first group was."""
         return len(self.stale) + len(self.wrong_temperature)
 
+    def merge(self, more: StepInput) -> None:
+        """Add another read's entries and decisions to this one."""
+        self.entries += more.entries
+        self.groups += more.groups
+        self.replays += more.replays
+        self.stale += more.stale
+        self.wrong_temperature += more.wrong_temperature
+
     def group_entry_ids(self) -> list[str]:
         """The stream entry id of each group to train on, in the order of `groups`."""
         by_value = {id(e.value): e.id for e in self.entries}

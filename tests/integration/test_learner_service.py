@@ -195,10 +195,15 @@ async def test_stale_groups_are_dropped_and_counted(tmp_path, redis, redis_serve
     await producer.publish_many(_groups("old", 1, version=3) + _groups("new", 1, version=4)
                                 + _groups("cur", 1, version=5))
     learner.s = learner.s.model_copy(update={"batch": learner.s.batch.model_copy(update={"groups_per_step": 3})})
-    assert await learner.step_once(asyncio.Event())
+    step = asyncio.create_task(learner.step_once(asyncio.Event()))
+    await asyncio.sleep(0.5)
+    assert not step.done(), "a step short of a dropped group waits for its replacement"
+    await producer.publish_many(_groups("more", 1, version=5))
+    assert await asyncio.wait_for(step, 30)
     reg = learner.metrics.registry
     assert reg.get_sample_value("searchr1_learner_groups_dropped_total", {"reason": "stale"}) == 1
-    assert reg.get_sample_value("searchr1_learner_groups_total") == 2
+    assert reg.get_sample_value("searchr1_learner_groups_total") == 3
+    assert learner.state.consumed == {"new0", "cur0", "more0"}
     assert await producer.pending() == 0
 
 
@@ -215,7 +220,7 @@ async def test_groups_sampled_at_another_temperature_are_dead_lettered(tmp_path,
     hot = _groups("hot", 1)[0]
     hot.sampling_temperature = 0.7
     await producer.publish_many([hot] + _groups("ok", 2))
-    learner.s = learner.s.model_copy(update={"batch": learner.s.batch.model_copy(update={"groups_per_step": 3})})
+    learner.s = learner.s.model_copy(update={"batch": learner.s.batch.model_copy(update={"groups_per_step": 2})})
     assert await learner.step_once(asyncio.Event())
     dead = await read_dead(redis, StreamKeys("t").dead)
     assert len(dead) == 1 and decode(TrajectoryGroup, dead[0].payload).task.task_id == "hot0"
