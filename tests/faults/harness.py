@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.support.processes import pid_alive
+
 ROOT = Path(__file__).resolve().parents[2]
 WARMSTART = ROOT / "assets" / "tiny-world" / "warmstart"
 SEARCHR1 = [sys.executable, "-m", "searchr1.cli"]
@@ -230,7 +232,7 @@ class FaultRun:
         fault.killed_at = time.time()
         os.kill(pid, signal.SIGKILL)
         if target == "learner":
-            self.wait(lambda: not _alive(pid), 30, "the learner to be gone")
+            self.wait(lambda: not pid_alive(pid), 30, "the learner to be gone")
             fault.checkpoint_at_kill = self.latest_checkpoint()
         self._recovered(fault)
         return fault
@@ -296,18 +298,6 @@ class FaultRun:
                                timeout=300, env={**os.environ, "COLUMNS": "120"})
         assert figures.stdout.strip().startswith("{"), figures.stdout + figures.stderr
         return json.loads(figures.stdout), table.stdout + table.stderr
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except OSError:
-        return False
 
 
 def describe(fault: Fault) -> str:

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.processes import pid_alive
+
 FAKE_SERVICE = r'''
 import argparse, asyncio, json, os, signal, subprocess, sys, time
 from pathlib import Path
@@ -242,19 +244,6 @@ def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
             return value
         time.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what}")
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie is dead for our purpose
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except OSError:
-        return False
 
 
 def all_pids(recs: dict[str, dict]) -> list[int]:
