@@ -48,8 +48,9 @@ def missing_tools() -> list[str]:
 
 @contextmanager
 def docker_daemon(workdir: Path):
-    """Yield an environment whose DOCKER_HOST answers. Starts dockerd under `workdir` (stopped by PID on
-    exit) unless a daemon already answers on the default socket."""
+    """Yield an environment whose DOCKER_HOST answers. Starts dockerd under `workdir` unless a daemon
+    already answers on the default socket; on exit that daemon is stopped and its data root (images,
+    build cache, volumes: ~9 GB after one deploy test) removed, keeping only `workdir/dockerd.log`."""
     env = dict(os.environ)
     if subprocess.run([DOCKER, "info"], capture_output=True, check=False).returncode == 0:
         yield env
@@ -75,6 +76,11 @@ def docker_daemon(workdir: Path):
             proc.kill()
             proc.wait()
         log.close()
+        for state in ("root", "exec"):
+            shutil.rmtree(workdir / state, ignore_errors=True)
+        left = [str(workdir / s) for s in ("root", "exec") if (workdir / s).exists()]
+        if left:
+            print(f"docker state not removed (a mount still busy?): {left}", file=sys.stderr)
 
 
 def debian_mirror() -> str:

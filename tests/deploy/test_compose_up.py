@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import shutil
 import socket
 import time
 import tomllib
@@ -78,6 +79,15 @@ def test_compose_up_trains_and_every_target_is_scraped(tmp_path):
     project = f"searchr1test{secrets.token_hex(3)}"
     workdir = Path("/tmp") / f"{project}-docker"  # short: the daemon's socket path has a length limit
     workdir.mkdir()
+    try:
+        _deploy_and_train(workdir, log, override, prom_port, project)
+    finally:
+        if (workdir / "dockerd.log").exists():
+            shutil.move(workdir / "dockerd.log", tmp_path / "dockerd.log")
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _deploy_and_train(workdir: Path, log: Path, override: Path, prom_port: int, project: str) -> None:
     timings: dict[str, float] = {}
     with dk.docker_daemon(workdir) as env:
         t0 = time.monotonic()
