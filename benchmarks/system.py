@@ -15,10 +15,12 @@ step, seed 0, the committed warm start assets/tiny-world/warmstart, the world of
   so the worker samples step t+1 while the learner trains step t (off-policy rows get truncated
   importance weights);
 - `async2x2`: `async2` with two rollout workers (two vLLM engines);
-- `async2-t1`, `async2x2-bind`, `async2-mb32` (`--variants` to add them): `async2` with the learner on
-  one torch thread; `async2x2` with worker i's vLLM bound to core i (`VLLM_CPU_OMP_THREADS_BIND`; by
-  default vLLM's CPU backend binds every engine to core 0 and reserves core 1); `async2` with
-  micro-batches of 32 trajectories instead of 8.
+- `async2-spin`, `async2-t1`, `async2x2-bind`, `async2-mb32` (`--variants` to add them): `async2` with
+  the learner's idle OpenMP threads spinning (`learner.openmp_waits = "spin"`, lockstep's setting; the
+  asynchronous variants resolve `auto` to passive waits); `async2` with the learner on one torch thread;
+  `async2x2` with worker i's vLLM bound to core i (`VLLM_CPU_OMP_THREADS_BIND`; by default vLLM's CPU
+  backend binds every engine to core 0 and reserves core 1); `async2` with micro-batches of 32
+  trajectories instead of 8.
 
 Per variant it prints, against the first variant (the baseline, measured in the same run): wall time to N
 steps and to a training-reward level (the `--window`-step rolling mean of the JSONL's `reward_mean`;
@@ -58,6 +60,8 @@ VARIANTS = {
     # candidates for the top bottleneck of the asynchronous runs (compare with async2 in the same run)
     "async2-t1": Variant("async2-t1", "async, max_staleness 2, learner on 1 thread", 2,
                          overrides={"learner.threads": 1}),
+    "async2-spin": Variant("async2-spin", "async, max_staleness 2, learner threads spin (the earlier default)",
+                           2, overrides={"learner.openmp_waits": "spin"}),
     "async2x2-bind": Variant("async2x2-bind", "async, max_staleness 2, 2 workers, one core each", 2, workers=2,
                              overrides={"launcher.rollout.env.VLLM_CPU_OMP_THREADS_BIND": "{worker_index}"}),
     "async2-mb32": Variant("async2-mb32", "async, max_staleness 2, micro-batches of 32", 2,

@@ -43,8 +43,8 @@ def register(groups: Groups) -> None:
         import asyncio
         import logging
 
+        from searchr1.core.openmp import set_openmp_waits
         from searchr1.core.settings import ConfigError, load_settings
-        from searchr1.learner.service import run_learner
         from searchr1.learner.settings import LearnerSettings
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -67,6 +67,10 @@ def register(groups: Groups) -> None:
             overrides["archive"] = settings.archive.model_copy(update={"replay_from": replay})
         if overrides:
             settings = settings.model_copy(update=overrides)
+        waits = set_openmp_waits(settings.openmp_wait_policy())  # before torch loads
+        logging.getLogger("searchr1.learner").info("OpenMP waits: %s", waits)
+        from searchr1.learner.service import run_learner
+
         state = asyncio.run(run_learner(settings, max_steps=max_steps))
         typer.echo(f"stopped at step {state.step} (policy version {state.version})")
 

@@ -252,6 +252,18 @@ class LearnerSettings(ServiceSettings):
     """Torch seed."""
     threads: int = Field(default=0, ge=0)
     """torch intra-op threads on CPU (0 = torch's default)."""
+    openmp_waits: Literal["auto", "passive", "spin"] = "auto"
+    """How idle torch (OpenMP) threads wait on CPU: `passive` sleeps at once, `spin` keeps libgomp's default
+    (spin, then sleep), `auto` = passive when `algorithm.max_staleness > 0` (training overlaps generation,
+    so on one machine the learner's cores are shared), spin otherwise. `OMP_WAIT_POLICY` in the
+    environment wins. Sharing a core with a busy vLLM engine, two spinning threads took ~2x as long per
+    step as passive ones (docs/performance.md, "The learner's threads")."""
+
+    def openmp_wait_policy(self) -> Literal["passive", "spin"]:
+        """`openmp_waits` with `auto` resolved."""
+        if self.openmp_waits != "auto":
+            return self.openmp_waits
+        return "passive" if self.algorithm.max_staleness > 0 else "spin"
     log_dir: Path = Path("logs")
     """JSONL step log goes to `log_dir/{run}.jsonl`."""
     metrics_host: str = Field(default="127.0.0.1", min_length=1)

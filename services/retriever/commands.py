@@ -61,7 +61,8 @@ def register(groups: Groups) -> None:
             raise typer.BadParameter("--convention must be auto|e5|bge|plain and --pooling mean|cls")
         import time
 
-        from searchr1.retriever.threads import available_cores, passive_openmp_waits
+        from searchr1.core.openmp import passive_openmp_waits
+        from searchr1.retriever.threads import available_cores
 
         threads = threads or available_cores()
         passive_openmp_waits()  # before torch and faiss load

@@ -16,6 +16,7 @@ from typing import Any
 
 from searchr1.core.api import retriever_pb2_grpc
 from searchr1.core.metrics import MetricsServer, start_metrics_server
+from searchr1.core.openmp import passive_openmp_waits
 from searchr1.core.servers import GrpcServer, HttpServer, install_shutdown_signals
 from searchr1.retriever.batcher import MicroBatcher
 from searchr1.retriever.encoders import EncoderSpec, TransformerEncoder
@@ -25,7 +26,7 @@ from searchr1.retriever.manifest import IndexMismatchError
 from searchr1.retriever.metrics import RetrieverMetrics
 from searchr1.retriever.service import SERVICE_NAME, RetrieverService, RetrieverServicer, create_app
 from searchr1.retriever.settings import RetrieverSettings
-from searchr1.retriever.threads import ThreadPolicy, passive_openmp_waits
+from searchr1.retriever.threads import ThreadPolicy
 
 log = logging.getLogger("searchr1.retriever")
 

@@ -25,17 +25,6 @@ import os
 from dataclasses import dataclass, field
 
 
-def passive_openmp_waits() -> None:
-    """Make idle OpenMP threads sleep instead of spinning (OMP_WAIT_POLICY=PASSIVE unless already set).
-
-    torch and FAISS each bundle their own libgomp; with their default (spin before sleeping) a second
-    thread that finishes its share spins on a core that the event loop, the other pool or another
-    process needs. Measured on a shared 2-core machine, batch 32 with two threads: 21.5 ms of CPU per
-    query spinning, 3.7 ms passive (one thread: 3.5 ms). Read once when each libgomp loads, so this only
-    takes effect before torch and faiss are imported."""
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-
 def available_cores() -> int:
     """CPUs this process may run on (its affinity mask, not the machine's count)."""
     try:
