@@ -16,6 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from searchr1.core.servers import free_port
+
 
 class RedisNotFound(RuntimeError):
     """No redis-server binary could be found."""
@@ -45,19 +47,13 @@ def find_redis_server() -> str:
     )
 
 
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 class RedisServer:
     """A redis-server subprocess on loopback. Use as a context manager or call start()/stop()."""
 
     def __init__(self, port: int | None = None, host: str = "127.0.0.1", workdir: str | Path | None = None,
                  binary: str | None = None, appendonly: bool = False) -> None:
         self.host = host
-        self.port = port or _free_port(host)
+        self.port = port or free_port(host)
         self.binary = binary or find_redis_server()
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="searchr1-redis-")
         self.workdir = Path(workdir) if workdir else Path(self._tmp.name)  # type: ignore[union-attr]

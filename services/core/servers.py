@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import random
 import signal
 import socket
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -183,9 +185,38 @@ def install_shutdown_signals(stop: asyncio.Event, signals: Iterable[int] = (sign
             loop.add_signal_handler(sig, _on_signal, sig)
 
 
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_FREE_PORT = 10_000
+"""`free_port` draws from [LOWEST_FREE_PORT, 65535] minus the kernel's ephemeral range."""
+
+
+def ephemeral_port_range() -> tuple[int, int]:
+    """The kernel's range for bind(0) and outgoing connections (Linux's default where it cannot be read)."""
+    try:
+        lo, hi = (int(x) for x in EPHEMERAL_RANGE_FILE.read_text().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago (for launching subprocesses; servers themselves bind 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A port that was free a moment ago, for a subprocess to bind later (servers themselves bind 0).
+
+    It is drawn at random from outside the kernel's ephemeral range: a port from bind(0) is in that range,
+    where any other process's bind(0) or outgoing connection (a vLLM engine opens dozens) may take it in
+    the seconds or minutes before the subprocess binds it; then that process fails with "Address already
+    in use", and so does every restart on the same port."""
+    lo, hi = ephemeral_port_range()
+    spans = [(a, b) for a, b in ((LOWEST_FREE_PORT, lo - 1), (hi + 1, 65535)) if a <= b]
+    rng = random.SystemRandom()
+    for _ in range(200):
+        if not spans:
+            break
+        a, b = rng.choices(spans, weights=[b - a + 1 for a, b in spans])[0]
+        port = rng.randint(a, b)
+        if port_is_free(host, port):
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # every port outside the range is taken
         s.bind((host, 0))
         return s.getsockname()[1]
 
