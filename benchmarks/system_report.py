@@ -181,7 +181,7 @@ def plot_breakdown(figs: list[Figures], path: Path, title: str) -> Path:
         ax.set_xlim(0, 100)
         ax.set_xlabel("% of wall time")
         ax.set_title(f"{side} ({'mean over workers' if side == 'rollout' else 'one process'})")
-        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(figs) < 3 else -0.2), ncol=4, fontsize=8,
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(figs) < 3 else -0.12), ncol=3, fontsize=8,
                   frameon=False)
     axes[0].invert_yaxis()
     fig.suptitle(title, fontsize=10)
