@@ -256,8 +256,8 @@ class LearnerSettings(ServiceSettings):
     """How idle torch (OpenMP) threads wait on CPU: `passive` sleeps at once, `spin` keeps libgomp's default
     (spin, then sleep), `auto` = passive when `algorithm.max_staleness > 0` (training overlaps generation,
     so on one machine the learner's cores are shared), spin otherwise. `OMP_WAIT_POLICY` in the
-    environment wins. Sharing a core with a busy vLLM engine, two spinning threads took ~2x as long per
-    step as passive ones (docs/performance.md, "The learner's threads")."""
+    environment wins. Sharing a core with a busy process, two spinning threads took 1.6–1.9x as long per
+    tiny-world step as passive ones (`searchr1.core.openmp`; docs/performance.md, "System")."""
 
     def openmp_wait_policy(self) -> Literal["passive", "spin"]:
         """`openmp_waits` with `auto` resolved."""
