@@ -179,10 +179,11 @@ async def run_level(session: aiohttp.ClientSession, url: str, proc: subprocess.P
 def floor(index: Path, queries: list[str], seconds: float) -> list[tuple[str, int, int, float]]:
     """Our searcher in this process, no HTTP: (encoder, batch, threads, queries/s) with the server's thread
     policy and encoder (traced by default), then the eager encoder at batch 1 and 64 for comparison."""
+    from searchr1.core.openmp import passive_openmp_waits
     from searchr1.retriever.encoders import TransformerEncoder
     from searchr1.retriever.loading import load_index
     from searchr1.retriever.settings import RetrieverSettings
-    from searchr1.retriever.threads import ThreadPolicy, passive_openmp_waits
+    from searchr1.retriever.threads import ThreadPolicy
 
     passive_openmp_waits()  # as the server does (effective if torch is not loaded yet)
     settings = RetrieverSettings()
