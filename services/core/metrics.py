@@ -129,8 +129,6 @@ def start_metrics_server(registry: CollectorRegistry, host: str = "127.0.0.1", p
     return MetricsServer(server, thread)
 
 
-
-
 class StageClock:
     """Splits a process's wall time into named stages that never overlap, for a stacked breakdown
     (`searchr1_<service>_stage_seconds_total{stage=…}`) whose stages add up to the time elapsed.

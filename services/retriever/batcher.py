@@ -7,11 +7,13 @@ request never waits). A batch smaller than the previous one also waits for the p
 to come back, up to `refill_share` of the previous batch's search time (`refill_wait_s`): without it, N
 closed-loop clients split into a lone request and the other N-1 (the first caller back starts a one-query
 batch, the rest queue behind it), and every cycle pays a full one-query encode (docs/performance.md,
-"Retriever"). A lone client never waits (its previous batch was as small). It runs the search for all their queries at the largest requested k in a single
-worker thread (so the event loop keeps accepting requests, and torch and FAISS never run two batches at
-once), cuts each request its slice at its own k, and, on the same thread, applies the request's
-`finish` function (the service turns rows into passages there), so a request costs one thread hop. A
-request is never split across batches.
+"Retriever"). A lone client never waits (its previous batch was as small).
+
+It runs the search for all their queries at the largest requested k in a single worker thread (so the
+event loop keeps accepting requests, and torch and FAISS never run two batches at once), cuts each
+request its slice at its own k, and, on the same thread, applies the request's `finish` function (the
+service turns rows into passages there), so a request costs one thread hop. A request is never split
+across batches.
 
 Departure from Search-R1: its server runs every request on its own (FastAPI's thread pool), so each pays
 a full encode + search; batching amortises both (benchmarks/retriever_vs_searchr1.py).

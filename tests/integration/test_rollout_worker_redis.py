@@ -63,18 +63,39 @@ async def _search(q):
     return []
 
 
+@dataclass
+class Stack:
+    worker: Worker
+    tasks: object
+    groups: object
+    loader: WeightLoader
+    metrics: RolloutMetrics
+
+
+async def _stack(redis, keys: StreamKeys, gen, download_dir, scorer=None, *, visibility_timeout_ms: int | None = None,
+                 **worker_kw) -> Stack:
+    """A worker over real Redis streams (consumer groups created), sampling with `gen`, scoring with
+    `scorer` (every answer right by default), its weight loader downloading into `download_dir`."""
+    metrics = RolloutMetrics()
+    stream_kw = {} if visibility_timeout_ms is None else {"visibility_timeout_ms": visibility_timeout_ms}
+    tasks = tasks_stream(redis, keys, **stream_kw)
+    groups = trajectories_stream(redis, keys)
+    sampler = GroupSampler(gen, Codec(), None, _search, scorer or OkScorer(), AgentSettings(), RewardClientSettings(),
+                           metrics)
+    loader = WeightLoader(redis, keys, gen, metrics, download_dir)
+    worker = Worker(sampler, tasks, groups, loader, metrics, "w", block_ms=50, **worker_kw)
+    await tasks.ensure_group()
+    await groups.ensure_group()
+    return Stack(worker, tasks, groups, loader, metrics)
+
+
 async def test_score_failure_is_redelivered_and_bad_weights_are_skipped(redis, tmp_path):
     keys = StreamKeys("wr")
-    metrics = RolloutMetrics()
-    tasks = tasks_stream(redis, keys, visibility_timeout_ms=300)
-    groups = trajectories_stream(redis, keys)
     gen = Gen()
     scorer = FlakyScorer()
-    sampler = GroupSampler(gen, Codec(), None, _search, scorer, AgentSettings(), RewardClientSettings(), metrics)
-    loader = WeightLoader(redis, keys, gen, metrics, tmp_path)
-    worker = Worker(sampler, tasks, groups, loader, metrics, "w", block_ms=50, reclaim_interval_s=0.1,
-                    weight_poll_s=0.05)
-    await tasks.ensure_group()
+    st = await _stack(redis, keys, gen, tmp_path, scorer, visibility_timeout_ms=300, reclaim_interval_s=0.1,
+                      weight_poll_s=0.05)
+    worker, tasks, groups, loader, metrics = st.worker, st.tasks, st.groups, st.loader, st.metrics
     await tasks.publish(Task(task_id="a", question="capital of france", golden_answers=["Paris"], group_size=2))
     snap = tmp_path / "snap"
     snap.mkdir()
@@ -83,7 +104,6 @@ async def test_score_failure_is_redelivered_and_bad_weights_are_skipped(redis, t
 
     stop = asyncio.Event()
     run = asyncio.create_task(worker.run(stop))
-    await groups.ensure_group()
     got = []
     end = time.monotonic() + 20
     while not got:
@@ -117,15 +137,9 @@ async def test_a_task_needing_newer_weights_is_sampled_after_loading_them(redis,
     from searchr1.core.weights import snapshot_digest
 
     keys = StreamKeys("mv")
-    metrics = RolloutMetrics()
-    tasks = tasks_stream(redis, keys)
-    groups = trajectories_stream(redis, keys)
     gen = Gen()
-    sampler = GroupSampler(gen, Codec(), None, _search, OkScorer(), AgentSettings(), RewardClientSettings(), metrics)
-    loader = WeightLoader(redis, keys, gen, metrics, tmp_path / "dl")
-    worker = Worker(sampler, tasks, groups, loader, metrics, "w", block_ms=50, weight_poll_s=3600.0)
-    await tasks.ensure_group()
-    await groups.ensure_group()
+    st = await _stack(redis, keys, gen, tmp_path / "dl", weight_poll_s=3600.0)
+    worker, tasks, groups, loader = st.worker, st.tasks, st.groups, st.loader
     stop = asyncio.Event()
     run = asyncio.create_task(worker.run(stop))
 
@@ -209,17 +223,9 @@ class HangingGen(Gen):
 async def test_drain_past_its_timeout_cancels_and_leaves_the_task_for_redelivery(redis, tmp_path):
     """Stopping waits `drain_timeout_s` for the tasks in flight, then cancels them: the worker exits in time
     for its supervisor's grace period, nothing is published, and the task stays pending for another worker."""
-    keys = StreamKeys("dr")
-    metrics = RolloutMetrics()
-    tasks = tasks_stream(redis, keys)
-    groups = trajectories_stream(redis, keys)
     gen = HangingGen()
-    sampler = GroupSampler(gen, Codec(), None, _search, OkScorer(), AgentSettings(), RewardClientSettings(), metrics)
-    loader = WeightLoader(redis, keys, gen, metrics, tmp_path)
-    worker = Worker(sampler, tasks, groups, loader, metrics, "w", block_ms=50, weight_poll_s=3600.0,
-                    drain_timeout_s=0.5)
-    await tasks.ensure_group()
-    await groups.ensure_group()
+    st = await _stack(redis, StreamKeys("dr"), gen, tmp_path, weight_poll_s=3600.0, drain_timeout_s=0.5)
+    worker, tasks, groups = st.worker, st.tasks, st.groups
     await tasks.publish(Task(task_id="long", question="capital of france", golden_answers=["Paris"], group_size=2))
     stop = asyncio.Event()
     run = asyncio.create_task(worker.run(stop))
