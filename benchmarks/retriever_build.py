@@ -5,7 +5,7 @@ Writes (once, in --workdir) a corpus of --passages wiki-summary-like rows (a tit
 80 on average, seeded), then runs the real CLI for each variant in turn and prints its wall time and
 passages/s:
 
-  one-thread: `--threads 1` (the setting a build used by default before it sized itself to the machine)
+  one-thread: `--threads 1` (one encoder thread whatever the machine)
   default:    no flags (every core, length-ordered batches, fp32)
   bf16:       `--bf16` (bfloat16 autocast for the encoder)
 

@@ -13,7 +13,7 @@ clients: C coroutines each sending a one-query request (topk 3, return_scores tr
 as the answer arrives, for C in --concurrency, then one client sending --batch-queries-query requests.
 At every level the servers take turns (a different one first each round), so noise from other jobs on the
 machine hits all of them. `--ours-variant NAME=RETRIEVER_X=V,...` adds our server again with other
-settings (an earlier default, say), so a before/after comes from one run. Printed per level and server: queries/s, p50/p99 request
+settings (another thread or batching setting, say), so two variants come from one run. Printed per level and server: queries/s, p50/p99 request
 latency, server CPU per query (its process's user+system time over the queries answered), and the load
 generator's own CPU as a share of one core (it must stay well under 1.0, or the clients are the
 bottleneck). Then the in-process floor: our searcher called directly (encode + FAISS, no HTTP) at batch
@@ -313,7 +313,7 @@ def main() -> int:
     p.add_argument("--floor", action=argparse.BooleanOptionalAction, default=True,
                    help="also measure the in-process floor (needs this checkout's retriever)")
     p.add_argument("--ours-variant", type=parse_variant, action="append", default=[], metavar="NAME=ENV=V,...",
-                   help="also run our server with these RETRIEVER_* settings (e.g. an earlier default: "
+                   help="also run our server with these RETRIEVER_* settings (e.g. a variant: "
                         "before=RETRIEVER_BATCH__REFILL_SHARE=0,RETRIEVER_EVENT_LOOP=asyncio), interleaved")
     p.add_argument("--workdir", default="/tmp/searchr1-bench-vs-searchr1",
                    help="corpus, index and caches (reused by the next run)")

@@ -60,7 +60,7 @@ VARIANTS = {
     # candidates for the top bottleneck of the asynchronous runs (compare with async2 in the same run)
     "async2-t1": Variant("async2-t1", "async, max_staleness 2, learner on 1 thread", 2,
                          overrides={"learner.threads": 1}),
-    "async2-spin": Variant("async2-spin", "async, max_staleness 2, learner threads spin (the earlier default)",
+    "async2-spin": Variant("async2-spin", "async, max_staleness 2, learner threads spin (openmp_waits = spin)",
                            2, overrides={"learner.openmp_waits": "spin"}),
     "async2x2-bind": Variant("async2x2-bind", "async, max_staleness 2, 2 workers, one core each", 2, workers=2,
                              overrides={"launcher.rollout.env.VLLM_CPU_OMP_THREADS_BIND": "{worker_index}"}),

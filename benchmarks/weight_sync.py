@@ -18,7 +18,7 @@ path); sizes not in `--vllm-sizes` are reloaded by loading the safetensors into 
 bfloat16 (a vLLM CPU engine per size does not fit a shared 24 GiB machine beside the training jobs).
 
 Variants, same run, same snapshot bytes:
-- before: the previous path: `save_pretrained`, then the digest in a second pass over the files (one
+- before: the two-pass path: `save_pretrained`, then the digest in a second pass over the files (one
   sequential sha256), files served by Starlette's `FileResponse`, the download received on the event
   loop (each 1 MiB chunk written in a thread), then read back whole to verify it;
 - after: `searchr1.core.weights` as it is (see its docstring).
