@@ -14,7 +14,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from searchr1.core.settings import RedisSettings, Section, ServiceSettings
-from searchr1.learner.sampling import TRAINING_TEMPERATURE, check_rollout_temperature
+from searchr1.learner.algo.temperature import TRAINING_TEMPERATURE, check_rollout_temperature
 
 
 class LoraSettings(Section):

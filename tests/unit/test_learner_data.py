@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from searchr1.cli import build_app
 from searchr1.core.datasets import parse_row
-from searchr1.learner.data import DatasetError, load_tasks, prepare
+from searchr1.learner.tools.data import DatasetError, load_tasks, prepare
 from searchr1.learner.dispatcher import epoch_order
 
 PROMPT = ("Answer the given question. ... For example, <answer> Beijing </answer>. "
@@ -88,7 +88,7 @@ def test_epoch_order_is_seeded_and_differs_per_epoch():
 
 
 def test_dispatcher_resumes_the_same_order():
-    from searchr1.learner.data import Question
+    from searchr1.learner.tools.data import Question
     from searchr1.learner.dispatcher import Dispatcher
     from searchr1.learner.settings import DispatcherSettings
 
@@ -103,7 +103,7 @@ def test_dispatcher_resumes_the_same_order():
 
 
 def test_source_repeats_oversample_a_data_source():
-    from searchr1.learner.data import Question, oversample
+    from searchr1.learner.tools.data import Question, oversample
     from searchr1.learner.dispatcher import Dispatcher
     from searchr1.learner.settings import DispatcherSettings
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from searchr1.learner import losses as L
-from searchr1.learner.reference import ema_update_
+from searchr1.learner.algo import losses as L
+from searchr1.learner.algo.reference import ema_update_
 
 torch.set_num_threads(1)
 TOL = 1e-6
@@ -339,7 +339,7 @@ def _exact_kl(policy, reference, ids, attn, resp, direction):
 
 
 def test_forward_kl_logits_agrees_with_forward_logprobs_and_the_full_logits(tiny_models):
-    from searchr1.learner.model import forward_kl_logits, forward_logprobs
+    from searchr1.learner.train.model import forward_kl_logits, forward_logprobs
 
     policy, _, ids, attn, resp = tiny_models
     with torch.no_grad():
@@ -360,7 +360,7 @@ def test_forward_kl_logits_agrees_with_forward_logprobs_and_the_full_logits(tiny
 
 @pytest.mark.parametrize("direction", ["reverse", "forward"])
 def test_kl_term_over_the_whole_vocabulary_equals_the_exact_kl(tiny_models, direction):
-    from searchr1.learner.kl_term import KLTerm
+    from searchr1.learner.train.kl_term import KLTerm
     from searchr1.learner.settings import AlgorithmSettings
 
     policy, reference, ids, attn, resp = tiny_models
@@ -373,7 +373,7 @@ def test_kl_term_over_the_whole_vocabulary_equals_the_exact_kl(tiny_models, dire
 
 
 def test_reverse_topk_ids_from_the_prepass_equal_those_of_the_update_forward(tiny_models):
-    from searchr1.learner.kl_term import KLTerm
+    from searchr1.learner.train.kl_term import KLTerm
     from searchr1.learner.settings import AlgorithmSettings
 
     policy, reference, ids, attn, resp = tiny_models
@@ -391,8 +391,8 @@ def test_reverse_topk_ids_from_the_prepass_equal_those_of_the_update_forward(tin
 
 
 def test_kl_term_sampled_estimator_with_importance_weight(tiny_models):
-    from searchr1.learner.kl_term import KLTerm
-    from searchr1.learner.model import forward_logprobs
+    from searchr1.learner.train.kl_term import KLTerm
+    from searchr1.learner.train.model import forward_logprobs
     from searchr1.learner.settings import AlgorithmSettings
 
     policy, reference, ids, attn, resp = tiny_models
@@ -408,7 +408,7 @@ def test_kl_term_sampled_estimator_with_importance_weight(tiny_models):
 
 
 def test_ema_due_every_period_steps():
-    from searchr1.learner.kl_term import ema_due
+    from searchr1.learner.train.kl_term import ema_due
 
     assert [s for s in range(0, 31) if ema_due(s, 0.9, 10)] == [10, 20, 30]
     assert not any(ema_due(s, 1.0, 1) for s in range(5))

@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from searchr1.learner.dynamic_sampling import split_flat_groups
-from searchr1.learner.step_input import StepInput
+from searchr1.learner.algo.group_filters import split_flat_groups
+from searchr1.learner.sources.base import StepInput
 
 if TYPE_CHECKING:
     from searchr1.learner.service import Learner

@@ -148,7 +148,7 @@ def forward_logprobs(
         logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
         ent = None
         if entropy:
-            from searchr1.learner.losses import entropy_from_logits
+            from searchr1.learner.algo.losses import entropy_from_logits
 
             ent = entropy_from_logits(logits)
         return logp, ent

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from searchr1.core.schemas import TrajectoryGroup
 from searchr1.core.streams import Entry
-from searchr1.learner.staleness import Dropped
+from searchr1.learner.algo.staleness import Dropped
 
 
 @dataclass

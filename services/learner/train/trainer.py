@@ -36,22 +36,22 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from searchr1.core.metrics import StageClock, in_stage
-from searchr1.learner.advantages import (
+from searchr1.learner.algo.advantages import (
     OUTCOME_ESTIMATORS,
     outcome_advantages,
     ppo_advantages,
     ppo_token_rewards,
 )
-from searchr1.learner.batch import Batch, shard_rows
-from searchr1.learner.kl_term import KLTerm, ema_due
-from searchr1.learner.losses import (
+from searchr1.learner.algo.batch import Batch, shard_rows
+from searchr1.learner.train.kl_term import KLTerm, ema_due
+from searchr1.learner.algo.losses import (
     POLICY_LOSSES,
     aggregate,
     truncated_importance_weights,
     value_loss,
 )
-from searchr1.learner.model import DistInfo, forward_logprobs, forward_values
-from searchr1.learner.reference import ema_update_
+from searchr1.learner.train.model import DistInfo, forward_logprobs, forward_values
+from searchr1.learner.algo.reference import ema_update_
 from searchr1.learner.settings import LearnerSettings
 
 

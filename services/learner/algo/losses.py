@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from searchr1.learner.kl_estimators import (  # noqa: F401  (re-exported: the KL half of the learner's math)
+from searchr1.learner.algo.kl_estimators import (  # noqa: F401  (re-exported: the KL half of the learner's math)
     KL_ESTIMATORS,
     KL_LOG_RATIO_CLAMP,
     LOW_VAR_KL_CLAMP,

@@ -15,15 +15,15 @@ import asyncio
 import logging
 import os
 
-from searchr1.learner.archive import groups_by_step, latest_copies, read
-from searchr1.learner.checkpoint import Checkpointer, TrainState
+from searchr1.learner.tools.archive import groups_by_step, latest_copies, read
+from searchr1.learner.train.checkpoint import Checkpointer, TrainState
 from searchr1.learner.metrics import LearnerMetrics, StepLog
-from searchr1.learner.model import DistInfo
+from searchr1.learner.train.model import DistInfo
 from searchr1.learner.publisher import WeightPublisher
 from searchr1.learner.service import Learner, build_training
 from searchr1.learner.settings import LearnerSettings
 
-log = logging.getLogger("searchr1.learner.replay")
+log = logging.getLogger("searchr1.learner.sources.archive")
 
 
 async def run_replay(settings: LearnerSettings, stop: asyncio.Event | None = None,

@@ -40,7 +40,7 @@ def styled_segments(text: str) -> list[tuple[str, str]]:
 def register_archive(group: typer.Typer) -> None:
     """Add `list`, `show` and `export` to the `archive` group."""
     def _select(directory, all_copies, **filters):
-        from searchr1.learner.archive import ArchiveError, Filter, latest_copies, read
+        from searchr1.learner.tools.archive import ArchiveError, Filter, latest_copies, read
 
         try:
             table = read(directory)
@@ -56,7 +56,7 @@ def register_archive(group: typer.Typer) -> None:
         from rich.console import Console
         from rich.table import Table
 
-        from searchr1.learner.archive import ArchiveError, describe, latest_copies, read
+        from searchr1.learner.tools.archive import ArchiveError, describe, latest_copies, read
 
         infos = describe(directory)
         if not infos:
