@@ -27,9 +27,9 @@ from collections.abc import Sequence
 from searchr1.core.datasets import Question
 from searchr1.core.schemas import Task
 from searchr1.core.streams import TypedStream
+from searchr1.learner.algo.staleness import StalenessPolicy
 from searchr1.learner.algo.temperature import task_sampling
 from searchr1.learner.settings import DispatcherSettings
-from searchr1.learner.algo.staleness import StalenessPolicy
 
 
 def epoch_order(n: int, seed: int, epoch: int) -> list[int]:

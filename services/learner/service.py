@@ -44,21 +44,21 @@ from searchr1.core.metrics import in_stage
 from searchr1.core.redis_link import RedisLink
 from searchr1.core.schemas import Task, TrajectoryGroup
 from searchr1.core.streams import StreamKeys, TypedStream, tasks_stream, trajectories_stream
-from searchr1.learner.tools.archive import ArchiveWriter
 from searchr1.learner.algo.batch import Batch, build_batch
+from searchr1.learner.algo.figures import by_source, group_figures
+from searchr1.learner.algo.group_filters import mask_overlong
+from searchr1.learner.algo.staleness import Dropped, StalenessPolicy
+from searchr1.learner.algo.temperature import temperature_mismatch
+from searchr1.learner.metrics import LearnerMetrics, StepLog
+from searchr1.learner.publisher import WeightPublisher
+from searchr1.learner.settings import LearnerSettings
+from searchr1.learner.sources.base import StepInput
+from searchr1.learner.sources.stream import sample_informative
+from searchr1.learner.tools.archive import ArchiveWriter
+from searchr1.learner.train.build import Training, build_training
 from searchr1.learner.train.checkpoint import Checkpointer, TrainState
 from searchr1.learner.train.distributed import broadcast_groups, init_distributed
-from searchr1.learner.sources.stream import sample_informative
-from searchr1.learner.algo.group_filters import mask_overlong
-from searchr1.learner.algo.figures import by_source, group_figures
-from searchr1.learner.metrics import LearnerMetrics, StepLog
 from searchr1.learner.train.model import DistInfo, export_weights
-from searchr1.learner.publisher import WeightPublisher
-from searchr1.learner.algo.temperature import temperature_mismatch
-from searchr1.learner.settings import LearnerSettings
-from searchr1.learner.algo.staleness import Dropped, StalenessPolicy
-from searchr1.learner.sources.base import StepInput
-from searchr1.learner.train.build import Training, build_training
 
 __all__ = ["Learner", "StepInput", "Training", "build_training", "run_learner"]
 
@@ -368,9 +368,9 @@ async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = No
     from searchr1.core.redis_link import RedisLink
     from searchr1.core.servers import HttpServer, install_shutdown_signals
     from searchr1.core.streams import connect
-    from searchr1.learner.tools.data import load_tasks, oversample
     from searchr1.learner.dispatcher import Dispatcher
     from searchr1.learner.publisher import weights_app
+    from searchr1.learner.tools.data import load_tasks, oversample
 
     if settings.archive.replay_from is not None:
         from searchr1.learner.sources.archive import run_replay

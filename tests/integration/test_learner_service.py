@@ -16,12 +16,12 @@ from searchr1.core.schemas import Task, TrajectoryGroup, decode
 from searchr1.core.servers import HttpServer
 from searchr1.core.streams import StreamKeys, TypedStream, tasks_stream, trajectories_stream
 from searchr1.core.weights import fetch_snapshot, latest, snapshot_digest
-from searchr1.learner.train.checkpoint import Checkpointer
 from searchr1.learner.metrics import LearnerMetrics, StepLog
-from searchr1.learner.train.model import DistInfo
 from searchr1.learner.publisher import WeightPublisher, weights_app
 from searchr1.learner.service import Learner, build_training
 from searchr1.learner.settings import LearnerSettings
+from searchr1.learner.train.checkpoint import Checkpointer
+from searchr1.learner.train.model import DistInfo
 from tests.support.synthetic import synthetic_group, tiny_qwen2
 
 torch.set_num_threads(1)
@@ -232,10 +232,10 @@ async def test_groups_sampled_at_another_temperature_are_dead_lettered(tmp_path,
 
 
 async def test_dispatcher_keeps_max_inflight(tmp_path, redis):
-    from searchr1.learner.tools.data import Question
+    from searchr1.learner.algo.staleness import StalenessPolicy
     from searchr1.learner.dispatcher import Dispatcher
     from searchr1.learner.settings import DispatcherSettings
-    from searchr1.learner.algo.staleness import StalenessPolicy
+    from searchr1.learner.tools.data import Question
 
     keys = StreamKeys("d")
     tasks = tasks_stream(redis, keys)

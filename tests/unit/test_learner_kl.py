@@ -360,8 +360,8 @@ def test_forward_kl_logits_agrees_with_forward_logprobs_and_the_full_logits(tiny
 
 @pytest.mark.parametrize("direction", ["reverse", "forward"])
 def test_kl_term_over_the_whole_vocabulary_equals_the_exact_kl(tiny_models, direction):
-    from searchr1.learner.train.kl_term import KLTerm
     from searchr1.learner.settings import AlgorithmSettings
+    from searchr1.learner.train.kl_term import KLTerm
 
     policy, reference, ids, attn, resp = tiny_models
     exact = _exact_kl(policy, reference, ids, attn, resp, direction)
@@ -373,8 +373,8 @@ def test_kl_term_over_the_whole_vocabulary_equals_the_exact_kl(tiny_models, dire
 
 
 def test_reverse_topk_ids_from_the_prepass_equal_those_of_the_update_forward(tiny_models):
-    from searchr1.learner.train.kl_term import KLTerm
     from searchr1.learner.settings import AlgorithmSettings
+    from searchr1.learner.train.kl_term import KLTerm
 
     policy, reference, ids, attn, resp = tiny_models
     term = KLTerm(AlgorithmSettings(kl_loss_type="full_reverse", kl_topk_tokens=4), enabled=True)
@@ -391,9 +391,9 @@ def test_reverse_topk_ids_from_the_prepass_equal_those_of_the_update_forward(tin
 
 
 def test_kl_term_sampled_estimator_with_importance_weight(tiny_models):
+    from searchr1.learner.settings import AlgorithmSettings
     from searchr1.learner.train.kl_term import KLTerm
     from searchr1.learner.train.model import forward_logprobs
-    from searchr1.learner.settings import AlgorithmSettings
 
     policy, reference, ids, attn, resp = tiny_models
     term = KLTerm(AlgorithmSettings(kl_loss_type="k4", kl_importance_weight=True, kl_iw_clip=(0.5, 1.5)),

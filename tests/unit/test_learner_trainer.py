@@ -10,11 +10,11 @@ import torch
 
 from searchr1.core.schemas import Task, Trajectory, TrajectoryGroup
 from searchr1.learner.algo.batch import build_batch, micro_batches, shard_rows
+from searchr1.learner.service import build_training
+from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.train.checkpoint import Checkpointer, TrainState
 from searchr1.learner.train.model import DistInfo, forward_logprobs
 from searchr1.learner.train.optim import lr_lambda
-from searchr1.learner.service import build_training
-from searchr1.learner.settings import LearnerSettings
 from tests.support.synthetic import synthetic_group, tiny_qwen2
 
 torch.set_num_threads(1)
@@ -278,8 +278,8 @@ def test_micro_batches_split_and_trim():
 def test_lora_snapshot_is_merged_full_weights(model_path, tmp_path):
     from safetensors.torch import load_file
 
-    from searchr1.learner.train.model import export_weights
     from searchr1.learner.publisher import WeightPublisher
+    from searchr1.learner.train.model import export_weights
 
     s = _settings(model_path, model={"path": str(model_path), "lora": {"enabled": True, "r": 4}},
                   optim={"lr": 1e-2})

@@ -15,13 +15,13 @@ import asyncio
 import logging
 import os
 
-from searchr1.learner.tools.archive import groups_by_step, latest_copies, read
-from searchr1.learner.train.checkpoint import Checkpointer, TrainState
 from searchr1.learner.metrics import LearnerMetrics, StepLog
-from searchr1.learner.train.model import DistInfo
 from searchr1.learner.publisher import WeightPublisher
 from searchr1.learner.service import Learner, build_training
 from searchr1.learner.settings import LearnerSettings
+from searchr1.learner.tools.archive import groups_by_step, latest_copies, read
+from searchr1.learner.train.checkpoint import Checkpointer, TrainState
+from searchr1.learner.train.model import DistInfo
 
 log = logging.getLogger("searchr1.learner.sources.archive")
 

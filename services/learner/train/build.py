@@ -11,10 +11,10 @@ from typing import Any
 
 import torch
 
+from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.train.checkpoint import Component
 from searchr1.learner.train.model import DistInfo, load_critic, load_policy, load_reference, resolve_device
 from searchr1.learner.train.optim import build_optimizer
-from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.train.trainer import Trainer
 
 

@@ -27,8 +27,8 @@ import torch
 from torch import Tensor, nn
 
 from searchr1.learner.algo.losses import kl_importance_weight, kl_penalty, topk_kl
-from searchr1.learner.train.model import forward_kl_logits, forward_logprobs
 from searchr1.learner.settings import AlgorithmSettings
+from searchr1.learner.train.model import forward_kl_logits, forward_logprobs
 
 
 @dataclass(frozen=True)

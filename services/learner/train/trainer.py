@@ -43,16 +43,16 @@ from searchr1.learner.algo.advantages import (
     ppo_token_rewards,
 )
 from searchr1.learner.algo.batch import Batch, shard_rows
-from searchr1.learner.train.kl_term import KLTerm, ema_due
 from searchr1.learner.algo.losses import (
     POLICY_LOSSES,
     aggregate,
     truncated_importance_weights,
     value_loss,
 )
-from searchr1.learner.train.model import DistInfo, forward_logprobs, forward_values
 from searchr1.learner.algo.reference import ema_update_
 from searchr1.learner.settings import LearnerSettings
+from searchr1.learner.train.kl_term import KLTerm, ema_due
+from searchr1.learner.train.model import DistInfo, forward_logprobs, forward_values
 
 
 @dataclass
