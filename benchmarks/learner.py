@@ -68,8 +68,8 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     from searchr1.learner.algo.batch import build_batch
-    from searchr1.learner.service import build_training
     from searchr1.learner.settings import LearnerSettings
+    from searchr1.learner.train.build import build_training
     from searchr1.learner.train.model import DistInfo, forward_logprobs
     from tests.support.synthetic import synthetic_group, tiny_qwen2
 

@@ -112,6 +112,12 @@ class AlgorithmSettings(Section):
     overlong_filter: bool = False
     """DAPO overlong filtering: responses cut by the length limit (finish reason "length") get loss mask 0."""
 
+    @property
+    def kl_loss_on(self) -> bool:
+        """Whether the actor's loss has a KL term (derived): `use_kl_loss` with `kl_loss_coef > 0`. A zero
+        coefficient runs no reference forward and loads no reference for it."""
+        return self.use_kl_loss and self.kl_loss_coef > 0
+
 
 class OptimSettings(Section):
     lr: float = Field(default=1e-6, gt=0.0)
@@ -304,8 +310,7 @@ class LearnerSettings(ServiceSettings):
             if self.model.lora.enabled:
                 raise ValueError("ref_ema_tau < 1 (EMA reference) needs full fine-tuning: with LoRA the policy is "
                                  "base weights plus adapters and cannot be averaged into the reference")
-            kl_loss = a.use_kl_loss and a.kl_loss_coef > 0
-            if not (kl_loss or a.kl_in_reward):
+            if not (a.kl_loss_on or a.kl_in_reward):
                 raise ValueError("ref_ema_tau < 1 needs a KL term (use_kl_loss with kl_loss_coef > 0, or kl_in_reward)")
         if a.kl_iw_clip is not None and not 0.0 <= a.kl_iw_clip[0] <= a.kl_iw_clip[1]:
             raise ValueError(f"kl_iw_clip must be [lo, hi] with 0 <= lo <= hi, got {list(a.kl_iw_clip)}")

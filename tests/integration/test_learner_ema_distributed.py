@@ -43,7 +43,7 @@ def _train(rank: int, world: int, model_path: str, out: str, port: int) -> None:
 
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("gloo", rank=rank, world_size=world)
-    from searchr1.learner.service import build_training
+    from searchr1.learner.train.build import build_training
     from searchr1.learner.train.checkpoint import Checkpointer, TrainState
     from searchr1.learner.train.model import dist_info
 

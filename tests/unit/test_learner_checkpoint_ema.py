@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from searchr1.learner.algo.batch import build_batch
-from searchr1.learner.service import build_training
 from searchr1.learner.settings import LearnerSettings
+from searchr1.learner.train.build import build_training
 from searchr1.learner.train.checkpoint import Checkpointer, TrainState
 from searchr1.learner.train.model import DistInfo
 from tests.support.synthetic import synthetic_group, tiny_qwen2

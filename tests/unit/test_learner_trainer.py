@@ -10,8 +10,8 @@ import torch
 
 from searchr1.core.schemas import Task, Trajectory, TrajectoryGroup
 from searchr1.learner.algo.batch import build_batch, micro_batches, shard_rows
-from searchr1.learner.service import build_training
 from searchr1.learner.settings import LearnerSettings
+from searchr1.learner.train.build import build_training
 from searchr1.learner.train.checkpoint import Checkpointer, TrainState
 from searchr1.learner.train.model import DistInfo, forward_logprobs
 from searchr1.learner.train.optim import lr_lambda

@@ -64,3 +64,8 @@ def ema_update_(reference: nn.Module, policy: nn.Module, tau: float) -> None:
             continue
         r.mul_(tau).add_(p.to(device=r.device, dtype=r.dtype), alpha=1.0 - tau)
 
+
+def ema_due(steps_done: int, tau: float, period: int) -> bool:
+    """Whether the reference takes an EMA update after the step that brings the count to `steps_done`
+    (steps 1-based: every `period`-th step, as EMA-PG's release)."""
+    return tau < 1.0 and steps_done > 0 and steps_done % period == 0

@@ -1,10 +1,10 @@
-"""Training from a trajectory archive instead of the trajectories stream: `run_replay`.
+"""A trajectory archive as a `GroupSource`: `ArchiveSource` feeds `searchr1 train --replay`.
 
-The archive's groups (`archive.py`; a step archived twice is taken once, from its latest part) are rebuilt
-step by step in order and fed through the learner's own train → checkpoint → publish stages, so a replayed
-run computes the same losses as a live one would on those groups. No Redis, no dispatcher, no rollout.
-A replay resumed from a checkpoint skips the archive steps whose task ids the checkpoint already holds.
-A replay writes no archive of its own. Single process (no torchrun).
+The archive's groups (`tools/archive.py`; a step archived twice is taken once, from its latest part) are
+handed to the loop step by step in order, through the loop's own train → checkpoint → publish stages, so a
+replayed run computes the same losses as a live one would on those groups. No Redis, no dispatcher, no
+rollout: acks and grants are no-ops. A replay resumed from a checkpoint skips the archive steps whose task
+ids the checkpoint already holds. Single process (no torchrun).
 
 Search-R1 has no equivalent: its trainer samples and trains in one loop.
 """
@@ -13,47 +13,51 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
+from collections.abc import Sequence
+from pathlib import Path
 
-from searchr1.learner.metrics import LearnerMetrics, StepLog
-from searchr1.learner.publisher import WeightPublisher
-from searchr1.learner.service import Learner, build_training
-from searchr1.learner.settings import LearnerSettings
+from searchr1.core.schemas import TrajectoryGroup
+from searchr1.learner.sources.base import StepGroups
 from searchr1.learner.tools.archive import groups_by_step, latest_copies, read
-from searchr1.learner.train.checkpoint import Checkpointer, TrainState
-from searchr1.learner.train.model import DistInfo
+from searchr1.learner.train.checkpoint import TrainState
 
-log = logging.getLogger("searchr1.learner.sources.archive")
+log = logging.getLogger("searchr1.learner")
 
 
-async def run_replay(settings: LearnerSettings, stop: asyncio.Event | None = None,
-                     max_steps: int | None = None) -> TrainState:
-    """Train on `settings.archive.replay_from` until its last step, `max_steps` (default
-    `optim.total_steps`) or `stop`."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ValueError("replay from an archive runs in one process: start it without torchrun")
-    source = settings.archive.replay_from
-    if source is None:
-        raise ValueError("archive.replay_from is not set")
-    from searchr1.core.servers import install_shutdown_signals
+class ArchiveSource:
+    """The steps of one trajectory archive, in order."""
 
-    stop = stop or asyncio.Event()
-    install_shutdown_signals(stop)
-    limit = max_steps if max_steps is not None else settings.optim.total_steps
-    table = await asyncio.to_thread(lambda: latest_copies(read(source)))
-    steps = await asyncio.to_thread(groups_by_step, table)
-    info = DistInfo()
-    training = await asyncio.to_thread(build_training, settings, info)
-    learner = Learner(settings, training, Checkpointer(settings.checkpoint.dir, settings.checkpoint.keep, info),
-                      WeightPublisher(settings.weights.dir, keep=settings.weights.keep), LearnerMetrics(),
-                      StepLog(settings.log_dir / f"{settings.redis.run}.jsonl"), info=info)
-    state = await learner.start()
-    log.info("replaying %d archived steps from %s", len(steps), source)
-    for archived_step, groups in steps:
-        if state.step >= limit or stop.is_set():
-            break
-        if all(g.task.task_id in state.consumed for g in groups):
-            continue  # trained before this replay resumed
-        await learner._train_and_commit(groups, [])
-        log.info("replayed archived step %d as step %d", archived_step, state.step)
-    return state
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._steps: list[tuple[int, list[TrajectoryGroup]]] = []
+        self._next = 0
+
+    async def start(self) -> None:
+        """Read the archive (its latest copy of every step)."""
+        table = await asyncio.to_thread(lambda: latest_copies(read(self.path)))
+        self._steps = await asyncio.to_thread(groups_by_step, table)
+        log.info("replaying %d archived steps from %s", len(self._steps), self.path)
+
+    async def next_step(self, stop: asyncio.Event, state: TrainState) -> StepGroups | None:
+        """The next archived step not trained before (all its task ids in `state.consumed`); None when the
+        archive is done or `stop` is set."""
+        while self._next < len(self._steps) and not stop.is_set():
+            archived_step, groups = self._steps[self._next]
+            self._next += 1
+            if all(g.task.task_id in state.consumed for g in groups):
+                continue  # trained before this replay resumed
+            log.info("replaying archived step %d as step %d", archived_step, state.step + 1)
+            return StepGroups(groups, [""] * len(groups))
+        return None
+
+    def commit(self, entry_ids: Sequence[str]) -> None:
+        """Nothing to ack in an archive."""
+
+    async def ack(self) -> None:
+        """Nothing to ack in an archive."""
+
+    def grant(self, trained: int, version: int) -> None:
+        """No dispatcher to grant."""
+
+    async def finished(self) -> bool:
+        return self._next >= len(self._steps)

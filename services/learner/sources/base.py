@@ -1,54 +1,54 @@
-"""What the learner's read and filter stages hand to the train stage: `StepInput`.
+"""What the learner loop consumes: a `GroupSource` hands it one step's groups at a time.
 
-Owns the bookkeeping of one step's stream entries (kept, replayed, stale, dead-lettered) and which entry
-each trained group came from; not the reading or the filtering rules (`service.py`, `staleness.py`,
-`sampling.py`).
+The loop (`service.Learner`) calls a source's public stages only, in this order per step:
+`next_step` → (train, archive, checkpoint) → `commit` → `ack` → (publish weights) → `grant`, and
+`finished` between steps. A source owns everything about where groups come from: reading, filtering,
+setting aside, dead-lettering, and what an ack means. Two sources exist: the trajectories stream
+(`stream.StreamSource`) and a trajectory archive (`archive.ArchiveSource`, for `train --replay`).
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from searchr1.core.schemas import TrajectoryGroup
-from searchr1.core.streams import Entry
-from searchr1.learner.algo.staleness import Dropped
+from searchr1.learner.train.checkpoint import TrainState
 
 
 @dataclass
-class StepInput:
-    """What the read and filter stages produce for one step."""
+class StepGroups:
+    """One step's groups as a source hands them to the loop."""
 
-    entries: list[Entry[TrajectoryGroup]] = field(default_factory=list)
-    """Every entry read (reclaimed first)."""
     groups: list[TrajectoryGroup] = field(default_factory=list)
-    """The groups to train on."""
-    replays: list[Entry[TrajectoryGroup]] = field(default_factory=list)
-    """Task ids already trained on (acked, not trained)."""
-    stale: list[Dropped[Entry[TrajectoryGroup]]] = field(default_factory=list)
-    """Too stale under the staleness policy (acked, not trained)."""
-    wrong_temperature: list[Dropped[Entry[TrajectoryGroup]]] = field(default_factory=list)
-    """Sampled at another temperature than the learner's (dead-lettered)."""
+    """The groups to train on (empty: a read held only groups set aside; no step)."""
+    entry_ids: list[str] = field(default_factory=list)
+    """Each group's stream entry id, in the order of `groups` ("" where there is none: an archive)."""
+    figures: dict[str, float] = field(default_factory=dict)
+    """The source's filter counts for this step (DAPO's), logged with the step's figures."""
 
-    @property
-    def skipped(self) -> int:
-        """Entries read and not trained on."""
-        return len(self.replays) + len(self.stale) + len(self.wrong_temperature)
 
-    @property
-    def untrained_tasks(self) -> int:
-        """Entries whose task is not trained on: stale or at the wrong temperature. A replay is not one:
-        its task was trained, and granted its replacement, when its first group was."""
-        return len(self.stale) + len(self.wrong_temperature)
+class GroupSource(Protocol):
+    """Where the learner loop gets each step's groups."""
 
-    def merge(self, more: StepInput) -> None:
-        """Add another read's entries and decisions to this one."""
-        self.entries += more.entries
-        self.groups += more.groups
-        self.replays += more.replays
-        self.stale += more.stale
-        self.wrong_temperature += more.wrong_temperature
+    async def start(self) -> None:
+        """Prepare to read (create consumer groups, open files)."""
 
-    def group_entry_ids(self) -> list[str]:
-        """The stream entry id of each group to train on, in the order of `groups`."""
-        by_value = {id(e.value): e.id for e in self.entries}
-        return [by_value[id(g)] for g in self.groups]
+    async def next_step(self, stop: asyncio.Event, state: TrainState) -> StepGroups | None:
+        """The next step's groups, given the loop's state (version, task ids already trained on). None
+        when `stop` was set before a full step (no partial step on shutdown) or nothing is left."""
+
+    def commit(self, entry_ids: Sequence[str]) -> None:
+        """The step that trained these entries is done: ack them with the next `ack`."""
+
+    async def ack(self) -> None:
+        """Ack every committed or set-aside entry (called only after a checkpoint)."""
+
+    def grant(self, trained: int, version: int) -> None:
+        """`trained` groups were trained on and `version` is announced: let the tasks that replace them
+        be published."""
+
+    async def finished(self) -> bool:
+        """True when the source holds no more groups and never will."""
