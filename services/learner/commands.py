@@ -1,7 +1,7 @@
 """CLI commands of the learner service, registered into `searchr1` by `searchr1.cli`:
 `searchr1 train --config …` (`--replay ARCHIVE_DIR` trains from an archive), `searchr1 data prepare`,
-`searchr1 data fetch`, the `searchr1 archive` group (`archive_commands.py`) and `searchr1 audit`
-(`audit_commands.py`).
+`searchr1 data fetch`, the `searchr1 archive` group (`tools/archive_commands.py`) and `searchr1 audit`
+(`tools/audit_commands.py`).
 
 Keep this module light: Typer at import time only; heavy imports go inside the commands.
 """

@@ -10,11 +10,11 @@ recognised. Its position `{epoch, cursor}` is saved in learner checkpoints; task
 last checkpoint are published again after a crash and skipped by the learner as already consumed if
 their groups were trained on.
 
-Staleness: the rule is the learner's `StalenessPolicy` (`staleness.py`); the dispatcher applies its
+Staleness: the rule is the learner's `StalenessPolicy` (`algo/staleness.py`); the dispatcher applies its
 mechanical half. With a paced policy it publishes only the tasks it has been granted (starting from the
 policy's initial budget; the learner calls `grant` with the tasks the policy grants and its new version
 after each step), and every task carries the policy's `min_policy_version` for the version the learner
-last reported. Training tasks are stamped with the learner's training temperature (`sampling.py`).
+last reported. Training tasks are stamped with the learner's training temperature (`algo/temperature.py`).
 """
 
 from __future__ import annotations

@@ -172,14 +172,14 @@ class DispatcherSettings(Section):
     sources not named count once; a name the dataset lacks is an error)."""
     temperature: float = Field(default=TRAINING_TEMPERATURE, ge=0.0, le=10.0)
     """Sampling temperature written into each task: must be the learner's training temperature, 1
-    (`learner/sampling.py`); any other value is refused at start."""
+    (`learner/algo/temperature.py`); any other value is refused at start."""
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     """Nucleus mass written into each task; None = each worker's `agent.top_p`."""
     poll_s: float = Field(default=0.2, gt=0.0)
     """Seconds between backpressure checks."""
     paced: bool = True
     """Publish at most `(max_staleness + 1) × groups_per_step` tasks ahead of the learner's updates (see
-    `staleness.py`); False = only `max_inflight` bounds the stream."""
+    `algo/staleness.py`); False = only `max_inflight` bounds the stream."""
 
     @field_validator("temperature")
     @classmethod
@@ -216,7 +216,7 @@ class CheckpointSettings(Section):
 
 class ArchiveSettings(Section):
     enabled: bool = True
-    """Archive every trained group to Parquet (`archive.py`): one row per trajectory with its tokens, masks,
+    """Archive every trained group to Parquet (`tools/archive.py`): one row per trajectory with its tokens, masks,
     log-probs and rewards, durable before the group is acked."""
     every_steps: int = Field(default=10, ge=1, le=10_000)
     """Steps per part file; the open part is rewritten at each step, so its cost grows with this."""

@@ -1,5 +1,5 @@
 """The EMA anchor of EMA-PG: moving the KL reference towards the policy as an exponential moving
-average (loading the reference stays in `model.py`, with the other models).
+average (loading the reference stays in `train/model.py`, with the other models).
 
 `ema_update_(reference, policy, tau)` sets θ_ref ← τ·θ_ref + (1 − τ)·θ for every parameter and buffer,
 in place and without autograd. The trainer calls it right after the optimizer step every

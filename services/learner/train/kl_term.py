@@ -1,14 +1,16 @@
 """The policy loss's KL term per micro-batch: which forwards run, what they keep, and the per-token KL
-(the math itself is in `losses.py`; the optimisation loop, normalisation and aggregation in `trainer.py`).
+(the math itself is in `algo/losses.py`; the optimisation loop, normalisation and aggregation in `trainer.py`).
 
-Three shapes of KL, chosen by `algorithm.kl_loss_type` / `kl_topk_tokens`:
+One small function per shape (`_no_kl`, `_sampled_kl`, `_full_kl`, `_topk_reverse_kl`,
+`_topk_forward_kl`), chosen once at start by `kl_shape` from `algorithm.kl_loss_type` / `kl_topk_tokens`
+(no KL loss: the policy's forward only):
 
 - sampled estimators (`kl`, `low_var_kl`, `k3plusplus`, `k4`, `k5`, …): the reference's log-prob of each
   sampled token (a no-grad forward); with `kl_importance_weight` the whole term is multiplied by π/π_old;
 - `full_reverse` / `full_forward` over the whole vocabulary (`kl_topk_tokens = 0`): both models' [N, V]
   logits for one micro-batch, the exact KL; no tail, no importance weight (as EMA-PG's release);
 - top-k (`kl_topk_tokens = k`): reverse KL over the *pre-update* policy's top k — recorded in the trainer's
-  old-log-prob pre-pass when a step makes several updates, else taken from the update's own forward (the
+  old-log-prob pre-pass (`prepass.py`) when a step makes several updates, else taken from the update's own forward (the
   same weights) — or forward KL over the reference's top k; the reference's logits are gathered at
   those ids inside its forward, so nothing vocabulary-wide outlives one model call. The sampled tail
   correction (k4 / k5 on the sampled token when it falls outside the top k) is on by default and is the

@@ -2,9 +2,10 @@
 
 `Trainer.train_step(batch, version)` takes the whole step's batch (identical on every rank), computes
 outcome advantages on all of it (the one place they are computed: callers pass the batch as built),
-keeps this rank's rows, then for each mini-batch accumulates
+keeps this rank's rows, runs the no-grad pre-pass (`prepass.py`), then for each mini-batch accumulates
 gradients over micro-batches and applies one AdamW update (gradient clipping); the learning-rate schedule
-steps once per training step.
+steps once per training step. Each micro-batch reads forward → weights → loss → backward → figures
+(`_policy_micro_step`).
 
 Loss normalisation: each micro-batch's aggregated loss is scaled by its share of the *mini-batch's*
 loss tokens across all ranks (or of its sequences, for the seq-mean aggregations) times the world size
@@ -17,12 +18,14 @@ Old log-probs: like veRL we need π_old for the ratio; when each step makes one 
 used instead of a second forward pass — the same numbers, one forward less. Off-policy rows
 (`policy_version < version`) get truncated importance weights exp(π_old − μ_behaviour) ≤ `is_cap`
 multiplied into their advantages (decoupled PPO). PPO: critic values, in-reward KL and GAE are
-computed in a no-grad pre-pass; advantages are whitened with the whole step's statistics (all-reduced).
+computed in the pre-pass; advantages are whitened with the whole step's statistics (all-reduced).
 
-KL loss (GRPO and PPO's actor): `kl_term.KLTerm` runs the policy's forward and the reference's per micro-batch (a sampled
-estimator, or EMA-PG's full / top-k KL; the pre-pass also records the pre-update policy's top-k ids for a
-reverse top-k KL). EMA anchor: with `ref_ema_tau < 1` the reference moves towards the policy after every
-`ref_ema_period`-th step's last optimizer step (`reference.ema_update_`).
+KL loss (GRPO and PPO's actor): `kl_term.KLTerm` runs the policy's forward and the reference's per
+micro-batch in the one KL shape the settings chose at start (none, a sampled estimator, or EMA-PG's full /
+top-k KL; the pre-pass also records the pre-update policy's top-k ids for a reverse top-k KL). It is on
+when `algorithm.kl_loss_on` (`use_kl_loss` with `kl_loss_coef > 0`). EMA anchor: with `ref_ema_tau < 1`
+the reference moves towards the policy after every `ref_ema_period`-th step's last optimizer step
+(`algo/reference.py`).
 """
 
 from __future__ import annotations
@@ -166,7 +169,7 @@ class Trainer:
         if (a.kl_loss_on or a.kl_in_reward) and reference is None:
             raise ValueError("a KL term needs a reference model")
         self.policy_loss = POLICY_LOSSES[a.policy_loss]
-        # the KL loss's forwards and per-token values (sampled, full or top-k; see kl_term.py)
+        # the KL loss's forwards and per-token values, in the shape chosen here (kl_term.py)
         self.kl_term = KLTerm(a, enabled=a.kl_loss_on)
         # per-step state, set by `_place` at the start of each `train_step`
         self._lengths: list[int] = []  # attention lengths of this rank's rows (micro-batch grouping)
