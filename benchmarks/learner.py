@@ -67,10 +67,10 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from searchr1.learner.batch import build_batch
-    from searchr1.learner.model import DistInfo, forward_logprobs
-    from searchr1.learner.service import build_training
+    from searchr1.learner.algo.batch import build_batch
     from searchr1.learner.settings import LearnerSettings
+    from searchr1.learner.train.build import build_training
+    from searchr1.learner.train.model import DistInfo, forward_logprobs
     from tests.support.synthetic import synthetic_group, tiny_qwen2
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-learner-"))
@@ -147,8 +147,8 @@ def micro_batching(args, model) -> None:
     `--micro`; baseline = dataset order (what the learner did before it sorted)."""
     import random as _random
 
-    from searchr1.learner.batch import build_batch
-    from searchr1.learner.model import forward_logprobs
+    from searchr1.learner.algo.batch import build_batch
+    from searchr1.learner.train.model import forward_logprobs
     from tests.support.synthetic import synthetic_group
 
     rng = _random.Random(1)
@@ -221,8 +221,8 @@ def kl_term(args) -> None:
     """Peak memory and time of a policy update step's KL term, full vocabulary vs top-k."""
     import torch
 
-    from searchr1.learner.losses import topk_kl
-    from searchr1.learner.model import forward_kl_logits, forward_logprobs
+    from searchr1.learner.algo.losses import topk_kl
+    from searchr1.learner.train.model import forward_kl_logits, forward_logprobs
     from tests.support.synthetic import tiny_qwen2
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-kl-"))

@@ -1,7 +1,7 @@
 """CLI commands of the learner service, registered into `searchr1` by `searchr1.cli`:
 `searchr1 train --config …` (`--replay ARCHIVE_DIR` trains from an archive), `searchr1 data prepare`,
-`searchr1 data fetch`, the `searchr1 archive` group (`archive_commands.py`) and `searchr1 audit`
-(`audit_commands.py`).
+`searchr1 data fetch`, the `searchr1 archive` group (`tools/archive_commands.py`) and `searchr1 audit`
+(`tools/audit_commands.py`).
 
 Keep this module light: Typer at import time only; heavy imports go inside the commands.
 """
@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 
 def register(groups: Groups) -> None:
     """Add this service's commands to the CLI groups."""
-    from searchr1.learner.archive_commands import register_archive
-    from searchr1.learner.audit_commands import register_audit
+    from searchr1.learner.tools.archive_commands import register_archive
+    from searchr1.learner.tools.audit_commands import register_audit
 
     register_archive(groups.archive)
     register_audit(groups.app)
@@ -80,8 +80,8 @@ def register(groups: Groups) -> None:
         dst: Annotated[Path, typer.Argument(help="Output tasks JSONL.")],
     ) -> None:
         """Convert a Search-R1 parquet into searchr1 tasks JSONL (question, golden_answers, data_source)."""
-        from searchr1.learner.data import DatasetError
-        from searchr1.learner.data import prepare as _prepare
+        from searchr1.learner.tools.data import DatasetError
+        from searchr1.learner.tools.data import prepare as _prepare
 
         try:
             n = _prepare(src, dst)
@@ -92,7 +92,7 @@ def register(groups: Groups) -> None:
     @groups.data.command("fetch")
     def fetch(
         out: Annotated[Path, typer.Argument(help="Directory for train.parquet and test.parquet.")],
-        template: Annotated[str, typer.Option(help="base | instruct (the same rows; see searchr1.learner.fetch).")]
+        template: Annotated[str, typer.Option(help="base | instruct (the same rows; see searchr1.learner.tools.fetch).")]
         = "base",
         train_sources: Annotated[str, typer.Option(help="Comma-separated FlashRAG configs for train.parquet "
                                                    "('' to skip).")] = "nq,hotpotqa",
@@ -105,8 +105,8 @@ def register(groups: Groups) -> None:
         cache_dir: Annotated[Path | None, typer.Option(help="datasets cache directory.")] = None,
     ) -> None:
         """Build Search-R1's train/test parquet (nq+hotpotqa; the 7 evaluation sets) from the FlashRAG datasets."""
-        from searchr1.learner.data import DatasetError
-        from searchr1.learner.fetch import fetch_search_r1_data
+        from searchr1.learner.tools.data import DatasetError
+        from searchr1.learner.tools.fetch import fetch_search_r1_data
 
         def names(text: str) -> list[str]:
             return [n.strip() for n in text.split(",") if n.strip()]

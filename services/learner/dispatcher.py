@@ -10,11 +10,11 @@ recognised. Its position `{epoch, cursor}` is saved in learner checkpoints; task
 last checkpoint are published again after a crash and skipped by the learner as already consumed if
 their groups were trained on.
 
-Staleness: the rule is the learner's `StalenessPolicy` (`staleness.py`); the dispatcher applies its
+Staleness: the rule is the learner's `StalenessPolicy` (`algo/staleness.py`); the dispatcher applies its
 mechanical half. With a paced policy it publishes only the tasks it has been granted (starting from the
 policy's initial budget; the learner calls `grant` with the tasks the policy grants and its new version
 after each step), and every task carries the policy's `min_policy_version` for the version the learner
-last reported. Training tasks are stamped with the learner's training temperature (`sampling.py`).
+last reported. Training tasks are stamped with the learner's training temperature (`algo/temperature.py`).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from collections.abc import Sequence
 from searchr1.core.datasets import Question
 from searchr1.core.schemas import Task
 from searchr1.core.streams import TypedStream
-from searchr1.learner.sampling import task_sampling
+from searchr1.learner.algo.staleness import StalenessPolicy
+from searchr1.learner.algo.temperature import task_sampling
 from searchr1.learner.settings import DispatcherSettings
-from searchr1.learner.staleness import StalenessPolicy
 
 
 def epoch_order(n: int, seed: int, epoch: int) -> list[int]:

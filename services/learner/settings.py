@@ -14,7 +14,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from searchr1.core.settings import RedisSettings, Section, ServiceSettings
-from searchr1.learner.sampling import TRAINING_TEMPERATURE, check_rollout_temperature
+from searchr1.learner.algo.temperature import TRAINING_TEMPERATURE, check_rollout_temperature
 
 
 class LoraSettings(Section):
@@ -112,6 +112,12 @@ class AlgorithmSettings(Section):
     overlong_filter: bool = False
     """DAPO overlong filtering: responses cut by the length limit (finish reason "length") get loss mask 0."""
 
+    @property
+    def kl_loss_on(self) -> bool:
+        """Whether the actor's loss has a KL term (derived): `use_kl_loss` with `kl_loss_coef > 0`. A zero
+        coefficient runs no reference forward and loads no reference for it."""
+        return self.use_kl_loss and self.kl_loss_coef > 0
+
 
 class OptimSettings(Section):
     lr: float = Field(default=1e-6, gt=0.0)
@@ -166,14 +172,14 @@ class DispatcherSettings(Section):
     sources not named count once; a name the dataset lacks is an error)."""
     temperature: float = Field(default=TRAINING_TEMPERATURE, ge=0.0, le=10.0)
     """Sampling temperature written into each task: must be the learner's training temperature, 1
-    (`learner/sampling.py`); any other value is refused at start."""
+    (`learner/algo/temperature.py`); any other value is refused at start."""
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     """Nucleus mass written into each task; None = each worker's `agent.top_p`."""
     poll_s: float = Field(default=0.2, gt=0.0)
     """Seconds between backpressure checks."""
     paced: bool = True
     """Publish at most `(max_staleness + 1) × groups_per_step` tasks ahead of the learner's updates (see
-    `staleness.py`); False = only `max_inflight` bounds the stream."""
+    `algo/staleness.py`); False = only `max_inflight` bounds the stream."""
 
     @field_validator("temperature")
     @classmethod
@@ -210,7 +216,7 @@ class CheckpointSettings(Section):
 
 class ArchiveSettings(Section):
     enabled: bool = True
-    """Archive every trained group to Parquet (`archive.py`): one row per trajectory with its tokens, masks,
+    """Archive every trained group to Parquet (`tools/archive.py`): one row per trajectory with its tokens, masks,
     log-probs and rewards, durable before the group is acked."""
     every_steps: int = Field(default=10, ge=1, le=10_000)
     """Steps per part file; the open part is rewritten at each step, so its cost grows with this."""
@@ -304,8 +310,7 @@ class LearnerSettings(ServiceSettings):
             if self.model.lora.enabled:
                 raise ValueError("ref_ema_tau < 1 (EMA reference) needs full fine-tuning: with LoRA the policy is "
                                  "base weights plus adapters and cannot be averaged into the reference")
-            kl_loss = a.use_kl_loss and a.kl_loss_coef > 0
-            if not (kl_loss or a.kl_in_reward):
+            if not (a.kl_loss_on or a.kl_in_reward):
                 raise ValueError("ref_ema_tau < 1 needs a KL term (use_kl_loss with kl_loss_coef > 0, or kl_in_reward)")
         if a.kl_iw_clip is not None and not 0.0 <= a.kl_iw_clip[0] <= a.kl_iw_clip[1]:
             raise ValueError(f"kl_iw_clip must be [lo, hi] with 0 <= lo <= hi, got {list(a.kl_iw_clip)}")

@@ -8,7 +8,7 @@ in-flight groups finish under the old version, the engine reloads, admission res
 is tagged with the one version that generated all of it). The move happens every `weight_poll_s`, and
 at once when a newly read task needs a newer version than the engine runs (`Task.min_policy_version`).
 That catch-up is the worker's whole part in staleness, and a mechanical one: the learner decides what
-`min_policy_version` a task carries and which groups are too stale to train on (`learner/staleness.py`;
+`min_policy_version` a task carries and which groups are too stale to train on (`learner/algo/staleness.py`;
 docs/learner.md, "Staleness").
 
 Sampling: a task's `SamplingParams` field that is set is used as is; one left unset (None) takes the

@@ -217,7 +217,7 @@ class FaultRun:
         raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}:\n{self.output()[-5000:]}")
 
     def latest_checkpoint(self) -> int | None:
-        from searchr1.learner.audit_sources import read_checkpoint
+        from searchr1.learner.tools.audit_sources import read_checkpoint
 
         ck = read_checkpoint(self.run_dir / "checkpoints")
         return None if ck is None else ck.step

@@ -15,13 +15,14 @@ import torch
 
 from searchr1.core.schemas import TrajectoryGroup
 from searchr1.core.streams import StreamKeys, TypedStream, trajectories_stream
-from searchr1.learner.archive import ArchiveWriter, latest_copies, read
-from searchr1.learner.checkpoint import Checkpointer
 from searchr1.learner.metrics import LearnerMetrics, StepLog
-from searchr1.learner.model import DistInfo
 from searchr1.learner.publisher import WeightPublisher
-from searchr1.learner.service import Learner, build_training
+from searchr1.learner.service import Learner
 from searchr1.learner.settings import LearnerSettings
+from searchr1.learner.tools.archive import ArchiveWriter, latest_copies, read
+from searchr1.learner.train.build import build_training
+from searchr1.learner.train.checkpoint import Checkpointer
+from searchr1.learner.train.model import DistInfo
 from tests.support.synthetic import synthetic_group, tiny_qwen2
 
 torch.set_num_threads(1)
@@ -152,8 +153,7 @@ async def test_replay_trains_from_the_archive_without_redis(tmp_path, redis, red
         assert await learner.step_once(asyncio.Event())
     trained = json.loads((tmp_path / "logs" / "t.jsonl").read_text().splitlines()[0])
 
-    from searchr1.learner.replay import run_replay
-    from searchr1.learner.service import run_learner
+    from searchr1.learner.service import run_learner, run_replay
 
     replay_dir = tmp_path / "replay"
     replayed = settings.model_copy(update={
@@ -178,12 +178,13 @@ async def test_replay_trains_from_the_archive_without_redis(tmp_path, redis, red
 _KILLED_LEARNER = """
 import asyncio, os, signal, sys
 from searchr1.core.streams import connect
-from searchr1.learner.archive import ArchiveWriter
-from searchr1.learner.checkpoint import Checkpointer
+from searchr1.learner.tools.archive import ArchiveWriter
+from searchr1.learner.train.checkpoint import Checkpointer
 from searchr1.learner.metrics import LearnerMetrics
-from searchr1.learner.model import DistInfo
+from searchr1.learner.train.model import DistInfo
 from searchr1.learner.publisher import WeightPublisher
-from searchr1.learner.service import Learner, build_training
+from searchr1.learner.service import Learner
+from searchr1.learner.train.build import build_training
 from searchr1.learner.settings import LearnerSettings
 
 async def main():

@@ -14,7 +14,7 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
-from searchr1.learner.batch import build_batch
+from searchr1.learner.algo.batch import build_batch
 from tests.support.synthetic import synthetic_group, tiny_qwen2
 
 ALGOS = {
@@ -53,10 +53,10 @@ def _train(rank: int, world: int, model_path: str, out: str, port: int) -> None:
 
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("gloo", rank=rank, world_size=world)
-    from searchr1.learner.checkpoint import Checkpointer, TrainState
-    from searchr1.learner.model import dist_info, export_weights
     from searchr1.learner.publisher import WeightPublisher
-    from searchr1.learner.service import build_training
+    from searchr1.learner.train.build import build_training
+    from searchr1.learner.train.checkpoint import Checkpointer, TrainState
+    from searchr1.learner.train.model import dist_info, export_weights
 
     info = dist_info()
     for algo in ALGOS:

@@ -12,12 +12,13 @@ import pytest
 import torch
 
 from searchr1.core.streams import StreamKeys, trajectories_stream
-from searchr1.learner.checkpoint import Checkpointer
 from searchr1.learner.metrics import LearnerMetrics, StepLog
-from searchr1.learner.model import DistInfo
 from searchr1.learner.publisher import WeightPublisher
-from searchr1.learner.service import Learner, build_training
+from searchr1.learner.service import Learner
 from searchr1.learner.settings import LearnerSettings
+from searchr1.learner.train.build import build_training
+from searchr1.learner.train.checkpoint import Checkpointer
+from searchr1.learner.train.model import DistInfo
 from tests.support.synthetic import synthetic_group, tiny_qwen2
 
 torch.set_num_threads(1)

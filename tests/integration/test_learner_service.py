@@ -16,12 +16,13 @@ from searchr1.core.schemas import Task, TrajectoryGroup, decode
 from searchr1.core.servers import HttpServer
 from searchr1.core.streams import StreamKeys, TypedStream, tasks_stream, trajectories_stream
 from searchr1.core.weights import fetch_snapshot, latest, snapshot_digest
-from searchr1.learner.checkpoint import Checkpointer
 from searchr1.learner.metrics import LearnerMetrics, StepLog
-from searchr1.learner.model import DistInfo
 from searchr1.learner.publisher import WeightPublisher, weights_app
-from searchr1.learner.service import Learner, build_training
+from searchr1.learner.service import Learner
 from searchr1.learner.settings import LearnerSettings
+from searchr1.learner.train.build import build_training
+from searchr1.learner.train.checkpoint import Checkpointer
+from searchr1.learner.train.model import DistInfo
 from tests.support.synthetic import synthetic_group, tiny_qwen2
 
 torch.set_num_threads(1)
@@ -143,7 +144,7 @@ async def test_killed_learner_loses_no_group_and_trains_none_twice(tmp_path, red
     a = _learner(settings, redis, "learner-a")
     await a.start()
     await producer.publish_many(_groups("c", 2))
-    read = await a.read_groups(stop)
+    read = await a.source.read_groups(stop)
     assert len(read.entries) == 2 and await producer.pending() == 2
     del a
 
@@ -194,7 +195,8 @@ async def test_stale_groups_are_dropped_and_counted(tmp_path, redis, redis_serve
     producer = _producer(redis)
     await producer.publish_many(_groups("old", 1, version=3) + _groups("new", 1, version=4)
                                 + _groups("cur", 1, version=5))
-    learner.s = learner.s.model_copy(update={"batch": learner.s.batch.model_copy(update={"groups_per_step": 3})})
+    learner.s = learner.source.s = learner.s.model_copy(
+        update={"batch": learner.s.batch.model_copy(update={"groups_per_step": 3})})
     step = asyncio.create_task(learner.step_once(asyncio.Event()))
     await asyncio.sleep(0.5)
     assert not step.done(), "a step short of a dropped group waits for its replacement"
@@ -220,7 +222,8 @@ async def test_groups_sampled_at_another_temperature_are_dead_lettered(tmp_path,
     hot = _groups("hot", 1)[0]
     hot.sampling_temperature = 0.7
     await producer.publish_many([hot] + _groups("ok", 2))
-    learner.s = learner.s.model_copy(update={"batch": learner.s.batch.model_copy(update={"groups_per_step": 2})})
+    learner.s = learner.source.s = learner.s.model_copy(
+        update={"batch": learner.s.batch.model_copy(update={"groups_per_step": 2})})
     assert await learner.step_once(asyncio.Event())
     dead = await read_dead(redis, StreamKeys("t").dead)
     assert len(dead) == 1 and decode(TrajectoryGroup, dead[0].payload).task.task_id == "hot0"
@@ -232,10 +235,10 @@ async def test_groups_sampled_at_another_temperature_are_dead_lettered(tmp_path,
 
 
 async def test_dispatcher_keeps_max_inflight(tmp_path, redis):
-    from searchr1.learner.data import Question
+    from searchr1.learner.algo.staleness import StalenessPolicy
     from searchr1.learner.dispatcher import Dispatcher
     from searchr1.learner.settings import DispatcherSettings
-    from searchr1.learner.staleness import StalenessPolicy
+    from searchr1.learner.tools.data import Question
 
     keys = StreamKeys("d")
     tasks = tasks_stream(redis, keys)
@@ -441,7 +444,7 @@ async def test_replays_are_not_granted_a_replacement_task(tmp_path, redis, redis
         def position(self) -> dict[str, int]:
             return {"epoch": 0, "cursor": 0}
 
-    learner._dispatcher = Recorder()
+    learner.dispatcher = learner.source.dispatcher = Recorder()
     producer = _producer(redis)
     await producer.publish_many(_groups("a", 2))
     assert await learner.step_once(asyncio.Event())

@@ -11,9 +11,9 @@ import asyncio
 import time
 
 from searchr1.core.streams import StreamKeys, tasks_stream, trajectories_stream
-from searchr1.learner.data import Question
 from searchr1.learner.dispatcher import Dispatcher
 from searchr1.learner.settings import DispatcherSettings
+from searchr1.learner.tools.data import Question
 from searchr1.rollout.service import build_service
 from searchr1.rollout.settings import RolloutSettings
 from tests.load.scripted_engine import ScriptedEngine

@@ -1,9 +1,9 @@
-"""The delivery audit's counting (`searchr1.learner.audit.audit`) on hand-built records: every category,
+"""The delivery audit's counting (`searchr1.learner.tools.audit.audit`) on hand-built records: every category,
 the step archived again by a restarted learner, and the checkpoint cross-check."""
 
 from __future__ import annotations
 
-from searchr1.learner.audit import (
+from searchr1.learner.tools.audit import (
     CheckpointRecord,
     DeadRecord,
     StreamRecord,

@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from searchr1.cli import build_app
 from searchr1.core.datasets import DatasetError
-from searchr1.learner.data import load_tasks
-from searchr1.learner.fetch import eval_split_name, fetch_search_r1_data, search_r1_row
+from searchr1.learner.tools.data import load_tasks
+from searchr1.learner.tools.fetch import eval_split_name, fetch_search_r1_data, search_r1_row
 
 # Search-R1's make_prefix(template_type='base'), spelled out from its data scripts.
 SEARCH_R1_PREFIX = (

@@ -1,4 +1,5 @@
-"""Import-linter contracts (pyproject.toml): services never import each other, core imports no heavy ML."""
+"""Import-linter contracts (pyproject.toml): services never import each other, core imports no heavy ML,
+the learner's sub-packages stay in their layers (loop, sources and tools, training runtime, math)."""
 
 from __future__ import annotations
 

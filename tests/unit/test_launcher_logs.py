@@ -122,7 +122,7 @@ NOISE = [
 MATTERS = [
     "2026-11-24 04:53:02,303 WARNING searchr1.rollout: weight update v3 failed; keeping v2",
     "2026-11-24 04:53:02,303 ERROR searchr1.retriever: index load failed",
-    "2026-11-24 04:53:02,303 CRITICAL searchr1.learner.trainer: NaN loss",
+    "2026-11-24 04:53:02,303 CRITICAL searchr1.learner.train.trainer: NaN loss",
     "(EngineCore pid=10997) ERROR 11-24 04:53:02 [core.py:700] EngineCore encountered a fatal error.",
     "ERROR:    Exception in ASGI application",
 ]

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from searchr1.cli import build_app
 from searchr1.core.schemas import Trajectory, TrajectoryGroup
-from searchr1.learner.archive import (
+from searchr1.learner.tools.archive import (
     SCHEMA,
     ArchiveError,
     ArchiveWriter,
@@ -24,7 +24,7 @@ from searchr1.learner.archive import (
     read,
     rows,
 )
-from searchr1.learner.archive_commands import styled_segments
+from searchr1.learner.tools.archive_commands import styled_segments
 from tests.support.synthetic import synthetic_group
 
 

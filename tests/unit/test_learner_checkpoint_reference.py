@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from searchr1.learner.checkpoint import Checkpointer, Component, TrainState
-from searchr1.learner.reference import ema_update_
+from searchr1.learner.algo.reference import ema_update_
+from searchr1.learner.train.checkpoint import Checkpointer, Component, TrainState
 
 torch.set_num_threads(1)
 

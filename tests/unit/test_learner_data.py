@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from searchr1.cli import build_app
 from searchr1.core.datasets import parse_row
-from searchr1.learner.data import DatasetError, load_tasks, prepare
 from searchr1.learner.dispatcher import epoch_order
+from searchr1.learner.tools.data import DatasetError, load_tasks, prepare
 
 PROMPT = ("Answer the given question. ... For example, <answer> Beijing </answer>. "
           "Question: who wrote the iliad?\n")
@@ -88,9 +88,9 @@ def test_epoch_order_is_seeded_and_differs_per_epoch():
 
 
 def test_dispatcher_resumes_the_same_order():
-    from searchr1.learner.data import Question
     from searchr1.learner.dispatcher import Dispatcher
     from searchr1.learner.settings import DispatcherSettings
+    from searchr1.learner.tools.data import Question
 
     specs = [Question(f"q{i}", f"question {i}", ["a"]) for i in range(4)]
     s = DispatcherSettings(seed=1, epochs=3, group_size=2)
@@ -103,9 +103,9 @@ def test_dispatcher_resumes_the_same_order():
 
 
 def test_source_repeats_oversample_a_data_source():
-    from searchr1.learner.data import Question, oversample
     from searchr1.learner.dispatcher import Dispatcher
     from searchr1.learner.settings import DispatcherSettings
+    from searchr1.learner.tools.data import Question, oversample
 
     specs = [Question("k0", "known?", ["a"], "known"), Question("u0", "unknown?", ["b"], "unknown"),
              Question("u1", "unknown 2?", ["c"], "unknown")]

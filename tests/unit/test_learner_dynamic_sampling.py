@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from searchr1.learner.advantages import outcome_advantages
-from searchr1.learner.batch import build_batch
-from searchr1.learner.dynamic_sampling import is_flat, mask_overlong, split_flat_groups
+from searchr1.learner.algo.advantages import outcome_advantages
+from searchr1.learner.algo.batch import build_batch
+from searchr1.learner.algo.group_filters import is_flat, mask_overlong, split_flat_groups
 from tests.support.synthetic import synthetic_group
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from searchr1.learner.figures import by_source, em_component
+from searchr1.learner.algo.figures import by_source, em_component
 from tests.support.synthetic import synthetic_group
 
 

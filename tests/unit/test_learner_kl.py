@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from searchr1.learner import losses as L
-from searchr1.learner.reference import ema_update_
+from searchr1.learner.algo import losses as L
+from searchr1.learner.algo.reference import ema_update_
 
 torch.set_num_threads(1)
 TOL = 1e-6
@@ -339,7 +339,7 @@ def _exact_kl(policy, reference, ids, attn, resp, direction):
 
 
 def test_forward_kl_logits_agrees_with_forward_logprobs_and_the_full_logits(tiny_models):
-    from searchr1.learner.model import forward_kl_logits, forward_logprobs
+    from searchr1.learner.train.model import forward_kl_logits, forward_logprobs
 
     policy, _, ids, attn, resp = tiny_models
     with torch.no_grad():
@@ -360,40 +360,40 @@ def test_forward_kl_logits_agrees_with_forward_logprobs_and_the_full_logits(tiny
 
 @pytest.mark.parametrize("direction", ["reverse", "forward"])
 def test_kl_term_over_the_whole_vocabulary_equals_the_exact_kl(tiny_models, direction):
-    from searchr1.learner.kl_term import KLTerm
     from searchr1.learner.settings import AlgorithmSettings
+    from searchr1.learner.train.kl_term import KLTerm, MicroBatch
 
     policy, reference, ids, attn, resp = tiny_models
     exact = _exact_kl(policy, reference, ids, attn, resp, direction)
     for k in (0, VOCAB):  # the full logits, and the top-k path with k = vocabulary size (tail always 0)
         a = AlgorithmSettings(kl_loss_type=f"full_{direction}", kl_topk_tokens=k, kl_importance_weight=True)
-        out = KLTerm(a, enabled=True).forward(policy, reference, ids, attn, resp, entropy=False)
+        out = KLTerm(a, enabled=True).forward(policy, reference, MicroBatch(ids, attn, resp, entropy=False))
         assert torch.allclose(out.kl, exact, atol=TOL), k
         assert out.kl.requires_grad
 
 
 def test_reverse_topk_ids_from_the_prepass_equal_those_of_the_update_forward(tiny_models):
-    from searchr1.learner.kl_term import KLTerm
     from searchr1.learner.settings import AlgorithmSettings
+    from searchr1.learner.train.kl_term import KLTerm, MicroBatch
 
     policy, reference, ids, attn, resp = tiny_models
     term = KLTerm(AlgorithmSettings(kl_loss_type="full_reverse", kl_topk_tokens=4), enabled=True)
     assert term.prepass_topk == 4
     old, dense = term.prepass_policy(policy, ids, attn, resp)
     assert dense.shape == (2, 11, 4) and (dense[~resp.bool()] == 0).all()
-    own = term.forward(policy, reference, ids, attn, resp, entropy=False)
-    given = term.forward(policy, reference, ids, attn, resp, entropy=False, old_log_prob=old, topk_ids=dense)
+    own = term.forward(policy, reference, MicroBatch(ids, attn, resp, entropy=False))
+    given = term.forward(policy, reference, MicroBatch(ids, attn, resp, entropy=False, old_log_prob=old, topk_ids=dense))
     assert torch.allclose(own.kl, given.kl, atol=TOL)
     # the top-4 head is a partial sum of the exact KL's terms; with the tail it estimates the rest
     no_tail = KLTerm(AlgorithmSettings(kl_loss_type="full_reverse", kl_topk_tokens=4, kl_tail_sampling=False),
-                     enabled=True).forward(policy, reference, ids, attn, resp, entropy=False)
+                     enabled=True).forward(policy, reference, MicroBatch(ids, attn, resp, entropy=False))
     assert not torch.allclose(no_tail.kl, own.kl)
 
 
 def test_kl_term_sampled_estimator_with_importance_weight(tiny_models):
-    from searchr1.learner.kl_term import KLTerm
-    from searchr1.learner.model import forward_logprobs
     from searchr1.learner.settings import AlgorithmSettings
+    from searchr1.learner.train.kl_term import KLTerm, MicroBatch
+    from searchr1.learner.train.model import forward_logprobs
 
     policy, reference, ids, attn, resp = tiny_models
     term = KLTerm(AlgorithmSettings(kl_loss_type="k4", kl_importance_weight=True, kl_iw_clip=(0.5, 1.5)),
@@ -402,13 +402,13 @@ def test_kl_term_sampled_estimator_with_importance_weight(tiny_models):
         lp, _ = forward_logprobs(policy, ids, attn, mask=resp)
         lq, _ = forward_logprobs(reference, ids, attn, mask=resp)
     old = lp - 1.0 * resp  # π/π_old = e ≈ 2.72 on the response, clipped to 1.5
-    out = term.forward(policy, reference, ids, attn, resp, entropy=False, old_log_prob=old)
+    out = term.forward(policy, reference, MicroBatch(ids, attn, resp, entropy=False, old_log_prob=old))
     expected = torch.where(resp.bool(), (lp - lq) * 1.5, torch.zeros_like(lp))
     assert torch.allclose(out.kl * resp, expected, atol=TOL)
 
 
 def test_ema_due_every_period_steps():
-    from searchr1.learner.kl_term import ema_due
+    from searchr1.learner.algo.reference import ema_due
 
     assert [s for s in range(0, 31) if ema_due(s, 0.9, 10)] == [10, 20, 30]
     assert not any(ema_due(s, 1.0, 1) for s in range(5))

@@ -1,4 +1,4 @@
-"""Hand-checked numbers for the learner's pure math (searchr1.learner.losses)."""
+"""Hand-checked numbers for the learner's pure math (searchr1.learner.algo.losses)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from searchr1.learner import losses as L
+from searchr1.learner.algo import losses as L
 
 torch.set_num_threads(1)
 

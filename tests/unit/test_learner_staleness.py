@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from searchr1.learner.sampling import TRAINING_TEMPERATURE, task_sampling, temperature_mismatch
+from searchr1.learner.algo.staleness import StalenessPolicy
+from searchr1.learner.algo.temperature import TRAINING_TEMPERATURE, task_sampling, temperature_mismatch
 from searchr1.learner.settings import LearnerSettings
-from searchr1.learner.staleness import StalenessPolicy
 from tests.support.synthetic import synthetic_group
 
 

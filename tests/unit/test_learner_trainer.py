@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from searchr1.core.schemas import Task, Trajectory, TrajectoryGroup
-from searchr1.learner.batch import build_batch, micro_batches, shard_rows
-from searchr1.learner.checkpoint import Checkpointer, TrainState
-from searchr1.learner.model import DistInfo, forward_logprobs
-from searchr1.learner.optim import lr_lambda
-from searchr1.learner.service import build_training
+from searchr1.learner.algo.batch import build_batch, micro_batches, shard_rows
 from searchr1.learner.settings import LearnerSettings
+from searchr1.learner.train.build import build_training
+from searchr1.learner.train.checkpoint import Checkpointer, TrainState
+from searchr1.learner.train.model import DistInfo, forward_logprobs
+from searchr1.learner.train.optim import lr_lambda
 from tests.support.synthetic import synthetic_group, tiny_qwen2
 
 torch.set_num_threads(1)
@@ -278,8 +278,8 @@ def test_micro_batches_split_and_trim():
 def test_lora_snapshot_is_merged_full_weights(model_path, tmp_path):
     from safetensors.torch import load_file
 
-    from searchr1.learner.model import export_weights
     from searchr1.learner.publisher import WeightPublisher
+    from searchr1.learner.train.model import export_weights
 
     s = _settings(model_path, model={"path": str(model_path), "lora": {"enabled": True, "r": 4}},
                   optim={"lr": 1e-2})
@@ -310,7 +310,7 @@ def test_step_figures_are_the_named_fields_averaged_over_mini_batches(model_path
     figure is their mean (sums over mini-batches divided by their count)."""
     from dataclasses import fields
 
-    from searchr1.learner.trainer import PolicyFigures
+    from searchr1.learner.train.trainer import PolicyFigures
 
     s = _settings(model_path, batch={"micro_batch_size": 16, "mini_batches": 2})
     stats = build_training(s, DistInfo()).trainer.train_step(build_batch(_groups(2)), version=0)
@@ -323,7 +323,7 @@ def test_step_figures_are_the_named_fields_averaged_over_mini_batches(model_path
 def test_trainer_computes_outcome_advantages_from_the_scores(model_path):
     """A batch as built (no advantages) trains the same as one whose advantages are filled by hand with
     the GRPO estimator: the trainer is where they are computed."""
-    from searchr1.learner.advantages import outcome_advantages
+    from searchr1.learner.algo.advantages import outcome_advantages
 
     batch = build_batch(_groups(2))
     a = build_training(_settings(model_path), DistInfo()).trainer.train_step(batch, version=0)

@@ -11,11 +11,11 @@ from typing import Any
 
 import torch
 
-from searchr1.learner.checkpoint import Component
-from searchr1.learner.model import DistInfo, load_critic, load_policy, load_reference, resolve_device
-from searchr1.learner.optim import build_optimizer
 from searchr1.learner.settings import LearnerSettings
-from searchr1.learner.trainer import Trainer
+from searchr1.learner.train.checkpoint import Component
+from searchr1.learner.train.model import DistInfo, load_critic, load_policy, load_reference, resolve_device
+from searchr1.learner.train.optim import build_optimizer
+from searchr1.learner.train.trainer import Trainer
 
 
 @dataclass
@@ -37,9 +37,7 @@ def build_training(settings: LearnerSettings, info: DistInfo) -> Training:
     policy = load_policy(settings, device, info)
     opt, sched = build_optimizer(policy, settings.optim.lr, settings, settings.optim.warmup_ratio)
     components = [Component("policy", policy, opt, sched)]
-    need_ref = (a.use_kl_loss and a.kl_loss_coef > 0) or a.kl_in_reward
-    if a.use_kl_loss and a.kl_loss_coef == 0:
-        settings = settings.model_copy(update={"algorithm": a.model_copy(update={"use_kl_loss": False})})
+    need_ref = a.kl_loss_on or a.kl_in_reward
     reference = load_reference(settings, device, info) if need_ref else None
     if reference is not None and a.ref_ema_tau < 1.0:  # an EMA reference is state: checkpointed
         components.append(Component("reference", reference))

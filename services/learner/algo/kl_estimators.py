@@ -4,7 +4,7 @@ the sampled per-token estimators chosen by name from `KL_ESTIMATORS` (veRL's `kl
 whose gradients, not values, differ), the top-k KL with its sampled tail correction (`topk_kl`) and the
 KL importance weight π/π_old (`kl_importance_weight`).
 
-`searchr1.learner.losses` re-exports every public name here: `losses.kl_penalty`, `losses.topk_kl` and
+`searchr1.learner.algo.losses` re-exports every public name here: `losses.kl_penalty`, `losses.topk_kl` and
 `losses.kl_importance_weight` are the stable entry points.
 """
 

@@ -1,6 +1,6 @@
 """Per-step figures of the groups a step trained on: reward, exact match, searches, lengths, staleness,
 and the per-`data_source` breakdown of the JSONL step log. Pure (groups in, numbers out); the trainer's
-own figures (losses, gradient norm) come from `trainer.py`, and where they are sent from `metrics.py`.
+own figures (losses, gradient norm) come from `train/trainer.py`, and where they are sent from `metrics.py`.
 """
 
 from __future__ import annotations

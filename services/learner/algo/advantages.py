@@ -13,8 +13,8 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from searchr1.learner.batch import Batch
-from searchr1.learner.losses import WHITEN_EPS, gae_advantages, gae_raw, grpo_advantages, kl_penalty
+from searchr1.learner.algo.batch import Batch
+from searchr1.learner.algo.losses import WHITEN_EPS, gae_advantages, gae_raw, grpo_advantages, kl_penalty
 
 OUTCOME_ESTIMATORS: dict[str, Callable[..., Tensor]] = {
     "grpo": partial(grpo_advantages, scale_by_std=True),

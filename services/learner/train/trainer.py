@@ -2,9 +2,10 @@
 
 `Trainer.train_step(batch, version)` takes the whole step's batch (identical on every rank), computes
 outcome advantages on all of it (the one place they are computed: callers pass the batch as built),
-keeps this rank's rows, then for each mini-batch accumulates
+keeps this rank's rows, runs the no-grad pre-pass (`prepass.py`), then for each mini-batch accumulates
 gradients over micro-batches and applies one AdamW update (gradient clipping); the learning-rate schedule
-steps once per training step.
+steps once per training step. Each micro-batch reads forward → weights → loss → backward → figures
+(`_policy_micro_step`).
 
 Loss normalisation: each micro-batch's aggregated loss is scaled by its share of the *mini-batch's*
 loss tokens across all ranks (or of its sequences, for the seq-mean aggregations) times the world size
@@ -17,12 +18,14 @@ Old log-probs: like veRL we need π_old for the ratio; when each step makes one 
 used instead of a second forward pass — the same numbers, one forward less. Off-policy rows
 (`policy_version < version`) get truncated importance weights exp(π_old − μ_behaviour) ≤ `is_cap`
 multiplied into their advantages (decoupled PPO). PPO: critic values, in-reward KL and GAE are
-computed in a no-grad pre-pass; advantages are whitened with the whole step's statistics (all-reduced).
+computed in the pre-pass; advantages are whitened with the whole step's statistics (all-reduced).
 
-KL loss (GRPO and PPO's actor): `kl_term.KLTerm` runs the policy's forward and the reference's per micro-batch (a sampled
-estimator, or EMA-PG's full / top-k KL; the pre-pass also records the pre-update policy's top-k ids for a
-reverse top-k KL). EMA anchor: with `ref_ema_tau < 1` the reference moves towards the policy after every
-`ref_ema_period`-th step's last optimizer step (`reference.ema_update_`).
+KL loss (GRPO and PPO's actor): `kl_term.KLTerm` runs the policy's forward and the reference's per
+micro-batch in the one KL shape the settings chose at start (none, a sampled estimator, or EMA-PG's full /
+top-k KL; the pre-pass also records the pre-update policy's top-k ids for a reverse top-k KL). It is on
+when `algorithm.kl_loss_on` (`use_kl_loss` with `kl_loss_coef > 0`). EMA anchor: with `ref_ema_tau < 1`
+the reference moves towards the policy after every `ref_ema_period`-th step's last optimizer step
+(`algo/reference.py`).
 """
 
 from __future__ import annotations
@@ -36,23 +39,25 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from searchr1.core.metrics import StageClock, in_stage
-from searchr1.learner.advantages import (
+from searchr1.learner.algo.advantages import (
     OUTCOME_ESTIMATORS,
     outcome_advantages,
     ppo_advantages,
     ppo_token_rewards,
 )
-from searchr1.learner.batch import Batch, shard_rows
-from searchr1.learner.kl_term import KLTerm, ema_due
-from searchr1.learner.losses import (
+from searchr1.learner.algo.batch import Batch, shard_rows
+from searchr1.learner.algo.losses import (
     POLICY_LOSSES,
+    PolicyLoss,
     aggregate,
     truncated_importance_weights,
     value_loss,
 )
-from searchr1.learner.model import DistInfo, forward_logprobs, forward_values
-from searchr1.learner.reference import ema_update_
+from searchr1.learner.algo.reference import ema_due, ema_update_
 from searchr1.learner.settings import LearnerSettings
+from searchr1.learner.train.kl_term import KLTerm, MicroBatch, PolicyForward
+from searchr1.learner.train.model import DistInfo, forward_values
+from searchr1.learner.train.prepass import PrePass, PrePassModels, run_prepass
 
 
 @dataclass
@@ -66,6 +71,27 @@ class PolicyFigures:
     clip_frac: float = 0.0
     approx_kl: float = 0.0
     is_weight_mean: float = 0.0
+
+    def add(self, terms: PolicyTerms, weights: Tensor, mask: Tensor, share: float, tokens: float) -> None:
+        """Add one micro-batch's terms, weighted by its `share` of the mini-batch (of `tokens` loss tokens)."""
+        self.loss += float(terms.loss.detach()) * share
+        self.pg_loss += float(terms.pg.loss.detach()) * share
+        self.kl_loss += float(terms.kl.detach()) * share
+        self.entropy += float(terms.entropy.detach()) * share
+        self.clip_frac += float(terms.pg.clip_frac) * share
+        self.approx_kl += float(terms.pg.approx_kl) * share
+        self.is_weight_mean += float((weights * mask).sum()) / max(tokens, 1.0) if float(mask.sum()) else 0.0
+
+
+@dataclass(frozen=True)
+class PolicyTerms:
+    """One micro-batch's policy loss and the terms it sums."""
+
+    loss: Tensor
+    """pg − entropy_coef·entropy + kl_loss_coef·kl, aggregated over the micro-batch."""
+    pg: PolicyLoss
+    entropy: Tensor
+    kl: Tensor
 
 
 @dataclass
@@ -107,11 +133,6 @@ def _all_reduce_figures(figures: F, info: DistInfo, device: torch.device) -> F:
     return type(figures)(*_all_reduce(list(astuple(figures)), info, device))
 
 
-def _pad_to(t: Tensor, width: int) -> Tensor:
-    """Right-pad dimension 1 of `t` ([B, W, ...]) to `width`."""
-    return torch.nn.functional.pad(t, (0, 0) * (t.dim() - 2) + (0, width - t.shape[1]))
-
-
 class Trainer:
     """Applies GRPO / PPO updates to the policy (and critic). Dependencies are passed in."""
 
@@ -145,11 +166,11 @@ class Trainer:
         self.is_ppo = a.advantage == "gae"
         if self.is_ppo and critic is None:
             raise ValueError("advantage 'gae' (PPO) needs a critic")
-        if (a.use_kl_loss or a.kl_in_reward) and reference is None:
+        if (a.kl_loss_on or a.kl_in_reward) and reference is None:
             raise ValueError("a KL term needs a reference model")
         self.policy_loss = POLICY_LOSSES[a.policy_loss]
-        # the KL loss's forwards and per-token values (sampled, full or top-k; see kl_term.py)
-        self.kl_term = KLTerm(a, enabled=a.use_kl_loss)
+        # the KL loss's forwards and per-token values, in the shape chosen here (kl_term.py)
+        self.kl_term = KLTerm(a, enabled=a.kl_loss_on)
         # per-step state, set by `_place` at the start of each `train_step`
         self._lengths: list[int] = []  # attention lengths of this rank's rows (micro-batch grouping)
         self._dummy: Batch | None = None  # one real row standing in for an empty micro-batch (_micro_rows)
@@ -157,20 +178,21 @@ class Trainer:
     # ------------------------------------------------------------------ stages
 
     def train_step(self, batch: Batch, version: int) -> dict[str, float]:
+        """Outcome advantages, the no-grad pre-pass (π_old, critic values, GAE), then each mini-batch's
+        policy (and critic) update; the figures are averaged over the mini-batches."""
         b = self.s.batch
         batch = self._outcome_advantages(batch)
         local, bounds = self._place(batch)
         stale = local.policy_version < version
-        need_old = b.mini_batches > 1 or self.is_ppo
-        extras = self._prepass(local, need_old) if need_old else {}
+        pre = self._prepass(local)
         if self.is_ppo:
-            local = self._gae(local, extras)
+            local = self._gae(local, pre)
         stats = StepStats()
         for m in range(b.mini_batches):
             rows = list(range(bounds[m], bounds[m + 1]))
-            self._update_policy(local, rows, extras, stale, version, stats)
+            self._update_policy(local, rows, pre, stale, stats)
             if self.is_ppo:
-                self._update_critic(local, rows, extras, stats)
+                self._update_critic(local, rows, pre, stats)
         out = {k: v / b.mini_batches for k, v in stats.values.items()}
         out["lr"] = self.scheduler.get_last_lr()[0]  # the rate this step's updates used
         self.scheduler.step()
@@ -207,33 +229,16 @@ class Trainer:
         self._dummy = batch.select([0]).to(self.device)
         return local, bounds
 
-    @torch.no_grad()
-    def _prepass(self, local: Batch, need_old: bool) -> dict[str, Tensor]:
-        """No-grad log-probs under the current (old) policy, the reference and the critic, [B, L-1]."""
+    def _prepass(self, local: Batch) -> PrePass:
+        """The no-grad pre-pass (`prepass.py`): π_old when a step makes several updates or runs PPO, and
+        PPO's reference log-probs (in-reward KL) and critic values. Empty otherwise."""
         a = self.s.algorithm
-        width = local.loss_mask.shape[1]
-        wanted = {"old": need_old, "ref": self.is_ppo and a.kl_in_reward, "values": self.is_ppo}
-        result = {k: torch.zeros(local.size, width, device=self.device) for k, on in wanted.items() if on}
-        if need_old and self.kl_term.prepass_topk:  # the pre-update policy's top-k ids (reverse top-k KL)
-            result["topk_ids"] = torch.zeros(local.size, width, self.kl_term.prepass_topk, dtype=torch.long,
-                                             device=self.device)
-        for rows in self._micro_rows(list(range(local.size))):
-            mb = local.select(rows) if rows else self._dummy
-            ids, attn, resp = mb.input_ids, mb.attention_mask, mb.response_mask
-            out = {}
-            if wanted["old"]:
-                out["old"], topk_ids = self.kl_term.prepass_policy(self.policy, ids, attn, resp)
-                if topk_ids is not None:
-                    out["topk_ids"] = topk_ids
-            if wanted["ref"]:
-                out["ref"] = forward_logprobs(self.reference, ids, attn, mask=resp)[0]
-            if wanted["values"]:
-                out["values"] = forward_values(self.critic, ids, attn)
-            if rows:  # an empty micro-batch only keeps the ranks' collectives in step
-                index = torch.as_tensor(rows, dtype=torch.long, device=self.device)
-                for k, v in out.items():  # micro-batches are length-sorted: put rows back in place
-                    result[k][index] = _pad_to(v, width).to(result[k].dtype)
-        return result
+        need_old = self.s.batch.mini_batches > 1 or self.is_ppo
+        if not need_old:
+            return PrePass()
+        models = PrePassModels(self.policy, self.kl_term, self.reference, self.critic, want_old=need_old,
+                               want_ref=self.is_ppo and a.kl_in_reward, want_values=self.is_ppo)
+        return run_prepass(models, local, self._micro_rows, self._dummy, self.device)
 
     def _micro_rows(self, rows: list[int]) -> list[list[int]]:
         """`rows` in micro-batches of at most `micro_batch_size`, longest sequences first: rows of similar
@@ -253,12 +258,11 @@ class Trainer:
         bounds = [round(i * len(rows) / n) for i in range(n + 1)]
         return [rows[bounds[i]:bounds[i + 1]] for i in range(n)]
 
-    def _gae(self, local: Batch, extras: dict[str, Tensor]) -> Batch:
+    def _gae(self, local: Batch, pre: PrePass) -> Batch:
         a = self.s.algorithm
-        rewards = ppo_token_rewards(local, extras.get("old"), extras.get("ref"),
-                                    a.kl_coef if a.kl_in_reward else 0.0, a.kl_penalty)
+        rewards = ppo_token_rewards(local, pre.old, pre.ref, a.kl_coef if a.kl_in_reward else 0.0, a.kl_penalty)
         moments = self._global_moments if self.info.enabled else None
-        return ppo_advantages(local, rewards, extras["values"], a.gamma, a.lam, moments)
+        return ppo_advantages(local, rewards, pre.values, a.gamma, a.lam, moments)
 
     def _global_moments(self, raw: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
         """Mean and unbiased variance of `raw` over `mask` across all ranks (veRL whitens the whole
@@ -285,62 +289,69 @@ class Trainer:
             share = float((mb.loss_mask.sum(-1) > 0).sum()) / seqs
         return share * self.info.world
 
-    def _slice_extra(self, extras: dict[str, Tensor], key: str, rows: list[int], width: int) -> Tensor | None:
-        t = extras.get(key)
-        return None if t is None else t[rows, :width]
-
-    def _update_policy(self, local: Batch, rows: list[int], extras, stale: Tensor, version: int,
+    def _update_policy(self, local: Batch, rows: list[int], pre: PrePass, stale: Tensor,
                        stats: StepStats) -> None:
-        a = self.s.algorithm
+        """One optimizer update of the policy over mini-batch `rows`, gradients accumulated over its
+        micro-batches."""
         mbs_rows = self._micro_rows(rows)
         mbs = [local.select(r) if r else self._dummy for r in mbs_rows]
         tokens, seqs = self._norm_counts([mb for r, mb in zip(mbs_rows, mbs) if r])
         self.optimizer.zero_grad(set_to_none=True)
         fig = PolicyFigures()
         for r, mb in zip(mbs_rows, mbs):
-            width = mb.loss_mask.shape[1]
-            dummy = not r  # zero loss weight; runs only to keep FSDP collectives in step
-            mask = torch.zeros_like(mb.loss_mask) if dummy else mb.loss_mask
-            old = None if dummy else self._slice_extra(extras, "old", r, width)
-            fwd = self.kl_term.forward(
-                self.policy, self.reference, mb.input_ids, mb.attention_mask, mb.response_mask,
-                entropy=a.entropy_coef != 0, old_log_prob=old,
-                topk_ids=None if dummy else self._slice_extra(extras, "topk_ids", r, width))
-            logp, ent = fwd.log_prob, fwd.entropy
-            old = logp.detach() if old is None else old
-            adv = torch.zeros(mb.size, device=self.device) if dummy or mb.advantages is None else mb.advantages
-            weights = torch.ones_like(mask)
-            if not dummy and bool(stale[r].any()):
-                mb_stale = stale[r]
-                w = truncated_importance_weights(old, mb.behavior_logprobs, mask, a.is_cap)
-                weights = torch.where(mb_stale.unsqueeze(-1), w, weights)
-                adv = (adv.unsqueeze(-1) if adv.dim() == 1 else adv) * weights
-            pl = self.policy_loss(logp, old, adv, mask, a.clip_low, a.clip_high, a.loss_agg)
-            loss = pl.loss
-            ent_v = torch.zeros(())
-            if ent is not None:
-                ent_v = aggregate(ent, mask, a.loss_agg)
-                loss = loss - a.entropy_coef * ent_v
-            kl_v = torch.zeros(())
-            if fwd.kl is not None:
-                kl_v = aggregate(fwd.kl, mask, a.loss_agg)
-                loss = loss + a.kl_loss_coef * kl_v
-            w = self._weight(mb, tokens, seqs) if mask.any() else 0.0
-            (loss * w).backward()
-            share = w / self.info.world
-            n_tok = float(mask.sum())
-            fig.loss += float(loss.detach()) * share
-            fig.pg_loss += float(pl.loss.detach()) * share
-            fig.kl_loss += float(kl_v.detach()) * share
-            fig.entropy += float(ent_v.detach()) * share
-            fig.clip_frac += float(pl.clip_frac) * share
-            fig.approx_kl += float(pl.approx_kl) * share
-            fig.is_weight_mean += float((weights * mask).sum()) / max(tokens, 1.0) if n_tok else 0.0
+            self._policy_micro_step(mb, r, pre, stale, tokens, seqs, fig)
         grad_norm = self._optimizer_step(self.policy, self.optimizer)
         stats.add_all(_all_reduce_figures(fig, self.info, self.device))
         stats.add("grad_norm", grad_norm)
 
-    def _update_critic(self, local: Batch, rows: list[int], extras, stats: StepStats) -> None:
+    def _policy_micro_step(self, mb: Batch, r: list[int], pre: PrePass, stale: Tensor, tokens: float,
+                           seqs: float, fig: PolicyFigures) -> None:
+        """forward → weights → loss → backward → figures for one micro-batch (`r` empty: a dummy with zero
+        loss weight that only keeps the ranks' FSDP collectives in step)."""
+        mask = mb.loss_mask if r else torch.zeros_like(mb.loss_mask)
+        share = pre.rows(r, mb.loss_mask.shape[1]) if r else PrePass()
+        fwd = self._forward(mb, share)
+        old = fwd.log_prob.detach() if share.old is None else share.old
+        weights, adv = self._off_policy_weights(mb, r, stale, old, mask)
+        terms = self._policy_terms(fwd, old, adv, mask)
+        w = self._weight(mb, tokens, seqs) if mask.any() else 0.0
+        (terms.loss * w).backward()
+        fig.add(terms, weights, mask, w / self.info.world, tokens)
+
+    def _forward(self, mb: Batch, pre: PrePass) -> PolicyForward:
+        """The policy's forward with grad, and the KL term's per-token values (its shape chosen at start)."""
+        return self.kl_term.forward(self.policy, self.reference, MicroBatch(
+            mb.input_ids, mb.attention_mask, mb.response_mask, entropy=self.s.algorithm.entropy_coef != 0,
+            old_log_prob=pre.old, topk_ids=pre.topk_ids))
+
+    def _off_policy_weights(self, mb: Batch, r: list[int], stale: Tensor, old: Tensor,
+                            mask: Tensor) -> tuple[Tensor, Tensor]:
+        """Per-token truncated importance weights (1 on rows sampled with the current weights) and the
+        advantages they multiply."""
+        adv = torch.zeros(mb.size, device=self.device) if not r or mb.advantages is None else mb.advantages
+        weights = torch.ones_like(mask)
+        if r and bool(stale[r].any()):
+            w = truncated_importance_weights(old, mb.behavior_logprobs, mask, self.s.algorithm.is_cap)
+            weights = torch.where(stale[r].unsqueeze(-1), w, weights)
+            adv = (adv.unsqueeze(-1) if adv.dim() == 1 else adv) * weights
+        return weights, adv
+
+    def _policy_terms(self, fwd: PolicyForward, old: Tensor, adv: Tensor, mask: Tensor) -> PolicyTerms:
+        """The policy-gradient loss, minus the entropy bonus, plus the KL loss."""
+        a = self.s.algorithm
+        pg = self.policy_loss(fwd.log_prob, old, adv, mask, a.clip_low, a.clip_high, a.loss_agg)
+        loss = pg.loss
+        ent_v = torch.zeros(())
+        if fwd.entropy is not None:
+            ent_v = aggregate(fwd.entropy, mask, a.loss_agg)
+            loss = loss - a.entropy_coef * ent_v
+        kl_v = torch.zeros(())
+        if fwd.kl is not None:
+            kl_v = aggregate(fwd.kl, mask, a.loss_agg)
+            loss = loss + a.kl_loss_coef * kl_v
+        return PolicyTerms(loss, pg, ent_v, kl_v)
+
+    def _update_critic(self, local: Batch, rows: list[int], pre: PrePass, stats: StepStats) -> None:
         a = self.s.algorithm
         mbs_rows = self._micro_rows(rows)
         mbs = [local.select(r) if r else self._dummy for r in mbs_rows]
@@ -355,8 +366,7 @@ class Trainer:
             if not r:  # dummy micro-batch: zero-weight backward to keep FSDP collectives in step
                 (v.sum() * 0.0).backward()
                 continue
-            vl = value_loss(v, mb.returns, self._slice_extra(extras, "values", r, width), mb.response_mask,
-                            a.value_clip)
+            vl = value_loss(v, mb.returns, pre.rows(r, width).values, mb.response_mask, a.value_clip)
             w = float(mb.response_mask.sum()) / tokens * self.info.world
             (vl.loss * w).backward()
             fig.value_loss += float(vl.loss.detach()) * w / self.info.world

@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from searchr1.learner.model import DistInfo, full_state_dict, load_full_state_dict
+from searchr1.learner.train.model import DistInfo, full_state_dict, load_full_state_dict
 
 _PREFIX = "step"
 

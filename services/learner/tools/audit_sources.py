@@ -26,7 +26,7 @@ import redis as redis_py
 
 from searchr1.core.schemas import SchemaError, Task, TrajectoryGroup, decode
 from searchr1.core.streams import PAYLOAD_FIELD, TASKS_GROUP, TRAJECTORIES_GROUP, StreamKeys
-from searchr1.learner.audit import CheckpointRecord, DeadRecord, StreamRecord, TrainedRow
+from searchr1.learner.tools.audit import CheckpointRecord, DeadRecord, StreamRecord, TrainedRow
 
 _RESUMED = re.compile(r"resumed from step (\d+) \(version (\d+)\)")
 _DROPPED = re.compile(r"dropping group of task (\S+): (.+)$")
@@ -119,7 +119,7 @@ def read_streams(url: str, run: str) -> tuple[list[StreamRecord], list[StreamRec
 
 def read_archive(directory: Path) -> list[TrainedRow]:
     """One row per archived group (an empty or missing archive: none)."""
-    from searchr1.learner.archive import ArchiveError, read
+    from searchr1.learner.tools.archive import ArchiveError, read
 
     try:
         table = read(directory, columns=["step", "task_id", "worker_id", "policy_version", "index"])

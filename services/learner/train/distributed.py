@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from searchr1.core.schemas import TrajectoryGroup, decode, encode
-from searchr1.learner.model import DistInfo, dist_info
+from searchr1.learner.train.model import DistInfo, dist_info
 
 
 def init_distributed() -> DistInfo:

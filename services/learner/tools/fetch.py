@@ -18,7 +18,7 @@ and the trainer wraps the user message in the model's chat template when it read
 therefore accepted and writes the same rows, so a config can name the model family it is for; the chat
 template is applied at rollout time (`searchr1.core.protocol.render_prompt`).
 
-What this module does not do: read the parquet into tasks (`searchr1.learner.data`), or download the
+What this module does not do: read the parquet into tasks (`searchr1.learner.tools.data`), or download the
 retrieval corpus and index (`searchr1.retriever.fetch`). `datasets` is imported on use; the hub cache,
 offline mode and endpoint follow the usual `HF_*` environment variables.
 """

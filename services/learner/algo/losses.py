@@ -19,7 +19,7 @@ Semantics follow Search-R1's veRL 0.1 fork (`verl/trainer/ppo/core_algos.py`) so
 Departures, each on purpose: masked positions are selected with `torch.where`, so NaN/inf garbage there
 changes nothing (veRL multiplies by the mask, which lets NaN through); aggregation modes beyond veRL 0.1's
 token-mean (`seq-mean-token-mean`, `seq-mean-token-sum`) and DAPO's asymmetric clip are added; the
-trainer normalises over the whole step's loss tokens rather than per micro-batch (see `trainer.py`).
+trainer normalises over the whole step's loss tokens rather than per micro-batch (see `train/trainer.py`).
 
 The KL estimators live in `kl_estimators.py` and are re-exported here. Variants are chosen by name
 from registry dicts (`KL_ESTIMATORS`, `AGGREGATIONS`, `POLICY_LOSSES`),
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from searchr1.learner.kl_estimators import (  # noqa: F401  (re-exported: the KL half of the learner's math)
+from searchr1.learner.algo.kl_estimators import (  # noqa: F401  (re-exported: the KL half of the learner's math)
     KL_ESTIMATORS,
     KL_LOG_RATIO_CLAMP,
     LOW_VAR_KL_CLAMP,

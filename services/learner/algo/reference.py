@@ -1,5 +1,5 @@
 """The EMA anchor of EMA-PG: moving the KL reference towards the policy as an exponential moving
-average (loading the reference stays in `model.py`, with the other models).
+average (loading the reference stays in `train/model.py`, with the other models).
 
 `ema_update_(reference, policy, tau)` sets θ_ref ← τ·θ_ref + (1 − τ)·θ for every parameter and buffer,
 in place and without autograd. The trainer calls it right after the optimizer step every
@@ -64,3 +64,8 @@ def ema_update_(reference: nn.Module, policy: nn.Module, tau: float) -> None:
             continue
         r.mul_(tau).add_(p.to(device=r.device, dtype=r.dtype), alpha=1.0 - tau)
 
+
+def ema_due(steps_done: int, tau: float, period: int) -> bool:
+    """Whether the reference takes an EMA update after the step that brings the count to `steps_done`
+    (steps 1-based: every `period`-th step, as EMA-PG's release)."""
+    return tau < 1.0 and steps_done > 0 and steps_done % period == 0

@@ -34,8 +34,8 @@ def register_audit(app: typer.Typer) -> None:
         or trained twice; the learner's resumes and checkpoint; every worker's weight version."""
         import contextlib
 
-        from searchr1.learner.audit import audit, table_rows
-        from searchr1.learner.audit_sources import (
+        from searchr1.learner.tools.audit import audit, table_rows
+        from searchr1.learner.tools.audit_sources import (
             aof_redis,
             read_archive,
             read_checkpoint,

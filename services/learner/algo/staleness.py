@@ -19,7 +19,7 @@ What it does not do is the mechanics: the dispatcher counts its budget and publi
 (`dispatcher.py`), the learner loop calls the rule at its filter and after each step (`service.py`), the
 rollout worker honours `Task.min_policy_version` by loading the announced weights before sampling such a
 task (`rollout/worker.py`), and the trainer weighs the rows of groups that are allowed but off-policy
-(`trainer.py`, truncated importance weights). `dispatcher.max_inflight` bounds the tasks stream's length
+(`train/trainer.py`, truncated importance weights). `dispatcher.max_inflight` bounds the tasks stream's length
 (backpressure), not staleness. The rule is described for users in docs/learner.md, "Staleness".
 """
 

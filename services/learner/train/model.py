@@ -147,10 +147,8 @@ def forward_logprobs(
         logits = logits.float()
         logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
         ent = None
-        if entropy:
-            from searchr1.learner.losses import entropy_from_logits
-
-            ent = entropy_from_logits(logits)
+        if entropy:  # logsumexp(z) − Σ softmax(z)·z, as on the masked path below
+            ent = torch.logsumexp(logits, dim=-1) - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
         return logp, ent
     sel = mask[:, start:].bool()
     flat = logits[sel].float()  # [N, V] on the selected positions only

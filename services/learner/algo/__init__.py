@@ -1,0 +1,5 @@
+"""The learner's math, pure: losses and KL estimators, advantages, batch building, the staleness rule,
+DAPO's group filters, the training temperature, the reference's EMA and a step's group figures.
+
+Tensors, groups or numbers in, values out: no Redis, no files, no model loading, no logging.
+"""

@@ -1,0 +1,248 @@
+"""The trajectories stream as a `GroupSource`: `StreamSource` reads, filters, sets aside and dead-letters
+one step's groups, and acks them once the loop has checkpointed them.
+
+Stages of `next_step`:
+
+1. **read** (`read_groups`) — reclaim groups another (dead) learner left unacked past the visibility
+   timeout, re-read entries still pending for this consumer that it does not hold (a read whose reply a
+   Redis outage lost), then read new ones until a step's worth is in hand or the data is exhausted.
+2. **filter** (`filter_groups`) — set aside replays (task ids the checkpoint already holds: acked, not
+   trained), groups sampled at another temperature (`algo/temperature.py`: dead-lettered) and groups too
+   stale (`algo/staleness.py`: acked, not trained); the dispatcher is granted a replacement for each
+   group whose task will not be trained on.
+3. **refill** — a step short of the groups it set aside reads their replacements before it trains.
+4. **dynamic sampling** (DAPO, `algorithm.dynamic_sampling`; the rule is `algo/group_filters.py`'s) — set
+   aside groups whose advantages are all zero and read more until the step holds `groups_per_step`
+   informative groups.
+
+Every entry read is held until it is acked or dead-lettered (`holding`); `ack` acks the committed and
+set-aside ones together, after the loop's checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from searchr1.core.metrics import in_stage
+from searchr1.core.schemas import TrajectoryGroup
+from searchr1.core.streams import Entry, TypedStream
+from searchr1.learner.algo.group_filters import split_flat_groups
+from searchr1.learner.algo.staleness import Dropped, StalenessPolicy
+from searchr1.learner.algo.temperature import temperature_mismatch
+from searchr1.learner.metrics import LearnerMetrics
+from searchr1.learner.settings import LearnerSettings
+from searchr1.learner.sources.base import StepGroups
+from searchr1.learner.train.checkpoint import TrainState
+
+log = logging.getLogger("searchr1.learner")
+
+
+@dataclass
+class StepInput:
+    """The stream entries of one step and what the filter decided for each."""
+
+    entries: list[Entry[TrajectoryGroup]] = field(default_factory=list)
+    """Every entry read (reclaimed first)."""
+    groups: list[TrajectoryGroup] = field(default_factory=list)
+    """The groups to train on."""
+    replays: list[Entry[TrajectoryGroup]] = field(default_factory=list)
+    """Task ids already trained on (acked, not trained)."""
+    stale: list[Dropped[Entry[TrajectoryGroup]]] = field(default_factory=list)
+    """Too stale under the staleness policy (acked, not trained)."""
+    wrong_temperature: list[Dropped[Entry[TrajectoryGroup]]] = field(default_factory=list)
+    """Sampled at another temperature than the learner's (dead-lettered)."""
+
+    @property
+    def skipped(self) -> int:
+        """Entries read and not trained on."""
+        return len(self.replays) + len(self.stale) + len(self.wrong_temperature)
+
+    @property
+    def untrained_tasks(self) -> int:
+        """Entries whose task is not trained on: stale or at the wrong temperature. A replay is not one:
+        its task was trained, and granted its replacement, when its first group was."""
+        return len(self.stale) + len(self.wrong_temperature)
+
+    def merge(self, more: StepInput) -> None:
+        """Add another read's entries and decisions to this one."""
+        self.entries += more.entries
+        self.groups += more.groups
+        self.replays += more.replays
+        self.stale += more.stale
+        self.wrong_temperature += more.wrong_temperature
+
+    def group_entry_ids(self) -> list[str]:
+        """The stream entry id of each group to train on, in the order of `groups`."""
+        by_value = {id(e.value): e.id for e in self.entries}
+        return [by_value[id(g)] for g in self.groups]
+
+
+class StreamSource:
+    """The trajectories stream (consumer group `learner`) as the loop's group source, on rank 0."""
+
+    def __init__(self, settings: LearnerSettings, trajectories: TypedStream[TrajectoryGroup],
+                 tasks: TypedStream[Any], staleness: StalenessPolicy, metrics: LearnerMetrics) -> None:
+        self.s = settings
+        self.trajectories = trajectories
+        self.tasks = tasks
+        self.staleness = staleness
+        self.metrics = metrics
+        self.dispatcher: Any = None
+        """The dispatcher granted replacement tasks (`grant(n, version)`); set by the loop on rank 0."""
+        self.unacked: list[str] = []
+        """Ids of the entries to ack with the next `ack` (committed, replayed or stale)."""
+        self.holding: set[str] = set()
+        """Ids of the entries read and not yet acked or dead-lettered."""
+        self._state = TrainState()
+
+    async def start(self) -> None:
+        await self.trajectories.ensure_group()
+        await self.tasks.ensure_group()
+
+    # ------------------------------------------------------------------ stages
+
+    async def next_step(self, stop: asyncio.Event, state: TrainState) -> StepGroups | None:
+        """Read, filter, refill and (DAPO) sample one step; None when stopped short of a full step."""
+        self._state = state
+        want = self.s.batch.groups_per_step
+        got = await self.read_groups(stop)
+        if stop.is_set() and len(got.entries) < want:
+            return None  # no partial step on shutdown: the unacked groups are re-read after a restart
+        got = await self.set_aside(got)
+        # groups set aside leave the step short: read their replacements, or the step trains short and the
+        # tasks of the groups it did not wait for are sampled a version early and dropped as stale
+        while got.groups and len(got.groups) < want and not stop.is_set() and not await self.data_exhausted():
+            got.merge(await self.set_aside(await self.read_groups(stop, want - len(got.groups))))
+        if stop.is_set() and len(got.groups) < want:
+            return None
+        figures: dict[str, float] = {}
+        if self.s.algorithm.dynamic_sampling:
+            got = await self.sample_informative(got, stop, figures)
+            if got is None:
+                return None
+        return StepGroups(got.groups, got.group_entry_ids(), figures)
+
+    @in_stage("queue_wait", lambda self: getattr(self.metrics, "stages", None))
+    async def read_groups(self, stop: asyncio.Event, want: int | None = None) -> StepInput:
+        """Reclaim groups left unacked by a dead learner, then read new ones until a step's worth
+        (`groups_per_step`, or `want`) is in hand or `stop` is set."""
+        want = self.s.batch.groups_per_step if want is None else want
+        got = StepInput()
+        got.entries.extend(await self.trajectories.reclaim(self.s.consumer, count=want))
+        while len(got.entries) < want and not stop.is_set():
+            self.holding.update(e.id for e in got.entries)
+            got.entries.extend(await self.trajectories.reread_own(self.s.consumer, self.holding,
+                                                                  want - len(got.entries)))
+            if len(got.entries) >= want:
+                break
+            got.entries.extend(await self.trajectories.read(
+                self.s.consumer, count=want - len(got.entries), block_ms=self.s.read_block_ms))
+            if len(got.entries) < want and await self.data_exhausted():
+                break  # the last, partial step of the run
+        self.holding.update(e.id for e in got.entries)
+        return got
+
+    def filter_groups(self, got: StepInput) -> StepInput:
+        """Set aside replays of task ids already trained on, groups sampled at another temperature than
+        the learner's, and groups too stale under the staleness policy."""
+        fresh = []
+        seen = set(self._state.consumed)
+        for e in got.entries:
+            tid = e.value.task.task_id
+            if tid in seen:
+                got.replays.append(e)
+            elif (reason := temperature_mismatch(e.value)) is not None:
+                got.wrong_temperature.append(Dropped(e, reason))
+            else:
+                seen.add(tid)
+                fresh.append(e)
+        kept, got.stale = self.staleness.split(fresh, self._state.version, group=lambda e: e.value)
+        got.groups = [e.value for e in kept]
+        self.metrics.dropped.labels("replay").inc(len(got.replays))
+        self.metrics.dropped.labels("stale").inc(len(got.stale))
+        self.metrics.dropped.labels("temperature").inc(len(got.wrong_temperature))
+        for d in got.stale:
+            log.info("dropping group of task %s: %s", d.item.value.task.task_id, d.reason)
+        # replace the tasks that will not be trained on; a replay's task was trained (and replaced) already:
+        # granting for it too would put the dispatcher one task ahead for the rest of the run
+        self.grant(got.untrained_tasks, self._state.version)
+        return got
+
+    async def set_aside(self, got: StepInput) -> StepInput:
+        """Filter one read, dead-letter, and queue the replays and stale groups for the next ack (replays
+        were checkpointed already; stale ones are never trained on)."""
+        got = self.filter_groups(got)
+        await self.dead_letter(got)
+        self.unacked.extend(e.id for e in got.replays)
+        self.unacked.extend(d.item.id for d in got.stale)
+        return got
+
+    async def dead_letter(self, got: StepInput) -> None:
+        """Move the groups that can never be trained on to the dead stream, with the reason."""
+        for d in got.wrong_temperature:
+            log.warning("dead-lettering group of task %s: %s", d.item.value.task.task_id, d.reason)
+            await self.trajectories.dead_letter(d.item.id, d.reason)
+            self.holding.discard(d.item.id)
+
+    async def sample_informative(self, got: StepInput, stop: asyncio.Event,
+                                 figures: dict[str, float]) -> StepInput | None:
+        """DAPO dynamic sampling: set aside groups whose advantages are all zero (acked with the step,
+        replaced by the dispatcher, never trained on) and read more until the step has `groups_per_step`
+        informative groups; their counts go into `figures`. Raises after `dynamic_sampling_max_batches`
+        reads that did not fill a step; None when stopped first."""
+        a, want = self.s.algorithm, self.s.batch.groups_per_step
+        acc, reads, flat, solved = StepInput(), 0, 0, 0
+        part: StepInput = got
+        while True:
+            reads += 1
+            split = split_flat_groups(part.groups)
+            flat_ids = {id(g) for g in split.flat}
+            self.unacked.extend(e.id for e in part.entries if id(e.value) in flat_ids)
+            part.entries = [e for e in part.entries if id(e.value) not in flat_ids]
+            part.groups = split.informative
+            acc.merge(part)
+            flat, solved = flat + len(split.flat), solved + split.all_solved
+            self.metrics.dropped.labels("flat").inc(len(split.flat))
+            self.grant(len(split.flat), self._state.version)
+            if len(acc.groups) >= want or await self.data_exhausted():
+                break
+            if stop.is_set():
+                return None
+            if reads >= a.dynamic_sampling_max_batches:
+                raise RuntimeError(
+                    f"dynamic sampling read {reads} batches and found {len(acc.groups)} of the {want} groups "
+                    f"with non-zero advantages a step needs ({flat} groups had equal rewards, {solved} of "
+                    "them all solved): the policy solves every task or none; raise "
+                    "dynamic_sampling_max_batches, change the data, or turn dynamic_sampling off")
+            part = await self.set_aside(await self.read_groups(stop, want - len(acc.groups)))
+        figures.update(flat_groups=float(flat), flat_all_solved=float(solved),
+                       flat_all_failed=float(flat - solved), sampling_reads=float(reads))
+        return acc
+
+    def commit(self, entry_ids: Sequence[str]) -> None:
+        self.unacked.extend(e for e in entry_ids if e)
+
+    async def ack(self) -> None:
+        if self.unacked:
+            await self.trajectories.ack(*self.unacked)
+        self.holding.difference_update(self.unacked)
+        self.unacked.clear()
+
+    def grant(self, trained: int, version: int) -> None:
+        """Let the dispatcher publish the tasks the staleness policy grants for `trained` groups (or
+        groups set aside), stamped for `version`."""
+        if self.dispatcher is not None:
+            self.dispatcher.grant(self.staleness.grant(trained), version)
+
+    async def data_exhausted(self) -> bool:
+        """True when the dispatcher has published its last epoch and every task and group is consumed."""
+        if self.dispatcher is None or not self.dispatcher.exhausted:
+            return False
+        return await self.tasks.in_flight() == 0 and await self.trajectories.lag() == 0
+
+    async def finished(self) -> bool:
+        return await self.data_exhausted() and await self.trajectories.pending() == 0

@@ -1,0 +1,3 @@
+"""Operator tools around the learner: the trajectory archive and its commands, the delivery audit, and
+the dataset tools (`data prepare`, `data fetch`).
+"""
