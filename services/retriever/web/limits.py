@@ -128,7 +128,7 @@ class Budget:
         if self.max_queries is not None:
             bounds.append(f"{self.max_queries} queries")
         if self.max_spend is not None:
-            bounds.append(f"{self.max_spend:.2f} spent at {self.price_per_1000:.2f} per 1000 queries")
+            bounds.append(f"{self.max_spend:g} spent at {self.price_per_1000:g} per 1000 queries")
         return " and ".join(bounds) or "no bound"
 
     async def load(self) -> None:
