@@ -1,8 +1,7 @@
 """How the agent and the clients report an unreachable dependency, without servers: a search whose
 retries ran out ends the trajectory with `retriever_unavailable` (a spent web search budget with
-`search_budget`, a refused one with `error`), and the
-clients call `on_retry` before each retry and `on_give_up` once, with bounded attempts, against a port
-nothing listens on."""
+`search_budget`, a refused one with `error`), and the clients call `on_retry` before each retry and
+`on_give_up` once, with bounded attempts, against a port nothing listens on."""
 
 from __future__ import annotations
 
