@@ -249,15 +249,14 @@ def register(groups: Groups) -> None:
                 parts.append(f"http={r.http.url}")
             if r.metrics_server is not None:
                 parts.append(f"metrics=http://{settings.host}:{r.metrics_server.port}/metrics")
-            line = (f"retriever ready {' '.join(parts)} index={settings.index} "
-                    f"({r.service.info.get('kind')}, {r.service.info.get('count')} passages)")
+            line = f"retriever ready {' '.join(parts)} {r.description}"
             log.info(line)
             print(line, flush=True)
 
         try:
             with asyncio.Runner(loop_factory=event_loop_factory(settings.event_loop)) as runner:
                 runner.run(serve(settings, on_ready=ready))
-        except (IndexMismatchError, CorpusError, FileNotFoundError, OSError) as exc:
+        except (IndexMismatchError, CorpusError, FileNotFoundError, OSError, ValueError) as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None
         log.info("retriever stopped")

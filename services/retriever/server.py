@@ -101,6 +101,8 @@ class RunningRetriever:
     metrics_server: MetricsServer | None
     grace_s: float
     host: str
+    description: str = ""
+    """What it serves, for the ready line (`index=DIR (flat, N passages)`, `backend=web provider=…`)."""
 
     @property
     def grpc_address(self) -> str:
@@ -148,7 +150,7 @@ async def start_retriever(settings: RetrieverSettings, loaded: LoadedIndex,
         await batcher.stop()
         raise
     return RunningRetriever(service, batcher, grpc_server, http, metrics_server, settings.shutdown_grace_s,
-                            settings.host)
+                            settings.host, f"index={settings.index} ({m.kind}, {m.count} passages)")
 
 
 async def start_web_retriever(settings: RetrieverSettings, metrics: RetrieverMetrics | None = None) -> RunningRetriever:
@@ -165,8 +167,9 @@ async def start_web_retriever(settings: RetrieverSettings, metrics: RetrieverMet
     except BaseException:
         await backend.close()
         raise
+    w = settings.web
     return RunningRetriever(service, None, grpc_server, http, metrics_server, settings.shutdown_grace_s,
-                            settings.host)
+                            settings.host, f"backend=web provider={w.provider} cache={w.cache.kind}")
 
 
 async def start_servers(settings: RetrieverSettings, service: RetrieverService):
