@@ -258,3 +258,17 @@ async def test_a_paid_provider_without_a_key_refuses_to_start(tmp_path):
     settings = RetrieverSettings(backend="web", grpc_port=0, http_port=None, web={"provider": "brave"})
     with pytest.raises(ValueError, match="needs an API key"):
         await start_web_retriever(settings)
+
+
+async def test_an_empty_answer_is_cached_a_malformed_one_is_not(api, tmp_path):
+    running = await _start(api, tmp_path)
+    try:
+        api.script("empty", "html")
+        async with RetrieverClient([running.grpc_address]) as client:
+            assert await client.search(["zzyzx qwv"], top_k=3) == [[]]  # a valid answer without results
+            assert await client.search(["zzyzx qwv"], top_k=3) == [[]]  # from the cache
+            assert await client.search(["capital of spain"], top_k=1) == [[]]  # malformed: no hits, not cached
+            assert (await client.search(["capital of spain"], top_k=1))[0][0].title == "Madrid"
+        assert api.calls["serper"] == 3
+    finally:
+        await running.stop()

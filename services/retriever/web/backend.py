@@ -1,8 +1,8 @@
 """A web search API as the retriever's search backend: `await backend.search(queries, top_k)` answers
 like the local index does (one list of hits per query), through these stages per query:
 
-    cache → (identical query already in flight? wait for it) → budget → concurrency cap → token bucket
-    → HTTP request (retried on 429/5xx/timeouts by `searchr1.core.retry`) → adapter → cache
+    identical query already being answered? wait for its answer → cache → budget → concurrency cap →
+    token bucket → HTTP request (retried on 429/5xx/timeouts by `searchr1.core.retry`) → adapter → cache
 
 What fails how: the budget spent → `BudgetExhausted` (gRPC FAILED_PRECONDITION, HTTP 402); the provider
 unreachable or refusing after the bounded retries → `BackendUnavailable` (gRPC UNAVAILABLE, HTTP 503); an
@@ -110,18 +110,23 @@ class WebBackend:
         key = cache_key(self.provider, num, query)
         m, label = self.metrics, self.provider
         m.queries.labels(label).inc()
-        cached = await self._cache_get(key)
-        if cached is not None:
-            m.cache_hits.labels(label).inc()
-            return to_hits(cached[:top_k])
         pending = self._inflight.get(key)
-        if pending is not None:  # the same query from another trajectory of the group: one request
+        if pending is not None:  # the same query from another trajectory of the group: its answer, no request
             m.cache_hits.labels(label).inc()
             return to_hits((await asyncio.shield(pending))[:top_k])
+        # this call leads for `key` until its answer is cached: later identical queries wait for it (above)
+        # or, once it is done, find it in the cache, so one normalised query costs one request
         future: asyncio.Future[list[WebResult]] = asyncio.get_running_loop().create_future()
         self._inflight[key] = future
         try:
-            results = await self._fetch(query, num)
+            results = await self._cache_get(key)
+            if results is not None:
+                m.cache_hits.labels(label).inc()
+            else:
+                fetched = await self._fetch(query, num)
+                if fetched is not None:  # a valid answer, even an empty one; a malformed one is asked again
+                    await self._cache_put(key, fetched)
+                results = fetched or []
         except BaseException as exc:
             future.set_exception(exc)
             future.exception()  # retrieved: no "never retrieved" warning when nobody else waited
@@ -130,12 +135,11 @@ class WebBackend:
             future.set_result(results)
         finally:
             del self._inflight[key]
-        if results:
-            await self._cache_put(key, results)
         return to_hits(results[:top_k])
 
-    async def _fetch(self, query: str, num: int) -> list[WebResult]:
-        """Budget → slot → bucket → request with retries → adapter. Releases the budget unless billed."""
+    async def _fetch(self, query: str, num: int) -> list[WebResult] | None:
+        """Budget → slot → bucket → request with retries → adapter (None: the answer was malformed).
+        Releases the budget unless billed."""
         m, label = self.metrics, self.provider
         try:
             await self.budget.reserve()
@@ -152,7 +156,7 @@ class WebBackend:
             except MalformedResponse as exc:
                 m.errors.labels(label, "malformed").inc()
                 log.warning("%s answered a malformed body for one query: %s", label, exc)
-                return []
+                return None
             billed = True
             if parsed.skipped:
                 m.errors.labels(label, "missing_fields").inc(parsed.skipped)
