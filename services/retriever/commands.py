@@ -215,7 +215,8 @@ def register(groups: Groups) -> None:
         = None,
         metrics_port: Annotated[int | None, typer.Option(help="Separate /metrics port (also on HTTP).")] = None,
     ) -> None:
-        """Serve an index over gRPC (Search, health, reflection) and HTTP POST /retrieve (Search-R1's API).
+        """Serve an index, or a web search API (`backend = "web"`), over gRPC (Search, health, reflection) and
+        HTTP POST /retrieve (Search-R1's API).
 
         Prints one `retriever ready …` line when both servers accept requests; SIGTERM/SIGINT drain and stop it.
         Other settings come from --config and RETRIEVER_* environment variables (docs/retriever.md)."""

@@ -177,3 +177,20 @@ async def test_budget_reserves_refuses_and_releases():
     await budget.release()
     assert budget.used == 1 and budget.used_ratio == pytest.approx(0.5)
     await budget.reserve()
+
+
+async def test_sqlite_cache_expires_entries_and_survives_reopening(tmp_path):
+    from searchr1.retriever.web.cache import SqliteCache
+
+    now = [1000.0]
+    results = parse_response("serper", _body(SERPER), 3).results
+    cache = SqliteCache(tmp_path / "c.sqlite", ttl_s=60, clock=lambda: now[0])
+    await cache.put("k", results)
+    now[0] += 59
+    assert await cache.get("k") == results and await cache.get("other") is None
+    await cache.close()
+    reopened = SqliteCache(tmp_path / "c.sqlite", ttl_s=60, clock=lambda: now[0])
+    assert await reopened.get("k") == results
+    now[0] += 2  # past the TTL
+    assert await reopened.get("k") is None
+    await reopened.close()
