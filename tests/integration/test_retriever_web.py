@@ -272,3 +272,35 @@ async def test_an_empty_answer_is_cached_a_malformed_one_is_not(api, tmp_path):
         assert api.calls["serper"] == 3
     finally:
         await running.stop()
+
+
+async def test_page_reading_returns_the_best_chunks_of_the_result_pages(tmp_path):
+    api = await FakeSearchAPI(CORPUS, key=KEY, serve_pages=True).start()
+    pages = {"enabled": True, "top_pages": 2, "chunk_words": 30, "chunk_overlap": 5, "allow_private_hosts": True}
+    running = await _start(api, tmp_path, pages=pages)
+    try:
+        async with RetrieverClient([running.grpc_address]) as client:
+            hits = (await client.search(["which river flows through vienna austria danube"], top_k=2))[0]
+            again = (await client.search(["Which river flows through Vienna Austria Danube"], top_k=2))[0]
+        assert hits == again and api.calls["page"] == 2  # both pages read once; the chunks are cached
+        assert hits[0].doc_id.startswith(f"{api.url}/pages/") and "#" in hits[0].doc_id
+        assert "PAGE-ONLY" in hits[0].contents and hits[0].contents.startswith('"Vienna"\n')
+        text = " ".join(h.contents for h in hits)
+        assert not any(junk in text for junk in ("SCRIPT-TEXT", "NAV-TEXT", "FOOTER-TEXT"))
+    finally:
+        await running.stop()
+        await api.stop()
+
+
+async def test_page_reading_never_fetches_private_hosts_unless_allowed(tmp_path):
+    api = await FakeSearchAPI(CORPUS, key=KEY, serve_pages=True).start()
+    running = await _start(api, tmp_path, pages={"enabled": True})
+    try:
+        async with RetrieverClient([running.grpc_address]) as client:
+            hits = (await client.search(["capital of france"], top_k=1))[0]
+        assert api.calls["page"] == 0 and hits[0].contents.startswith('"Paris"\nParis is the capital')  # snippets
+        reg = running.service.metrics.registry
+        assert counter(reg, "searchr1_retriever_backend_errors_total", backend="serper", reason="page_failed") >= 1
+    finally:
+        await running.stop()
+        await api.stop()

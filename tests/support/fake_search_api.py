@@ -25,8 +25,12 @@ MODES = ("ok", "429", "500", "401", "timeout", "html", "error_json", "missing_fi
 
 
 class FakeSearchAPI:
-    def __init__(self, corpus: Sequence[tuple[str, str]], *, key: str | None = "test-key", timeout_s: float = 5.0) -> None:
+    def __init__(self, corpus: Sequence[tuple[str, str]], *, key: str | None = "test-key", timeout_s: float = 5.0,
+                 serve_pages: bool = False) -> None:
         self.corpus = list(corpus)
+        self.serve_pages = serve_pages
+        """Result URLs point at this server's /pages/{title} (an HTML page around the passage) instead of
+        example.org."""
         self.key = key
         self.timeout_s = timeout_s
         self.calls: Counter[str] = Counter()
@@ -62,7 +66,7 @@ class FakeSearchAPI:
         rows = self.rank(query, num)
         if mode == "empty":
             rows = []
-        url = "https://example.org/wiki/{}".format
+        url = (self.url + "/pages/{}" if self.serve_pages else "https://example.org/wiki/{}").format
 
         def item(pos: int, i: int, title: str, text: str) -> dict:
             if mode == "huge":
@@ -125,6 +129,20 @@ class FakeSearchAPI:
         @app.get("/res/v1/web/search")
         async def brave(request: Request, q: str, count: int = 20) -> Response:
             return await self.answer("brave", q, count, request.headers.get("x-subscription-token"))
+
+        @app.get("/pages/{slug}")
+        async def page(slug: str) -> Response:
+            self.calls["page"] += 1
+            titles = {t.replace(" ", "_"): (t, x) for t, x in self.corpus}
+            if slug not in titles:
+                return HTMLResponse("<html><body>not found</body></html>", status_code=404)
+            title, text = titles[slug]
+            filler = " ".join(f"Unrelated sentence {i} about the history of {title} and its people." for i in range(40))
+            return HTMLResponse(
+                f"<html><head><title>{title}</title><script>var tracking = 'SCRIPT-TEXT';</script></head>"
+                f"<body><nav>Main menu NAV-TEXT</nav><h1>{title}</h1><p>{filler}</p>"
+                f"<p>{text} PAGE-ONLY fact: the page says more than the snippet.</p>"
+                f"<footer>FOOTER-TEXT</footer></body></html>")
 
         @app.get("/search")
         async def searxng(request: Request, q: str, format: str = "html") -> Response:

@@ -194,3 +194,20 @@ async def test_sqlite_cache_expires_entries_and_survives_reopening(tmp_path):
     now[0] += 2  # past the TTL
     assert await reopened.get("k") is None
     await reopened.close()
+
+
+def test_page_text_extraction_chunks_and_overlap_ranking():
+    from searchr1.retriever.web.pages import chunk_words, extract_text, is_public_address, overlap_scores
+
+    html = ("<html><head><title>T</title><style>p {}</style><script>x = 1</script></head><body>"
+            "<nav>menu</nav><h1>Paris</h1><p>Paris is the <b>capital</b> &amp; largest city.</p>"
+            "<ul><li>one</li><li>two</li></ul><footer>legal</footer></body></html>")
+    assert extract_text(html) == "Paris\nParis is the capital & largest city.\none\ntwo"  # <head> skipped
+    words = " ".join(f"w{i}" for i in range(10))
+    assert chunk_words(words, 4, 1) == ["w0 w1 w2 w3", "w3 w4 w5 w6", "w6 w7 w8 w9"]
+    assert chunk_words(words, 4) == ["w0 w1 w2 w3", "w4 w5 w6 w7", "w8 w9"]
+    assert chunk_words("", 4) == []
+    assert overlap_scores("Capital of France", ["the capital of spain", "france", "x"]) == [2 / 3, 1 / 3, 0.0]
+    assert is_public_address("example.org", ["93.184.216.34"])
+    assert not is_public_address("x", ["127.0.0.1"]) and not is_public_address("x", ["10.1.2.3", "93.184.216.34"])
+    assert not is_public_address("x", ["169.254.169.254"]) and not is_public_address("x", [])

