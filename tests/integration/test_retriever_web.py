@@ -319,3 +319,19 @@ async def test_page_chunks_ranked_by_the_retrievers_encoder(tmp_path):
     finally:
         await running.stop()
         await api.stop()
+
+
+async def test_a_caller_that_goes_away_does_not_cancel_the_answer_others_wait_for(tmp_path):
+    api = await FakeSearchAPI(CORPUS, key=KEY, timeout_s=0.5).start()
+    running = await _start(api, tmp_path, timeout_s=10.0)
+    try:
+        api.script("timeout")  # a slow answer
+        first = asyncio.create_task(running.service.search(["capital of portugal"], 1))
+        second = asyncio.create_task(running.service.search(["capital of portugal"], 1))
+        await asyncio.sleep(0.1)
+        first.cancel()  # e.g. the client of the first request disconnected
+        assert (await second)[0][0].title == "Lisbon"
+        assert first.cancelled() and api.calls["serper"] == 1
+    finally:
+        await running.stop()
+        await api.stop()

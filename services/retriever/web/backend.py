@@ -94,7 +94,7 @@ class WebBackend:
         self.client, self.cache, self.budget, self.metrics = client, cache, budget, metrics
         self.bucket = TokenBucket(settings.requests_per_s, settings.burst)
         self._slots = asyncio.Semaphore(settings.max_concurrency)
-        self._inflight: dict[str, asyncio.Future[list[WebResult]]] = {}
+        self._inflight: dict[str, asyncio.Task[list[WebResult]]] = {}
         self.reader = reader
         self._cache_tag = f"{self.provider}+pages" if reader is not None else self.provider
         self._redact = RedactSecret(api_key) if api_key else None
@@ -115,32 +115,30 @@ class WebBackend:
         key = cache_key(self._cache_tag, num, query)
         m, label = self.metrics, self.provider
         m.queries.labels(label).inc()
-        pending = self._inflight.get(key)
-        if pending is not None:  # the same query from another trajectory of the group: its answer, no request
+        answer = self._inflight.get(key)
+        if answer is not None:  # the same query from another trajectory of the group: its answer, no request
             m.cache_hits.labels(label).inc()
-            return to_hits((await asyncio.shield(pending))[:top_k])
-        # this call leads for `key` until its answer is cached: later identical queries wait for it (above)
-        # or, once it is done, find it in the cache, so one normalised query costs one request
-        future: asyncio.Future[list[WebResult]] = asyncio.get_running_loop().create_future()
-        self._inflight[key] = future
-        try:
-            results = await self._cache_get(key)
-            if results is not None:
-                m.cache_hits.labels(label).inc()
-            else:
-                fetched = await self._fetch(query, num)
-                if fetched is not None:  # a valid answer, even an empty one; a malformed one is asked again
-                    await self._cache_put(key, fetched)
-                results = fetched or []
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()  # retrieved: no "never retrieved" warning when nobody else waited
-            raise
         else:
-            future.set_result(results)
-        finally:
-            del self._inflight[key]
-        return to_hits(results[:top_k])
+            # one task answers `key` (cache, else the API) and leaves `_inflight` only once its answer is
+            # cached, so one normalised query costs one request; it runs on when a caller is cancelled
+            answer = self._inflight[key] = asyncio.create_task(self._answer(key, query, num))
+            answer.add_done_callback(lambda task: self._answered(key, task))
+        return to_hits((await asyncio.shield(answer))[:top_k])
+
+    def _answered(self, key: str, task: asyncio.Task) -> None:
+        del self._inflight[key]
+        if not task.cancelled():
+            task.exception()  # retrieved: no "never retrieved" warning when every caller went away
+
+    async def _answer(self, key: str, query: str, num: int) -> list[WebResult]:
+        results = await self._cache_get(key)
+        if results is not None:
+            self.metrics.cache_hits.labels(self.provider).inc()
+            return results
+        fetched = await self._fetch(query, num)
+        if fetched is not None:  # a valid answer, even an empty one; a malformed one is asked again
+            await self._cache_put(key, fetched)
+        return fetched or []
 
     async def _fetch(self, query: str, num: int) -> list[WebResult] | None:
         """Budget → slot → bucket → request with retries → adapter (None: the answer was malformed).
