@@ -29,9 +29,12 @@ import json
 import random
 import re
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `tests.support` when run as a script
 
 SEARCH = re.compile(r"<search> (.*?) </search>")
 PRICES = (1.0, 5.0, 15.0)
