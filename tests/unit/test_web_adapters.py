@@ -211,3 +211,24 @@ def test_page_text_extraction_chunks_and_overlap_ranking():
     assert is_public_address("example.org", ["93.184.216.34"])
     assert not is_public_address("x", ["127.0.0.1"]) and not is_public_address("x", ["10.1.2.3", "93.184.216.34"])
     assert not is_public_address("x", ["169.254.169.254"]) and not is_public_address("x", [])
+
+
+def test_the_api_key_comes_from_settings_env_or_file_and_is_never_printed(tmp_path, monkeypatch):
+    from searchr1.retriever.settings import RetrieverSettings
+    from searchr1.retriever.web.settings import WebSettings
+
+    monkeypatch.setenv("MY_SEARCH_KEY", "from-env")
+    secret = tmp_path / "key"
+    secret.write_text("from-file\n")
+    assert WebSettings(api_key="direct", api_key_env="MY_SEARCH_KEY").resolved_api_key() == "direct"
+    assert WebSettings(api_key_env="MY_SEARCH_KEY", api_key_file=secret).resolved_api_key() == "from-env"
+    assert WebSettings(api_key_file=secret).resolved_api_key() == "from-file"
+    assert WebSettings().resolved_api_key() is None
+    monkeypatch.setenv("RETRIEVER_BACKEND", "web")
+    monkeypatch.setenv("RETRIEVER_WEB__PROVIDER", "brave")
+    monkeypatch.setenv("RETRIEVER_WEB__API_KEY", "sk-env-secret")
+    settings = RetrieverSettings()
+    assert settings.backend == "web" and settings.web.provider == "brave"
+    assert settings.web.resolved_api_key() == "sk-env-secret"
+    assert "sk-env-secret" not in repr(settings) and "sk-env-secret" not in settings.model_dump_json()
+    assert settings.web.resolved_base_url() == "https://api.search.brave.com"
