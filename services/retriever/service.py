@@ -69,6 +69,8 @@ class SearchBackend(Protocol):
 
     async def search(self, queries: Sequence[str], top_k: int) -> list[list[Hit]]: ...
 
+    async def close(self) -> None: ...
+
 
 class RetrieverService:
     """Validate, then search: batch, search the index and turn corpus rows into hits, or ask `backend`
