@@ -335,3 +335,28 @@ async def test_a_caller_that_goes_away_does_not_cancel_the_answer_others_wait_fo
     finally:
         await running.stop()
         await api.stop()
+
+
+async def test_an_unreachable_budget_counter_makes_searches_unavailable_not_free(api):
+    from searchr1.core.metrics import new_registry
+    from searchr1.core.servers import free_port
+    from searchr1.core.streams import connect
+    from searchr1.retriever.web.backend import BackendUnavailable, WebBackend
+    from searchr1.retriever.web.cache import NoCache
+    from searchr1.retriever.web.limits import Budget, RedisCounter
+    from searchr1.retriever.web.metrics import WebMetrics
+    from searchr1.retriever.web.settings import WebSettings
+
+    dead = connect(f"redis://127.0.0.1:{free_port()}/0")  # nothing listens there
+    budget = Budget(RedisCounter(dead, "k"), max_queries=10, price_per_1000=1.0, max_spend=None)
+    metrics = WebMetrics.create(new_registry())
+    backend = WebBackend(WebSettings(provider="serper", base_url=api.url, backoff_s=0.0), httpx.AsyncClient(),
+                         NoCache(), budget, metrics, api_key=KEY)
+    try:
+        with pytest.raises(BackendUnavailable, match="counter is unreachable"):
+            await backend.search(["capital of france"], 1)
+        assert api.calls["serper"] == 0
+        assert metrics.errors.labels("serper", "budget_store")._value.get() == 1
+    finally:
+        await backend.close()
+        await dead.aclose()

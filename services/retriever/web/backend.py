@@ -5,7 +5,8 @@ like the local index does (one list of hits per query), through these stages per
     token bucket → HTTP request (retried on 429/5xx/timeouts by `searchr1.core.retry`) → adapter → cache
 
 What fails how: the budget spent → `BudgetExhausted` (gRPC FAILED_PRECONDITION, HTTP 402); the provider
-unreachable or refusing after the bounded retries → `BackendUnavailable` (gRPC UNAVAILABLE, HTTP 503); an
+unreachable or refusing after the bounded retries, or the budget's counter (Redis) unreachable →
+`BackendUnavailable` (gRPC UNAVAILABLE, HTTP 503); an
 answer that is not the documented JSON → that query gets no hits (counted as `malformed`, not cached,
 not billed), so one bad page never fails a whole batch or crashes the service. With page reading on
 (`pages.enabled`), the adapter's results are replaced by the best chunks of their pages
@@ -149,6 +150,9 @@ class WebBackend:
         except BudgetExhausted:
             m.errors.labels(label, "budget").inc()
             raise
+        except Exception as exc:  # noqa: BLE001 - no counter, no spending: unavailable until it is back
+            m.errors.labels(label, "budget_store").inc()
+            raise BackendUnavailable(f"the search budget's counter is unreachable ({exc.__class__.__name__})") from None
         billed = False
         try:
             async with self._slots:
@@ -170,8 +174,15 @@ class WebBackend:
             return parsed.results
         finally:
             if not billed:
-                await self.budget.release()
+                await self._release()
             self._publish_budget()
+
+    async def _release(self) -> None:
+        try:
+            await self.budget.release()
+        except Exception as exc:  # noqa: BLE001 - the reservation stays counted: the budget errs on the safe side
+            self.metrics.errors.labels(self.provider, "budget_store").inc()
+            log.warning("could not give back an unbilled query to the budget (%s)", exc.__class__.__name__)
 
     async def _request(self, request: WebRequest) -> bytes:
         """The answer body of `request`, retried on transient failures; BackendUnavailable when none came."""

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 LATENCY_BUCKETS = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 
 ERROR_REASONS = ("rate_limited", "server_error", "refused", "timeout", "transport", "malformed",
-                 "missing_fields", "truncated", "cache", "budget", "gave_up", "page_failed")
+                 "missing_fields", "truncated", "cache", "budget", "budget_store", "gave_up", "page_failed")
 """`reason` values of `errors_total`."""
 
 
