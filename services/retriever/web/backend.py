@@ -6,9 +6,9 @@ like the local index does (one list of hits per query), through these stages per
 
 What fails how: the budget spent → `BudgetExhausted` (gRPC FAILED_PRECONDITION, HTTP 402); the provider
 unreachable or refusing after the bounded retries, or the budget's counter (Redis) unreachable →
-`BackendUnavailable` (gRPC UNAVAILABLE, HTTP 503); an
-answer that is not the documented JSON → that query gets no hits (counted as `malformed`, not cached,
-not billed), so one bad page never fails a whole batch or crashes the service. With page reading on
+`BackendUnavailable` (gRPC UNAVAILABLE, HTTP 503); an answer that is not the documented JSON → that query
+gets no hits (counted as `malformed`, not cached, not billed), so one bad page never fails a whole batch
+or crashes the service. With page reading on
 (`pages.enabled`), the adapter's results are replaced by the best chunks of their pages
 (`retriever/web/pages.py`), cached under their own key.
 
@@ -204,7 +204,8 @@ class WebBackend:
                     m.requests.labels(label, "ok").inc()
         except (httpx.HTTPError, TransientHTTPStatus, ProviderRefused) as exc:
             m.errors.labels(label, "gave_up").inc()
-            raise BackendUnavailable(f"{label} search API failed: {exc}") from None
+            reason = str(exc).replace(self.api_key, "[redacted]") if self.api_key else str(exc)
+            raise BackendUnavailable(f"{label} search API failed: {exc.__class__.__name__}: {reason}") from None
         finally:
             m.latency.labels(label).observe(time.perf_counter() - t0)
         return body
