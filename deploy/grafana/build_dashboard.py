@@ -64,6 +64,21 @@ ROWS: list[tuple[str, list[tuple[str, list[tuple[str, str]], str]]]] = [
             ("histogram_quantile(0.99, sum by (le) (rate(searchr1_reward_request_duration_seconds_bucket[1m])))",
              "p99 s")], "none"),
     ]),
+    ("Web search backend", [
+        ("Web search queries/s and cache hit rate", [
+            ("sum by (backend) (rate(searchr1_retriever_backend_queries_total[5m]))", "{{backend}} queries/s"),
+            ("sum by (backend) (rate(searchr1_retriever_backend_cache_hits_total[5m])) / "
+             "sum by (backend) (rate(searchr1_retriever_backend_queries_total[5m]))", "{{backend}} hit rate")], "none"),
+        ("Web search API requests and errors/s", [
+            ("sum by (backend, outcome) (rate(searchr1_retriever_backend_requests_total[5m]))",
+             "{{backend}} {{outcome}}"),
+            ("sum by (backend, reason) (rate(searchr1_retriever_backend_errors_total[5m]))",
+             "{{backend}} error {{reason}}")], "reqps"),
+        ("Web search budget used and spend", [
+            ("max by (backend) (searchr1_retriever_backend_budget_used_ratio)", "{{backend}} budget used"),
+            ("max by (backend) (searchr1_retriever_backend_spend)", "{{backend}} spent"),
+            ("max by (backend) (searchr1_retriever_backend_billed_queries)", "{{backend}} billed queries")], "none"),
+    ]),
 ]
 
 

@@ -31,10 +31,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 SCHEMA_VERSION = 2
 
-FinishReason = Literal["answer", "eos", "max_turns", "length", "retriever_unavailable", "error"]
+FinishReason = Literal["answer", "eos", "max_turns", "length", "retriever_unavailable", "search_budget", "error"]
 """Why a trajectory ended: it answered; the model emitted EOS without an answer; it used every turn
 without answering; a token limit was hit; the retriever could not be reached within the client's retries;
-or the environment failed otherwise (a refused search)."""
+the run's web search budget was spent (the retriever answered FAILED_PRECONDITION); or the environment
+failed otherwise (a refused search)."""
 
 Split = Literal["train", "test", "validation"]
 

@@ -32,6 +32,7 @@ one-shot process (the index build) is never restarted.
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -236,6 +237,17 @@ def _apply_placement(name: str, env: dict[str, str], configured: dict[str, str],
     return {**env, **where.env}
 
 
+def web_search_backend(config: Path) -> bool:
+    """Whether the run's retriever answers from a web search API (`[retriever] backend = "web"`, or
+    RETRIEVER_BACKEND): it needs no index, so none is built."""
+    try:
+        table = read_config_file(config).get("retriever", {}) if config.is_file() else {}
+    except ConfigError:
+        table = {}
+    backend = os.environ.get("RETRIEVER_BACKEND") or (table.get("backend") if isinstance(table, dict) else None)
+    return str(backend).lower() == "web"
+
+
 def build_plan(settings: LauncherSettings, config: str | Path, run_dir: str | Path | None = None,
                placement: PlacementSettings | None = None) -> LaunchPlan:
     """The processes of `searchr1 up` in dependency order (see module docstring). `placement`: the GPU
@@ -309,7 +321,7 @@ def build_plan(settings: LauncherSettings, config: str | Path, run_dir: str | Pa
         "reward_url": f"http://{host}:{reward_port}",
     }
 
-    if not index_dir.exists():
+    if not index_dir.exists() and not web_search_backend(config_path):
         corpus = Path(r.corpus).resolve() if r.corpus else None
         if corpus is None:
             problems.append(f"retriever: index {index_dir} is missing and no corpus is configured to build it "

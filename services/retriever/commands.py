@@ -215,7 +215,8 @@ def register(groups: Groups) -> None:
         = None,
         metrics_port: Annotated[int | None, typer.Option(help="Separate /metrics port (also on HTTP).")] = None,
     ) -> None:
-        """Serve an index over gRPC (Search, health, reflection) and HTTP POST /retrieve (Search-R1's API).
+        """Serve an index, or a web search API (`backend = "web"`), over gRPC (Search, health, reflection) and
+        HTTP POST /retrieve (Search-R1's API).
 
         Prints one `retriever ready …` line when both servers accept requests; SIGTERM/SIGINT drain and stop it.
         Other settings come from --config and RETRIEVER_* environment variables (docs/retriever.md)."""
@@ -249,15 +250,14 @@ def register(groups: Groups) -> None:
                 parts.append(f"http={r.http.url}")
             if r.metrics_server is not None:
                 parts.append(f"metrics=http://{settings.host}:{r.metrics_server.port}/metrics")
-            line = (f"retriever ready {' '.join(parts)} index={settings.index} "
-                    f"({r.service.info.get('kind')}, {r.service.info.get('count')} passages)")
+            line = f"retriever ready {' '.join(parts)} {r.description}"
             log.info(line)
             print(line, flush=True)
 
         try:
             with asyncio.Runner(loop_factory=event_loop_factory(settings.event_loop)) as runner:
                 runner.run(serve(settings, on_ready=ready))
-        except (IndexMismatchError, CorpusError, FileNotFoundError, OSError) as exc:
+        except (IndexMismatchError, CorpusError, FileNotFoundError, OSError, ValueError) as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None
         log.info("retriever stopped")

@@ -3,7 +3,8 @@ threads, start the micro-batcher, the gRPC server (health + reflection + auth) a
 report readiness, and shut down gracefully on SIGTERM/SIGINT.
 
 Stages, top to bottom: load index → build searcher (+ hybrid / rerank) → batcher → service → servers →
-wait for a signal → drain (health NOT_SERVING, in-flight calls finish) → close.
+wait for a signal → drain (health NOT_SERVING, in-flight calls finish) → close. With `backend = "web"`
+the first three stages are replaced by opening the web search backend (`retriever/web/`).
 """
 
 from __future__ import annotations
@@ -93,12 +94,15 @@ class RunningRetriever:
     """Handles to a started retriever (tests and the CLI stop it with `stop()`)."""
 
     service: RetrieverService
-    batcher: MicroBatcher
+    batcher: MicroBatcher | None
+    """None with a web search backend."""
     grpc: GrpcServer
     http: HttpServer | None
     metrics_server: MetricsServer | None
     grace_s: float
     host: str
+    description: str = ""
+    """What it serves, for the ready line (`index=DIR (flat, N passages)`, `backend=web provider=…`)."""
 
     @property
     def grpc_address(self) -> str:
@@ -109,10 +113,14 @@ class RunningRetriever:
         await self.grpc.stop(self.grace_s)
         if self.http is not None:
             await self.http.stop()
-        await self.batcher.stop()
+        if self.batcher is not None:
+            await self.batcher.stop()
         if self.metrics_server is not None:
             self.metrics_server.close()
-        self.service.corpus.close()
+        if self.service.corpus is not None:
+            self.service.corpus.close()
+        if self.service.backend is not None:
+            await self.service.backend.close()
 
 
 async def start_retriever(settings: RetrieverSettings, loaded: LoadedIndex,
@@ -136,6 +144,37 @@ async def start_retriever(settings: RetrieverSettings, loaded: LoadedIndex,
     info: dict[str, Any] = {"kind": m.kind, "count": m.count, "dim": m.dim,
                             "encoder": m.encoder["name"] if m.encoder else None}
     service = RetrieverService(loaded.corpus, batcher, settings.limits, metrics, info=info)
+    try:
+        grpc_server, http, metrics_server = await start_servers(settings, service)
+    except BaseException:
+        await batcher.stop()
+        raise
+    return RunningRetriever(service, batcher, grpc_server, http, metrics_server, settings.shutdown_grace_s,
+                            settings.host, f"index={settings.index} ({m.kind}, {m.count} passages)")
+
+
+async def start_web_retriever(settings: RetrieverSettings, metrics: RetrieverMetrics | None = None) -> RunningRetriever:
+    """Start gRPC and HTTP (and metrics) servers over a web search backend (`backend = "web"`): no index, no
+    micro-batcher; each query is answered from the cache or one API request."""
+    from searchr1.retriever.web.assemble import open_web_backend
+    from searchr1.retriever.web.metrics import WebMetrics
+
+    metrics = metrics or RetrieverMetrics.create()
+    backend = await open_web_backend(settings.web, WebMetrics.create(metrics.registry))
+    service = RetrieverService(None, None, settings.limits, metrics, info=backend.info, backend=backend)
+    try:
+        grpc_server, http, metrics_server = await start_servers(settings, service)
+    except BaseException:
+        await backend.close()
+        raise
+    w = settings.web
+    return RunningRetriever(service, None, grpc_server, http, metrics_server, settings.shutdown_grace_s,
+                            settings.host, f"backend=web provider={w.provider} cache={w.cache.kind}")
+
+
+async def start_servers(settings: RetrieverSettings, service: RetrieverService):
+    """The gRPC server, the HTTP server (unless `http_port` is None) and the metrics server (when
+    `metrics_port` is set) over `service`, started; on failure those already started are stopped."""
     grpc_server = GrpcServer(settings.host, settings.grpc_port, token=settings.token,
                              max_message_bytes=settings.max_message_bytes)
     grpc_server.add(retriever_pb2_grpc.add_RetrieverServicer_to_server, RetrieverServicer(service), SERVICE_NAME)
@@ -148,23 +187,24 @@ async def start_retriever(settings: RetrieverSettings, loaded: LoadedIndex,
             await http.start()
         if settings.metrics_port is not None:
             closed = settings.token if not settings.metrics_open else None
-            metrics_server = start_metrics_server(metrics.registry, settings.host, settings.metrics_port,
+            metrics_server = start_metrics_server(service.metrics.registry, settings.host, settings.metrics_port,
                                                   token=closed)
     except BaseException:
         await grpc_server.stop(0)
         if http is not None:
             await http.stop()
-        await batcher.stop()
         raise
-    return RunningRetriever(service, batcher, grpc_server, http, metrics_server, settings.shutdown_grace_s,
-                            settings.host)
+    return grpc_server, http, metrics_server
 
 
 async def serve(settings: RetrieverSettings, *, on_ready: Callable[[RunningRetriever], None] | None = None) -> None:
     """Run until SIGTERM/SIGINT, then drain and exit."""
-    passive_openmp_waits()  # before the index load imports torch and faiss
-    loaded = await asyncio.to_thread(open_index, settings)
-    running = await start_retriever(settings, loaded)
+    if settings.backend == "web":
+        running = await start_web_retriever(settings)
+    else:
+        passive_openmp_waits()  # before the index load imports torch and faiss
+        loaded = await asyncio.to_thread(open_index, settings)
+        running = await start_retriever(settings, loaded)
     stop = asyncio.Event()
     install_shutdown_signals(stop)
     if on_ready is not None:

@@ -12,13 +12,17 @@ answers `{"result": [[{"document": {"id", "contents"}, "score"}, …], …]}`, o
 Departures from Search-R1: a document is always `{"id", "contents"}` (Search-R1 returns the whole
 corpus row, which for wiki-18 is exactly that); bad input (no queries, empty or oversize query, topk out of
 range) gets HTTP 422 with a message instead of a 500 or an unbounded search.
+
+With a web search backend (`backend = "web"`) the same validation and both APIs front `WebBackend`
+instead of the micro-batcher; its run budget spent answers gRPC FAILED_PRECONDITION / HTTP 402 (the
+rollout's finish reason `search_budget`), the search API unreachable answers UNAVAILABLE / HTTP 503.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from fastapi import FastAPI, HTTPException, Request
@@ -34,6 +38,8 @@ from searchr1.retriever.batcher import MicroBatcher, QueueFull
 from searchr1.retriever.corpus import Corpus
 from searchr1.retriever.metrics import RetrieverMetrics
 from searchr1.retriever.settings import LimitSettings
+from searchr1.retriever.web.backend import BackendUnavailable
+from searchr1.retriever.web.limits import BudgetExhausted
 
 SERVICE_NAME = retriever_pb2.DESCRIPTOR.services_by_name["Retriever"].full_name
 
@@ -58,19 +64,33 @@ def validate_request(queries: Sequence[str], top_k: int, limits: LimitSettings) 
             raise InvalidRequest(f"query {i} has {len(q)} characters; at most {limits.max_query_chars}")
 
 
-class RetrieverService:
-    """Validate, batch, search and turn corpus rows into hits. Dependencies are passed in."""
+class SearchBackend(Protocol):
+    """A search backend other than the local index (`searchr1.retriever.web.backend.WebBackend`)."""
 
-    def __init__(self, corpus: Corpus, batcher: MicroBatcher, limits: LimitSettings,
-                 metrics: RetrieverMetrics, *, info: dict[str, Any] | None = None) -> None:
+    async def search(self, queries: Sequence[str], top_k: int) -> list[list[Hit]]: ...
+
+    async def close(self) -> None: ...
+
+
+class RetrieverService:
+    """Validate, then search: batch, search the index and turn corpus rows into hits, or ask `backend`
+    when one is given. Dependencies are passed in."""
+
+    def __init__(self, corpus: Corpus | None, batcher: MicroBatcher | None, limits: LimitSettings,
+                 metrics: RetrieverMetrics, *, info: dict[str, Any] | None = None,
+                 backend: SearchBackend | None = None) -> None:
         self.corpus = corpus
         self.batcher = batcher
         self.limits = limits
         self.metrics = metrics
         self.info = info or {}
+        self.backend = backend
 
     async def search(self, queries: Sequence[str], top_k: int) -> list[list[Hit]]:
         validate_request(queries, top_k, self.limits)
+        if self.backend is not None:
+            self.metrics.queries.inc(len(queries))
+            return await self.backend.search(queries, top_k)
         return await self.batcher.search(queries, top_k, finish=self.hits)
 
     def hits(self, ranked: Sequence[Sequence[tuple[int, float]]]) -> list[list[Hit]]:
@@ -111,6 +131,12 @@ class RetrieverServicer(retriever_pb2_grpc.RetrieverServicer):
         except QueueFull as exc:
             record("RESOURCE_EXHAUSTED")
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        except BudgetExhausted as exc:
+            record("FAILED_PRECONDITION")
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        except BackendUnavailable as exc:
+            record("UNAVAILABLE")
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         except Exception:
             record("INTERNAL")
             raise
@@ -175,6 +201,12 @@ def create_app(service: RetrieverService, *, token: str | None = None, metrics_o
         except QueueFull as exc:
             code = "RESOURCE_EXHAUSTED"
             raise HTTPException(503, detail=str(exc), headers={"Retry-After": "1"}) from None
+        except BudgetExhausted as exc:
+            code = "FAILED_PRECONDITION"
+            raise HTTPException(402, detail=str(exc)) from None
+        except BackendUnavailable as exc:
+            code = "UNAVAILABLE"
+            raise HTTPException(503, detail=str(exc)) from None
         except Exception:
             code = "INTERNAL"
             raise

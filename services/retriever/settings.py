@@ -11,6 +11,7 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from searchr1.core.settings import Section, ServiceSettings
+from searchr1.retriever.web.settings import WebSettings
 
 
 class LimitSettings(Section):
@@ -84,8 +85,10 @@ class RetrieverSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="RETRIEVER_")
     section: ClassVar[str] = "retriever"
 
+    backend: Literal["local", "web"] = "local"
+    """What answers searches: `local` (the index below) or `web` (a web search API, `[retriever.web]`)."""
     index: Path | None = None
-    """Index directory written by `searchr1 index build` (required to serve)."""
+    """Index directory written by `searchr1 index build` (required to serve with the local backend)."""
     corpus: Path | None = None
     """Corpus JSONL, when it moved since the build (default: the path in the manifest)."""
     full_checksum: bool = False
@@ -133,3 +136,5 @@ class RetrieverSettings(ServiceSettings):
     """Micro-batching."""
     search: SearchSettings = SearchSettings()
     """Index and encoder runtime parameters."""
+    web: WebSettings = WebSettings()
+    """The web search backend (used with `backend = "web"`)."""

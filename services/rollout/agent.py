@@ -8,8 +8,9 @@
        └─ after `max_turns` turns: one FINAL turn; only an answer counts (a search is not executed)
           ─► done (answer | max_turns | eos | length)
     a search that fails ends the trajectory: `retriever_unavailable` when the retriever could not be
-    reached within the client's bounded retries, `error` when it refused the query; what was generated
-    so far is kept, so the group is still published and the worker carries on.
+    reached within the client's bounded retries, `search_budget` when the run's web search budget is
+    spent, `error` when it refused the query otherwise; what was generated so far is kept, so the group
+    is still published and the worker carries on.
 
 Each turn's prompt is `prompt_ids + response_ids so far`, passed to the engine as token ids. The
 response keeps the exact ids the engine sampled (mask 1, their behaviour log-probs) and the
@@ -117,6 +118,16 @@ def truncate_observation(obs_ids: list[int], close_ids: list[int], limit: int) -
     return obs_ids[: limit - len(close_ids)] + close_ids, True
 
 
+def search_failure_reason(exc: BaseException) -> FinishReason:
+    """The finish reason of a trajectory whose search raised `exc` (see the module docstring)."""
+    if isinstance(exc, RetrieverError):
+        if exc.unavailable:
+            return "retriever_unavailable"
+        if exc.budget_spent:
+            return "search_budget"
+    return "error"
+
+
 async def run_trajectory(
     prompt_ids: Sequence[int],
     generator: Generator,
@@ -182,8 +193,7 @@ async def run_trajectory(
                 hits = await search(action.content)
             except Exception as exc:  # noqa: BLE001 - the environment failed: end the trajectory, keep what we have
                 res.search_seconds += time.perf_counter() - t1
-                unavailable = isinstance(exc, RetrieverError) and exc.unavailable
-                res.finish_reason = "retriever_unavailable" if unavailable else "error"
+                res.finish_reason = search_failure_reason(exc)
                 res.error = f"search failed: {exc}"
                 return res
             res.search_seconds += time.perf_counter() - t1

@@ -16,9 +16,10 @@ worker's `agent` setting. Every group records the temperature it was actually sa
 (`TrajectoryGroup.sampling_temperature`), which the learner checks against the one it trains at.
 
 Failure rules: a retriever that stays unavailable past the client's retry deadline ends that trajectory
-with finish reason `retriever_unavailable`, a refused search with `error` (the group is still published;
-the learner may drop it); a reward or publish failure leaves the task unacked, so it is
-redelivered after the visibility timeout and dead-lettered after `max_deliveries`. A dead engine
+with finish reason `retriever_unavailable`, a spent web search budget with `search_budget`, a refused
+search with `error` (the group is still published; the learner may drop it); a reward or publish
+failure leaves the task unacked, so it is redelivered after the visibility timeout and dead-lettered
+after `max_deliveries`. A dead engine
 (`GeneratorDead`) is fatal: the worker takes no more tasks, drains, and `run` raises it (the process
 exits 1 for its supervisor to restart; the tasks it held are redelivered). SIGTERM drains:
 no new tasks, in-flight groups finish, are published and acked (those not done within

@@ -1,7 +1,7 @@
 """How the agent and the clients report an unreachable dependency, without servers: a search whose
-retries ran out ends the trajectory with `retriever_unavailable` (a refused one with `error`), and the
-clients call `on_retry` before each retry and `on_give_up` once, with bounded attempts, against a port
-nothing listens on."""
+retries ran out ends the trajectory with `retriever_unavailable` (a spent web search budget with
+`search_budget`, a refused one with `error`), and the clients call `on_retry` before each retry and
+`on_give_up` once, with bounded attempts, against a port nothing listens on."""
 
 from __future__ import annotations
 
@@ -47,6 +47,7 @@ def failing_search(code: grpc.StatusCode):
 @pytest.mark.parametrize("code, reason", [
     (grpc.StatusCode.UNAVAILABLE, "retriever_unavailable"),
     (grpc.StatusCode.DEADLINE_EXCEEDED, "retriever_unavailable"),
+    (grpc.StatusCode.FAILED_PRECONDITION, "search_budget"),
     (grpc.StatusCode.INVALID_ARGUMENT, "error"),
     (grpc.StatusCode.UNAUTHENTICATED, "error"),
 ])

@@ -183,7 +183,7 @@ def test_container_environment_names_real_settings(monkeypatch):
 
 def _defined_metrics() -> set[str]:
     names = set()
-    for f in (ROOT / "services").glob("*/metrics.py"):
+    for f in (ROOT / "services").glob("**/metrics.py"):
         names |= set(re.findall(r'"(searchr1_[a-z0-9_]+)"', f.read_text()))
     from searchr1.learner.metrics import STEP_GAUGES
 

@@ -68,6 +68,12 @@ class RetrieverError(RuntimeError):
         opposed to a refused request."""
         return self.code in TRANSIENT_GRPC_CODES
 
+    @property
+    def budget_spent(self) -> bool:
+        """True when the retriever refused the search because the run's search budget is spent
+        (FAILED_PRECONDITION, which the retriever answers for nothing else)."""
+        return self.code == grpc.StatusCode.FAILED_PRECONDITION
+
 
 class RetrieverClient:
     """`await client.search(queries, top_k)` → one list of hits per query, in order."""
