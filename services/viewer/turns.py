@@ -25,8 +25,8 @@ class Block:
     kind: str  # think | search | information | answer | text | invalid
     text: str
     env: bool
-    tokens: int | None = None
-    logprob_mean: float | None = None
+    tokens: int | None = None  # on the first block of a stretch: the stretch's tokens (its loss-mask run)
+    logprob_mean: float | None = None  # likewise: the run's mean behaviour log-prob (policy runs)
     docs: list[tuple[str, str, str]] = field(default_factory=list)  # (number, title, text)
 
 
@@ -82,8 +82,8 @@ def blocks(text: str) -> list[Block]:
 
 
 def attach_mask(bs: list[Block], mask: Sequence[int], logprobs: Sequence[float]) -> bool:
-    """Give each maximal stretch of policy (or environment) blocks the token count and mean log-prob of
-    the matching loss-mask run. False (nothing attached) when the text's stretches and the mask's runs
+    """Give the first block of each maximal stretch of policy (or environment) blocks the token count and
+    mean log-prob of the matching loss-mask run. False (nothing attached) when the text's stretches and the mask's runs
     do not pair up."""
     stretches: list[list[Block]] = []
     for b in bs:
@@ -96,10 +96,8 @@ def attach_mask(bs: list[Block], mask: Sequence[int], logprobs: Sequence[float])
         return False
     for run, stretch in zip(runs, stretches):
         lp = [x for x in logprobs[run.start:run.start + run.length] if math.isfinite(x)]
-        for b in stretch:
-            b.tokens = run.length if len(stretch) == 1 else None
-            b.logprob_mean = (sum(lp) / len(lp)) if (lp and run.masked_in and len(stretch) == 1) else None
         stretch[0].tokens = run.length
+        stretch[0].logprob_mean = sum(lp) / len(lp) if (lp and run.masked_in) else None
     return True
 
 

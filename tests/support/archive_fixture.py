@@ -68,14 +68,31 @@ def group(step: int, k: int, *, rng: random.Random, size: int = 4, collapse: boo
 
 
 def write_archive(directory: Path, *, steps: int = 12, groups_per_step: int = 4, size: int = 4,
-                  every_steps: int = 5, collapse_from: int | None = None, seed: int = 0) -> Path:
-    """Write `steps` steps of `groups_per_step` groups each; from `collapse_from` on, most responses are
+                  every_steps: int = 5, collapse_from: int | None = None, seed: int = 0,
+                  first_step: int = 1) -> Path:
+    """Write `steps` steps (from `first_step`) of `groups_per_step` groups each; from `collapse_from` on, most responses are
     malformed, truncated and repeat their query. Returns the directory."""
     rng = random.Random(seed)
     writer = ArchiveWriter(directory, every_steps=every_steps)
-    for step in range(1, steps + 1):
+    for step in range(first_step, first_step + steps):
         collapse = collapse_from is not None and step >= collapse_from
         gs = [group(step, (step * groups_per_step + j) % len(CITIES) if groups_per_step < len(CITIES) else j,
                     rng=rng, size=size, collapse=collapse) for j in range(groups_per_step)]
         writer.append(step, gs, [f"{step}-{j}" for j in range(len(gs))])
     return Path(directory)
+
+
+def write_step_log(run_dir: Path, *, steps: int = 12, collapse_from: int | None = None, run: str = "default") -> Path:
+    """A learner JSONL step log at `RUN_DIR/learner/{run}.jsonl` with the trainer's figures (entropy, KL,
+    gradient norm); after `collapse_from` entropy falls and KL and the gradient norm climb."""
+    import json
+
+    path = Path(run_dir) / "learner" / f"{run}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for step in range(1, steps + 1):
+            late = collapse_from is not None and step >= collapse_from
+            k = step - collapse_from + 1 if late else 0
+            f.write(json.dumps({"step": step, "entropy": 1.2 - 0.02 * step - 0.3 * k, "kl_loss": 0.001 * step + 0.05 * k,
+                                "approx_kl": 0.0005 * step + 0.02 * k, "grad_norm": 0.8 + 0.05 * step + 2.0 * k}) + "\n")
+    return path
