@@ -86,7 +86,8 @@ def create_app(run_dir: Path, settings: ViewerSettings | None = None, step_log: 
     def run_page(request: Request) -> HTMLResponse:
         params = dict(request.query_params)
         q = parse_query(params)
-        page = _opt(params, "page", int) or 1
+        page = _opt(params, "page", int)
+        page = 1 if page is None else page
         if page < 1:
             raise HTTPException(400, "page must be >= 1")
         summary = store.summary()
