@@ -66,8 +66,8 @@ def create_app(run_dir: Path, settings: ViewerSettings | None = None, step_log: 
     """The viewer of the run at `run_dir` (its `archive/` or the part directory itself)."""
     settings = settings or ViewerSettings()
     run_dir = Path(run_dir)
-    store = ArchiveStore(find_archive(run_dir))
-    other = ArchiveStore(find_archive(settings.compare)) if settings.compare else None
+    store = ArchiveStore(find_archive(run_dir), settings.cache_dir)
+    other = ArchiveStore(find_archive(settings.compare), settings.cache_dir) if settings.compare else None
     log_path = step_log or S.find_step_log(run_dir)
     tokenizer = load_tokenizer(settings.tokenizer)
     app = FastAPI(title="searchr1 viewer", docs_url=None, redoc_url=None, openapi_url=None)

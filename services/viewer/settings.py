@@ -24,6 +24,9 @@ class ViewerSettings(ServiceSettings):
     `?token=…`; the viewer then keeps it in a cookie for the session."""
     page_size: int = Field(default=50, ge=1, le=1000)
     """Trajectories per page of the run page's listing."""
+    cache_dir: Path | None = Path.home() / ".cache" / "searchr1" / "viewer"
+    """Where per-part summaries are kept between runs of the viewer (keyed by part path, size and time);
+    None = memory only. The archive itself is never written."""
     compare: Path | None = None
     """A second run (or evaluation) directory whose trajectories of the same question the question page
     shows beside this run's: the before/after pair."""

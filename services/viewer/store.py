@@ -10,6 +10,7 @@ next request.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import threading
@@ -19,6 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.feather as feather
 import pyarrow.parquet as pq
 
 from searchr1.core.health import text_features
@@ -26,7 +28,9 @@ from searchr1.core.health import text_features
 PART_RE = re.compile(r"^part-(\d{6})\.parquet$")
 SCALARS = ("step", "policy_version", "task_id", "question", "data_source", "worker_id", "index", "reward",
            "reward_components", "finish_reason", "num_turns", "num_searches")
-"""Archive columns the summary projects (plus `response_text` and `response_ids` for features, dropped)."""
+"""Archive columns the summary projects (plus `response_text` and `loss_mask` for features, dropped)."""
+SUMMARY_VERSION = 1
+"""Bumped when the summary's columns change, so stale cached summaries are not read."""
 EM_KEYS = ("em", "searchr1_em", "exact_match", "answer_correct")
 
 
@@ -56,14 +60,14 @@ def em_of(components: dict[str, float]) -> float | None:
 
 def summarize_part(path: Path, seq: int) -> pa.Table:
     """One part's summary: the scalar columns, EM, response length in tokens and the health features."""
-    t = pq.read_table(path, columns=[*SCALARS, "response_text", "response_ids"])
+    t = pq.read_table(path, columns=[*SCALARS, "response_text", "loss_mask"])
     feats = [text_features(x or "") for x in t.column("response_text").to_pylist()]
     ems = [em_of(json.loads(c or "{}")) for c in t.column("reward_components").to_pylist()]
     n = t.num_rows
-    out = t.drop_columns(["response_text", "response_ids", "reward_components"])
+    out = t.drop_columns(["response_text", "loss_mask", "reward_components"])
     extra = {
         "em": pa.array(ems, pa.float64()),
-        "response_tokens": pc.list_value_length(t.column("response_ids")).cast(pa.int32()),
+        "response_tokens": pc.list_value_length(t.column("loss_mask")).cast(pa.int32()),
         "malformed": pa.array([f.malformed for f in feats], pa.bool_()),
         "queries": pa.array([f.queries for f in feats], pa.int32()),
         "repeated_queries": pa.array([f.repeated_queries for f in feats], pa.int32()),
@@ -105,11 +109,47 @@ class Query:
     task_id: str | None = None
 
 
-class ArchiveStore:
-    """Thread-safe cache of part summaries over one archive directory."""
+class SummaryCache:
+    """Part summaries on disk (Arrow IPC files under `directory`), keyed by the part's absolute path, size
+    and modification time, so a run opens fast the second time; a part rewritten by a live learner gets a
+    new key (its old file is removed)."""
 
     def __init__(self, directory: Path) -> None:
         self.dir = Path(directory)
+
+    def _prefix(self, part: Path) -> str:
+        return hashlib.sha256(str(part.resolve()).encode()).hexdigest()[:20]
+
+    def _file(self, part: Path, stamp: tuple[int, int]) -> Path:
+        return self.dir / f"{self._prefix(part)}-{stamp[0]}-{stamp[1]}-v{SUMMARY_VERSION}.arrow"
+
+    def get(self, part: Path, stamp: tuple[int, int]) -> pa.Table | None:
+        f = self._file(part, stamp)
+        try:
+            return feather.read_table(f) if f.is_file() else None
+        except (OSError, pa.ArrowInvalid):
+            return None
+
+    def put(self, part: Path, stamp: tuple[int, int], table: pa.Table) -> None:
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            for old in self.dir.glob(self._prefix(part) + "-*.arrow"):
+                old.unlink(missing_ok=True)
+            f = self._file(part, stamp)
+            tmp = f.with_name(f".{f.name}.tmp")
+            feather.write_feather(table, tmp, compression="zstd")
+            tmp.replace(f)
+        except OSError:
+            pass  # a read-only or full cache directory only costs speed
+
+
+class ArchiveStore:
+    """Thread-safe cache of part summaries over one archive directory (in memory, and on disk when a
+    cache directory is given)."""
+
+    def __init__(self, directory: Path, cache_dir: Path | None = None) -> None:
+        self.dir = Path(directory)
+        self.disk = SummaryCache(cache_dir) if cache_dir is not None else None
         self._cache: dict[Path, tuple[tuple[int, int], pa.Table]] = {}
         self._lock = threading.Lock()
         self._summary: pa.Table | None = None
@@ -128,7 +168,7 @@ class ArchiveStore:
                 stamp = (st.st_mtime_ns, st.st_size)
                 cached = self._cache.get(p)
                 if cached is None or cached[0] != stamp:
-                    self._cache[p] = (stamp, summarize_part(p, seq))
+                    self._cache[p] = (stamp, self._summarize(p, seq, stamp))
                 current.append((p, stamp))
             key = tuple(current)
             if self._summary is None or key != self._key:
@@ -138,6 +178,14 @@ class ArchiveStore:
                 self._summary = latest_only(pa.concat_tables(tables))
                 self._key = key
             return self._summary
+
+    def _summarize(self, part: Path, seq: int, stamp: tuple[int, int]) -> pa.Table:
+        table = self.disk.get(part, stamp) if self.disk else None
+        if table is None:
+            table = summarize_part(part, seq)
+            if self.disk:
+                self.disk.put(part, stamp, table)
+        return table
 
     def path_of(self, seq: int) -> Path:
         return self.dir / f"part-{seq:06d}.parquet"

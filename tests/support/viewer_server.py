@@ -17,6 +17,7 @@ from searchr1.viewer.settings import ViewerSettings
 @contextmanager
 def serve_viewer(run_dir: Path, **settings) -> Iterator[str]:
     """Serve `searchr1 view run_dir` on 127.0.0.1 (any free port); yields its base URL."""
+    settings.setdefault("cache_dir", None)
     app = create_app(run_dir, ViewerSettings(port=0, **settings))
     loop = asyncio.new_event_loop()
     server = HttpServer(app, "127.0.0.1", 0)

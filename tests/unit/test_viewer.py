@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from searchr1.cli import build_app
+from searchr1.viewer import store as store_module
 from searchr1.viewer.app import create_app
 from searchr1.viewer.plots import line_plot
 from searchr1.viewer.series import alarm_steps, archive_series, log_series
@@ -21,6 +22,7 @@ from searchr1.viewer.store import ArchiveNotFound, ArchiveStore, Query, em_of, f
 from searchr1.viewer.turns import Run, attach_mask, blocks, highlight, mask_runs, token_cells
 from tests.support.archive_fixture import write_archive
 
+NO_CACHE = ViewerSettings(cache_dir=None)
 TEXT = ("<think>need it</think>\n<search>capital</search>\n\n<information>Doc 1(Title: \"Kenya\") capital "
         "Nairobi.\nDoc 2(Title: x) y\n</information>\n\n<answer>Nairobi</answer>")
 
@@ -128,7 +130,7 @@ def run(tmp_path):
 
 
 def test_app_pages_and_bad_input(run):
-    c = TestClient(create_app(run))
+    c = TestClient(create_app(run, NO_CACHE))
     assert c.get("/").status_code == 200
     for url, status, text in (("/?min_step=abc", 400, "min_step"), ("/?page=0", 400, "page"),
                               ("/trajectory?part=0&step=1", 400, "required"),
@@ -142,7 +144,7 @@ def test_app_pages_and_bad_input(run):
 
 
 def test_app_token_header_cookie_and_open_health(run):
-    c = TestClient(create_app(run, ViewerSettings(token="t0k")), follow_redirects=False)
+    c = TestClient(create_app(run, ViewerSettings(token="t0k", cache_dir=None)), follow_redirects=False)
     assert c.get("/").status_code == 401
     assert c.get("/healthz").status_code == 200
     assert c.get("/", headers={"Authorization": "Bearer t0k"}).status_code == 200
@@ -164,5 +166,20 @@ def test_cli_view_registered_and_rejects_a_dir_without_parts(tmp_path):
 def test_step_log_is_plotted(run):
     (run / "learner").mkdir()
     (run / "learner" / "r.jsonl").write_text(json.dumps({"step": 1, "entropy": 0.7}) + "\nnot json\n")
-    page = TestClient(create_app(run)).get("/").text
+    page = TestClient(create_app(run, NO_CACHE)).get("/").text
     assert 'aria-label="entropy"' in page and "are not plotted" not in page
+
+
+def test_summary_cache_on_disk_reused_and_refreshed(tmp_path, monkeypatch):
+    d = write_archive(tmp_path / "archive", steps=2, groups_per_step=2, every_steps=1)
+    cache = tmp_path / "cache"
+    first = ArchiveStore(d, cache).summary()
+    assert len(list(cache.glob("*.arrow"))) == 2
+    calls = []
+    real = store_module.summarize_part
+    monkeypatch.setattr(store_module, "summarize_part", lambda p, seq: calls.append(p) or real(p, seq))
+    again = ArchiveStore(d, cache).summary()
+    assert again.equals(first) and calls == []  # both parts from the cache
+    write_archive(d, steps=1, groups_per_step=2, every_steps=1, first_step=3)  # a new part
+    assert ArchiveStore(d, cache).summary().num_rows == 24 and [p.name for p in calls] == ["part-000002.parquet"]
+    assert len(list(cache.glob("*.arrow"))) == 3
