@@ -51,6 +51,7 @@ from searchr1.learner.distributed import broadcast_groups, init_distributed
 from searchr1.learner.dynamic_reading import sample_informative
 from searchr1.learner.dynamic_sampling import mask_overlong
 from searchr1.learner.figures import by_source, group_figures
+from searchr1.learner.health import health_figures
 from searchr1.learner.metrics import LearnerMetrics, StepLog
 from searchr1.learner.model import DistInfo, export_weights
 from searchr1.learner.publisher import WeightPublisher
@@ -294,6 +295,7 @@ class Learner:
         self.filter_figures = {}
         step_seconds = time.perf_counter() - t0
         figures.update(group_figures(groups, self.state.version))
+        figures.update(await asyncio.to_thread(health_figures, groups, figures))
         figures["by_source"] = by_source(groups)  # type: ignore[assignment]  # JSONL only
         figures.update(step_seconds=step_seconds, tokens=float(batch.num_tokens),
                        loss_tokens=float(batch.num_loss_tokens),
