@@ -12,10 +12,9 @@ from html import escape
 
 from markupsafe import Markup
 
-from searchr1.core.protocol import tag_segments
+from searchr1.core.protocol import INVALID_ACTION_MESSAGE, tag_segments
 
 _DOC_RE = re.compile(r"^Doc (\d+)\(Title: (.*?)\) ?(.*)$", re.DOTALL)
-INVALID_MARKER = "My previous action is invalid."
 
 
 @dataclass
@@ -65,20 +64,33 @@ def _docs(text: str) -> list[tuple[str, str, str]]:
 
 
 def blocks(text: str) -> list[Block]:
-    """The response's blocks in order; `<information>` and the invalid-action message are environment."""
+    """The response's blocks in order; `<information>` blocks and Search-R1's invalid-action message (cut out
+    first: its own text names the tags) are environment."""
     out = []
-    for seg, tag in tag_segments(text):
-        if tag is None and not seg.strip():
-            continue
-        if tag is None:
-            kind = "invalid" if INVALID_MARKER in seg else "text"
-        else:
-            kind = tag
-        b = Block(kind=kind, text=seg, env=kind in ("information", "invalid"))
-        if kind == "information":
-            b.docs = _docs(seg)
-        out.append(b)
+    pieces = text.split(INVALID_ACTION_MESSAGE)
+    cut = _cut_message(pieces[-1])
+    partial = pieces[-1][cut:] if cut is not None else ""  # a response cut at its token limit inside the message
+    pieces[-1] = pieces[-1][:cut] if cut is not None else pieces[-1]
+    for i, piece in enumerate(pieces):
+        for seg, tag in tag_segments(piece):
+            if tag is None and not seg.strip():
+                continue
+            b = Block(kind=tag or "text", text=seg, env=tag == "information")
+            if tag == "information":
+                b.docs = _docs(seg)
+            out.append(b)
+        if i < len(pieces) - 1:
+            out.append(Block(kind="invalid", text=INVALID_ACTION_MESSAGE, env=True))
+    if partial:
+        out.append(Block(kind="invalid", text=partial, env=True))
     return out
+
+
+def _cut_message(tail: str) -> int | None:
+    """Where `tail` ends in a start of the invalid-action message (its first line at least), if it does."""
+    head = INVALID_ACTION_MESSAGE.split(".")[0]  # "\nMy previous action is invalid"
+    at = tail.rfind(head)
+    return at if at >= 0 and INVALID_ACTION_MESSAGE.startswith(tail[at:]) else None
 
 
 def attach_mask(bs: list[Block], mask: Sequence[int], logprobs: Sequence[float]) -> bool:
@@ -118,13 +130,15 @@ def highlight(text: str, answers: Sequence[str]) -> Markup:
 
 def token_cells(ids: Sequence[int], mask: Sequence[int], logprobs: Sequence[float],
                 pieces: Sequence[str] | None = None) -> list[dict]:
-    """One cell per response token: its text (decoded piece, or the id), whether it is the policy's, and
+    """One cell per response token: its text (decoded piece, newlines and tabs as ↵ and →; or the id),
+    whether it is the policy's, and
     a shade in [0, 1] from its log-prob (0 = certain, 1 = log-prob ≤ -10)."""
     cells = []
     for i, tok in enumerate(ids):
         lp = logprobs[i] if i < len(logprobs) else 0.0
         own = bool(mask[i]) if i < len(mask) else False
         shade = min(1.0, max(0.0, -lp / 10.0)) if own and math.isfinite(lp) else 0.0
-        cells.append({"text": pieces[i] if pieces is not None else str(tok), "id": tok, "own": own,
+        text = pieces[i].replace("\n", "↵").replace("\t", "→") if pieces is not None else str(tok)
+        cells.append({"text": text, "id": tok, "own": own,
                       "logprob": lp, "shade": round(shade, 3)})
     return cells

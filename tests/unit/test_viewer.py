@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from searchr1.cli import build_app
+from searchr1.core.protocol import INVALID_ACTION_MESSAGE
 from searchr1.viewer import store as store_module
 from searchr1.viewer.app import create_app
 from searchr1.viewer.plots import line_plot
@@ -32,8 +33,12 @@ def test_blocks_environment_and_docs():
     assert [(b.kind, b.env) for b in bs] == [("think", False), ("search", False), ("information", True),
                                               ("answer", False)]
     assert bs[2].docs == [("1", '"Kenya"', "capital Nairobi."), ("2", "x", "y")]
-    invalid = blocks("oops\nMy previous action is invalid. Let me try again.\n<answer>a</answer>")
-    assert [b.kind for b in invalid] == ["invalid", "answer"] and invalid[0].env
+    invalid = blocks(f"<think>t</think>\n<search> broken{INVALID_ACTION_MESSAGE}<answer>a</answer>")
+    assert [(b.kind, b.env) for b in invalid] == [("think", False), ("text", False), ("invalid", True),
+                                                   ("answer", False)]  # the message's own tag names are not blocks
+    cut = blocks(f"<think>t</think>\n<search> broken{INVALID_ACTION_MESSAGE[:40]}")  # cut at the token limit
+    assert [(b.kind, b.env) for b in cut] == [("think", False), ("text", False), ("invalid", True)]
+    assert cut[-1].text == INVALID_ACTION_MESSAGE[:40]
 
 
 def test_mask_runs_and_attach():
@@ -56,7 +61,7 @@ def test_highlight_escapes_and_marks_case_insensitively():
 def test_token_cells_shade_by_logprob_policy_tokens_only():
     cells = token_cells([5, 6, 7], [1, 0, 1], [-5.0, 0.0, -20.0])
     assert [(c["text"], c["own"], c["shade"]) for c in cells] == [("5", True, 0.5), ("6", False, 0.0), ("7", True, 1.0)]
-    assert token_cells([5], [1], [-1.0], ["hi"])[0]["text"] == "hi"
+    assert token_cells([5], [1], [-1.0], ["hi\n"])[0]["text"] == "hi↵"
 
 
 def test_line_plot_coordinates_marks_and_escaping():
