@@ -136,6 +136,7 @@ def create_app(run_dir: Path, settings: ViewerSettings | None = None, step_log: 
             "staleness": row["step"] - row["policy_version"], "siblings": rows,
             "cells": token_cells(row["response_ids"], row["loss_mask"], row["behavior_logprobs"], pieces),
             "env_tokens": sum(1 for m in row["loss_mask"] if not m), "decoded": tokenizer is not None,
+            "all_masked": bool(row["loss_mask"]) and not any(row["loss_mask"]),
             "part": part, "src_q": "&src=compare" if source is other else ""})
 
     @app.get("/question", response_class=HTMLResponse)

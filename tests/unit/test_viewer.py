@@ -188,3 +188,20 @@ def test_summary_cache_on_disk_reused_and_refreshed(tmp_path, monkeypatch):
     write_archive(d, steps=1, groups_per_step=2, every_steps=1, first_step=3)  # a new part
     assert ArchiveStore(d, cache).summary().num_rows == 24 and [p.name for p in calls] == ["part-000002.parquet"]
     assert len(list(cache.glob("*.arrow"))) == 3
+
+
+def test_trajectory_masked_whole_is_flagged(tmp_path):
+    import random
+
+    from searchr1.learner.archive import ArchiveWriter
+    from tests.support.archive_fixture import group
+
+    g = group(1, 0, rng=random.Random(1), size=2)
+    t = g.trajectories[0]
+    g.trajectories[0] = t.model_copy(update={"loss_mask": [0] * len(t.loss_mask),
+                                             "behavior_logprobs": [0.0] * len(t.loss_mask)})
+    ArchiveWriter(tmp_path / "archive", every_steps=1).append(1, [g], ["1-0"])
+    c = TestClient(create_app(tmp_path, NO_CACHE))
+    page = c.get(f"/trajectory?part=0&step=1&task_id={g.task.task_id}&index=0").text
+    assert 'id="mask-all-zero"' in page and 'id="mask-aligned"' not in page
+    assert 'id="mask-aligned"' in c.get(f"/trajectory?part=0&step=1&task_id={g.task.task_id}&index=1").text
