@@ -51,6 +51,7 @@ from searchr1.learner.distributed import broadcast_groups, init_distributed
 from searchr1.learner.dynamic_reading import sample_informative
 from searchr1.learner.dynamic_sampling import mask_overlong
 from searchr1.learner.figures import by_source, group_figures
+from searchr1.learner.guard import CollapseGuard
 from searchr1.learner.health import health_figures
 from searchr1.learner.metrics import LearnerMetrics, StepLog
 from searchr1.learner.model import DistInfo, export_weights
@@ -110,6 +111,7 @@ class Learner:
         self.holding: set[str] = set()
         """Ids of the entries read and not yet acked or dead-lettered."""
         self.filter_figures: dict[str, float] = {}  # DAPO filters' counts, logged with the next step
+        self.guard = CollapseGuard(settings.guard, self) if settings.guard.enabled else None
         self._dispatcher: Any = None  # set by `run` on rank 0
         self.trajectories: TypedStream[TrajectoryGroup] | None = None
         self.tasks: TypedStream[Task] | None = None
@@ -323,6 +325,8 @@ class Learner:
                                          "stage_seconds": self.metrics.stage_seconds()})
             log.info("step %d: loss %.4f reward %.3f %.0f tok/s", self.state.step, figures.get("loss", 0.0),
                      figures["reward_mean"], figures["tokens_per_second"])
+            if self.guard is not None:
+                await self.guard.after_step(self, figures)
 
     async def run(self, stop: asyncio.Event, max_steps: int | None = None, dispatcher=None) -> TrainState:
         """Train until `stop`, `max_steps` (default `optim.total_steps`) or the dispatcher runs dry.
@@ -344,7 +348,7 @@ class Learner:
         if self.link is not None and self.redis is not None:
             watch_task = asyncio.create_task(self.link.watch(self.redis, halt))
         try:
-            while self.state.step < limit and not stop.is_set():
+            while self.state.step < limit and not stop.is_set() and not (self.guard and self.guard.stopped):
                 await self.step_once(stop)
                 if await self.data_exhausted() and await self.trajectories.pending() == 0:
                     log.info("dataset exhausted after %d epochs: stopping", self.s.dispatcher.epochs)

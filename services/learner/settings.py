@@ -14,6 +14,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from searchr1.core.settings import RedisSettings, Section, ServiceSettings
+from searchr1.learner.guard import GuardSettings
 from searchr1.learner.sampling import TRAINING_TEMPERATURE, check_rollout_temperature
 
 
@@ -246,6 +247,8 @@ class LearnerSettings(ServiceSettings):
     """Checkpoints."""
     archive: ArchiveSettings = Field(default_factory=ArchiveSettings)
     """Trajectory archive (and replay from one)."""
+    guard: GuardSettings = Field(default_factory=GuardSettings)
+    """The guarded response to a collapse: roll back, cut the learning rate, stop after a bound (off by default)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Training device."""
     seed: int = 0
