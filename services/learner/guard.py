@@ -20,6 +20,7 @@ import logging
 import math
 import re
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -76,12 +77,15 @@ class GuardPolicy:
         self.streak_start: int | None = None
         self.streak = 0
         self.rollbacks = 0
+        self.unhealthy: set[int] = set()
+        """Every step seen out of bounds: their checkpoints are never rolled back to."""
 
     def observe(self, step: int, figures: dict[str, Any]) -> Decision:
         reasons = breaches(figures, self.s.above, self.s.below)
         if not reasons:
             self.streak_start, self.streak = None, 0
             return Decision("continue")
+        self.unhealthy.add(step)
         if self.streak_start is None:
             self.streak_start = step
         self.streak += 1
@@ -94,12 +98,19 @@ class GuardPolicy:
         return Decision("rollback", tuple(reasons), first)
 
 
-def healthy_checkpoint(root: Path, first_bad_step: int) -> Path | None:
-    """The newest complete checkpoint (`step{n:08d}/` with its state.json) of a step before `first_bad_step`."""
+def healthy_checkpoint(root: Path, first_bad_step: int, unhealthy: Collection[int] = ()) -> Path | None:
+    """The newest complete checkpoint (`step{n:08d}/` with its state.json) that no unhealthy step describes.
+
+    A step's trainer figures (entropy, KL …) are measured on the weights it starts from, those of the
+    previous step's checkpoint: a streak that begins at step N condemns checkpoint N − 1 too. So the
+    checkpoint's step must be below `first_bad_step - 1`, and neither it nor the step after it among the
+    `unhealthy` steps of earlier streaks."""
     if not root.is_dir():
         return None
-    found = [(int(m.group(1)), p) for p in root.iterdir()
-             if (m := _STEP_DIR.match(p.name)) and (p / "state.json").is_file() and int(m.group(1)) < first_bad_step]
+    bad = set(unhealthy)
+    found = [(n, p) for p in root.iterdir()
+             if (m := _STEP_DIR.match(p.name)) and (p / "state.json").is_file()
+             and (n := int(m.group(1))) < first_bad_step - 1 and n not in bad and n + 1 not in bad]
     return max(found)[1] if found else None
 
 
@@ -124,10 +135,11 @@ class CollapseGuard:
         d = self.policy.observe(learner.state.step, figures)
         if d.action == "continue":
             return
-        path = healthy_checkpoint(Path(learner.s.checkpoint.dir), d.first_bad_step) if d.action == "rollback" else None
+        path = (healthy_checkpoint(Path(learner.s.checkpoint.dir), d.first_bad_step, self.policy.unhealthy)
+                if d.action == "rollback" else None)
         if d.action == "rollback" and path is None:
             d = Decision("stop", (*d.reasons, f"no checkpoint before step {d.first_bad_step} is kept "
-                                              "(raise checkpoint.keep above guard.patience)"), d.first_bad_step)
+                                              "(checkpoint.keep must exceed guard.patience + 1)"), d.first_bad_step)
         if d.action == "stop":
             self.stopped = (f"collapse guard: unhealthy since step {d.first_bad_step} ({'; '.join(d.reasons)}) "
                             f"after {self.policy.rollbacks} rollback(s): stopping")
@@ -147,17 +159,27 @@ class CollapseGuard:
                                      "version": learner.state.version, "rollbacks": self.policy.rollbacks})
 
     def _restore(self, learner: Any, path: Path) -> float:
-        """Load `path` into the learner's components (not its step counters) and cut the learning rate."""
+        """Load `path` into the learner's components (not its step counters) and cut the learning rate:
+        the schedule's base becomes the base in force before the rollback (every earlier cut included,
+        whatever the checkpoint saved) times `lr_factor`, at the checkpoint's point of the schedule."""
         components = learner.training.components
+        before = {c.name: list(c.scheduler.base_lrs) for c in components
+                  if c.optimizer is not None and hasattr(c.scheduler, "base_lrs")}
         learner.checkpointer.load(components, path)
         lr = 0.0
         for c in components:
             if c.optimizer is None:
                 continue
-            if c.scheduler is not None and hasattr(c.scheduler, "base_lrs"):
-                c.scheduler.base_lrs = [b * self.s.lr_factor for b in c.scheduler.base_lrs]
-            for group in c.optimizer.param_groups:
-                group["lr"] *= self.s.lr_factor
+            sched = c.scheduler
+            if c.name in before:
+                sched.base_lrs = [b * self.s.lr_factor for b in before[c.name]]
+                lambdas = getattr(sched, "lr_lambdas", [lambda _: 1.0] * len(sched.base_lrs))
+                for group, base, fn in zip(c.optimizer.param_groups, sched.base_lrs, lambdas):
+                    group["lr"] = base * fn(sched.last_epoch)
+                sched._last_lr = [g["lr"] for g in c.optimizer.param_groups]  # what the next step reports
+            else:
+                for group in c.optimizer.param_groups:
+                    group["lr"] *= self.s.lr_factor
             lr = lr or c.optimizer.param_groups[0]["lr"]
         return lr
 

@@ -50,7 +50,7 @@ async def run_replay(settings: LearnerSettings, stop: asyncio.Event | None = Non
     state = await learner.start()
     log.info("replaying %d archived steps from %s", len(steps), source)
     for archived_step, groups in steps:
-        if state.step >= limit or stop.is_set():
+        if state.step >= limit or stop.is_set() or (learner.guard is not None and learner.guard.stopped):
             break
         if all(g.task.task_id in state.consumed for g in groups):
             continue  # trained before this replay resumed

@@ -31,7 +31,7 @@ def _settings(tmp_path, redis_url, model_path) -> LearnerSettings:
         algorithm={"advantage": "grpo", "max_staleness": 100}, optim={"lr": 1e-2, "total_steps": 100},
         batch={"groups_per_step": 2, "micro_batch_size": 4, "max_seq_len": 64},
         weights={"dir": str(tmp_path / "weights"), "keep": 10},
-        checkpoint={"dir": str(tmp_path / "ckpt"), "keep": 5}, log_dir=str(tmp_path / "logs"), device="cpu",
+        checkpoint={"dir": str(tmp_path / "ckpt"), "keep": 10}, log_dir=str(tmp_path / "logs"), device="cpu",
         visibility_timeout_ms=200, read_block_ms=100,
         guard={"enabled": True, "above": {}, "below": {"reward_mean": 0.1}, "patience": 2, "lr_factor": 0.5,
                "max_rollbacks": 1})
@@ -57,11 +57,12 @@ async def test_forced_collapse_rolls_back_once_then_stops(tmp_path, redis, redis
     events = [json.loads(line) for line in (tmp_path / "ckpt" / "guard-events.jsonl").read_text().splitlines()]
     assert [e["event"] for e in events] == ["guard_rollback", "guard_stop"]
     rb = events[0]
-    assert (rb["step"], rb["first_bad_step"], rb["checkpoint"]) == (4, 3, "step00000002")
+    assert (rb["step"], rb["first_bad_step"], rb["checkpoint"]) == (4, 3, "step00000001")
     assert rb["reasons"] == ["reward_mean 0 < 0.1"] and rb["lr"] == 5e-3
-    # the rolled-back weights are announced as a new version (5) and equal the step-2 checkpoint's policy
+    # the rolled-back weights are announced as a new version (5) and equal the step-1 checkpoint's policy
+    # (step 3's figures are measured on step 2's weights, so checkpoint 2 is not trusted)
     assert rb["version"] == 5
-    ckpt = load_file(str(tmp_path / "ckpt" / "step00000002" / "policy.safetensors"))
+    ckpt = load_file(str(tmp_path / "ckpt" / "step00000001" / "policy.safetensors"))
     published = {}
     for f in sorted(learner.publisher.path(5).glob("*.safetensors")):
         published.update(load_file(str(f)))

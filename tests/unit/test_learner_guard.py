@@ -28,18 +28,22 @@ def test_policy_patience_resets_and_bounded_rollbacks():
     assert p.observe(5, bad).action == "continue"
     d = p.observe(6, bad)
     assert (d.action, d.first_bad_step) == ("stop", 5)
+    assert p.unhealthy == {1, 3, 4, 5, 6}
 
 
 def test_healthy_checkpoint_is_the_newest_complete_one_before_the_streak(tmp_path):
-    for step, complete in ((1, True), (2, True), (3, False), (4, True)):
+    for step, complete in ((1, True), (2, True), (3, False), (4, True), (6, True)):
         d = tmp_path / f"step{step:08d}"
         d.mkdir()
         if complete:
             (d / "state.json").write_text("{}")
-    (tmp_path / ".tmp-step00000005").mkdir()
-    assert healthy_checkpoint(tmp_path, 4).name == "step00000002"  # step 3 never finished writing
-    assert healthy_checkpoint(tmp_path, 5).name == "step00000004"
-    assert healthy_checkpoint(tmp_path, 1) is None
+    (tmp_path / ".tmp-step00000007").mkdir()
+    # a streak from step 5: step 5's figures describe checkpoint 4's weights, so 4 is out too; 3 never finished
+    assert healthy_checkpoint(tmp_path, 5).name == "step00000002"
+    assert healthy_checkpoint(tmp_path, 8).name == "step00000006"
+    assert healthy_checkpoint(tmp_path, 8, unhealthy={7}).name == "step00000004"  # 6 is described by step 7
+    assert healthy_checkpoint(tmp_path, 8, unhealthy={5}).name == "step00000006"
+    assert healthy_checkpoint(tmp_path, 2) is None
     assert healthy_checkpoint(tmp_path / "none", 9) is None
 
 
