@@ -94,9 +94,10 @@ def create_app(run_dir: Path, settings: ViewerSettings | None = None, step_log: 
         picked = store.select(q)
         plot_rows = picked if any(v is not None for v in vars(q).values()) else summary
         series = S.archive_series(plot_rows)
-        series.update(S.log_series(r for r in S.read_step_log(log_path)
-                                   if (q.min_step is None or r.get("step", 0) >= q.min_step)
-                                   and (q.max_step is None or r.get("step", 0) <= q.max_step)))
+        records = [r for r in S.read_step_log(log_path)
+                   if (q.min_step is None or r.get("step", 0) >= q.min_step)
+                   and (q.max_step is None or r.get("step", 0) <= q.max_step)]
+        series.update(S.log_series(records))
         marks = S.alarm_steps(series)
         plots = [line_plot(title, pts, marks) for title, pts in series.items()]
         size = settings.page_size
@@ -110,7 +111,7 @@ def create_app(run_dir: Path, settings: ViewerSettings | None = None, step_log: 
             "finish_reasons": _distinct(summary, "finish_reason"), "sources": _distinct(summary, "data_source"),
             "steps": (min(summary.column("step").to_pylist(), default=0),
                       max(summary.column("step").to_pylist(), default=0)),
-            "step_log": log_path})
+            "step_log": log_path, "events": S.guard_events(records)})
 
     @app.get("/trajectory", response_class=HTMLResponse)
     def trajectory_page(request: Request) -> HTMLResponse:

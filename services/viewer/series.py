@@ -102,6 +102,11 @@ def find_step_log(run_dir: Path) -> Path | None:
     return logs[-1] if logs else None
 
 
+def guard_events(records: Iterable[dict]) -> list[dict]:
+    """The collapse guard's events in the step log (`guard_rollback`, `guard_stop`), in order."""
+    return [r for r in records if r.get("event") in ("guard_rollback", "guard_stop") and isinstance(r.get("step"), int)]
+
+
 def alarm_steps(series: dict[str, Series], bounds: dict[str, float] = ALARMS) -> list[int]:
     """Steps where any signal of `bounds` is above its bound."""
     return sorted({s for title, bound in bounds.items() for s, v in series.get(title, []) if v > bound})

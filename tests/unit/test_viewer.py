@@ -170,9 +170,15 @@ def test_cli_view_registered_and_rejects_a_dir_without_parts(tmp_path):
 
 def test_step_log_is_plotted(run):
     (run / "learner").mkdir()
-    (run / "learner" / "r.jsonl").write_text(json.dumps({"step": 1, "entropy": 0.7}) + "\nnot json\n")
+    events = [{"step": 2, "event": "guard_rollback", "first_bad_step": 1, "reasons": ["kl_loss 5 > 0.5"],
+               "checkpoint": "step00000000", "lr": 5e-4}, {"step": 3, "event": "guard_stop", "first_bad_step": 3,
+                                                            "reasons": ["kl_loss 1 > 0.5"]}]
+    (run / "learner" / "r.jsonl").write_text("\n".join(json.dumps(r) for r in (
+        {"step": 1, "entropy": 0.7}, *events)) + "\nnot json\n")
     page = TestClient(create_app(run, NO_CACHE)).get("/").text
     assert 'aria-label="entropy"' in page and "are not plotted" not in page
+    assert "step 2: collapse guard rolled back to step00000000, learning rate 0.0005" in page
+    assert "step 3: collapse guard stopped the learner (unhealthy since step 3: kl_loss 1 &gt; 0.5)" in page
 
 
 def test_summary_cache_on_disk_reused_and_refreshed(tmp_path, monkeypatch):
