@@ -62,65 +62,56 @@ def load_tokenizer(path: Path | None):
     return Tokenizer.from_file(str(file))
 
 
-def create_app(run_dir: Path, settings: ViewerSettings | None = None, step_log: Path | None = None) -> Any:
-    """The viewer of the run at `run_dir` (its `archive/` or the part directory itself)."""
-    settings = settings or ViewerSettings()
-    run_dir = Path(run_dir)
-    store = ArchiveStore(find_archive(run_dir), settings.cache_dir)
-    other = ArchiveStore(find_archive(settings.compare), settings.cache_dir) if settings.compare else None
-    log_path = step_log or S.find_step_log(run_dir)
-    tokenizer = load_tokenizer(settings.tokenizer)
-    app = FastAPI(title="searchr1 viewer", docs_url=None, redoc_url=None, openapi_url=None)
-    base = {"run": run_dir.name or str(run_dir), "compare": settings.compare}
+class Viewer:
+    """The pages of one run; each method answers one route (called in FastAPI's thread pool)."""
 
-    @app.exception_handler(HTTPException)
-    def _http_error(request: Request, exc: HTTPException) -> HTMLResponse:
-        return TEMPLATES.TemplateResponse(request, "error.html", {**base, "status": exc.status_code,
+    def __init__(self, run_dir: Path, settings: ViewerSettings, step_log: Path | None) -> None:
+        self.s = settings
+        self.store = ArchiveStore(find_archive(run_dir), settings.cache_dir)
+        self.other = ArchiveStore(find_archive(settings.compare), settings.cache_dir) if settings.compare else None
+        self.log_path = step_log or S.find_step_log(run_dir)
+        self.tokenizer = load_tokenizer(settings.tokenizer)
+        self.base = {"run": run_dir.name or str(run_dir), "compare": settings.compare}
+
+    def error(self, request: Request, exc: HTTPException) -> HTMLResponse:
+        return TEMPLATES.TemplateResponse(request, "error.html", {**self.base, "status": exc.status_code,
                                                                   "detail": exc.detail}, status_code=exc.status_code)
 
-    @app.get("/healthz")
-    def healthz() -> JSONResponse:
-        return JSONResponse({"status": "ok"})
-
-    @app.get("/", response_class=HTMLResponse)
-    def run_page(request: Request) -> HTMLResponse:
+    def run_page(self, request: Request) -> HTMLResponse:
         params = dict(request.query_params)
         q = parse_query(params)
         page = _opt(params, "page", int)
         page = 1 if page is None else page
         if page < 1:
             raise HTTPException(400, "page must be >= 1")
-        summary = store.summary()
-        picked = store.select(q)
-        plot_rows = picked if any(v is not None for v in vars(q).values()) else summary
-        series = S.archive_series(plot_rows)
-        records = [r for r in S.read_step_log(log_path)
+        summary = self.store.summary()
+        picked = self.store.select(q)
+        series = S.archive_series(picked if any(v is not None for v in vars(q).values()) else summary)
+        records = [r for r in S.read_step_log(self.log_path)
                    if (q.min_step is None or r.get("step", 0) >= q.min_step)
                    and (q.max_step is None or r.get("step", 0) <= q.max_step)]
         series.update(S.log_series(records))
         marks = S.alarm_steps(series)
-        plots = [line_plot(title, pts, marks) for title, pts in series.items()]
-        size = settings.page_size
-        pages = max(1, -(-picked.num_rows // size))
-        rows = picked.slice((page - 1) * size, size).select(LIST_COLUMNS).to_pylist()
+        size = self.s.page_size
         keep = {k: v for k, v in params.items() if k != "page" and v != ""}
+        steps = summary.column("step").to_pylist()
         return TEMPLATES.TemplateResponse(request, "run.html", {
-            **base, "plots": plots, "rows": rows, "total": picked.num_rows, "all": summary.num_rows,
-            "page": page, "pages": pages, "params": params, "marks": marks,
+            **self.base, "plots": [line_plot(title, pts, marks) for title, pts in series.items()],
+            "rows": picked.slice((page - 1) * size, size).select(LIST_COLUMNS).to_pylist(),
+            "total": picked.num_rows, "all": summary.num_rows, "page": page,
+            "pages": max(1, -(-picked.num_rows // size)), "params": params, "marks": marks,
             "page_url": lambda n: "/?" + urlencode({**keep, "page": n}),
             "finish_reasons": _distinct(summary, "finish_reason"), "sources": _distinct(summary, "data_source"),
-            "steps": (min(summary.column("step").to_pylist(), default=0),
-                      max(summary.column("step").to_pylist(), default=0)),
-            "step_log": log_path, "events": S.guard_events(records)})
+            "steps": (min(steps, default=0), max(steps, default=0)),
+            "step_log": self.log_path, "events": S.guard_events(records)})
 
-    @app.get("/trajectory", response_class=HTMLResponse)
-    def trajectory_page(request: Request) -> HTMLResponse:
+    def trajectory_page(self, request: Request) -> HTMLResponse:
         params = dict(request.query_params)
         part, step, index = (_opt(params, k, int) for k in ("part", "step", "index"))
         task_id = _opt(params, "task_id", str)
         if None in (part, step, index, task_id):
             raise HTTPException(400, "part, step, task_id and index are required")
-        source = other if params.get("src") == "compare" else store
+        source = self.other if params.get("src") == "compare" else self.store
         if source is None:
             raise HTTPException(400, "src=compare needs a run to compare with (--compare)")
         rows = source.trajectories(part, step, task_id)
@@ -129,30 +120,41 @@ def create_app(run_dir: Path, settings: ViewerSettings | None = None, step_log: 
             raise HTTPException(404, f"no trajectory {task_id} #{index} at step {step} in part {part}")
         bs = blocks(row["response_text"] or "")
         aligned = attach_mask(bs, row["loss_mask"], row["behavior_logprobs"])
-        gold = row["golden_answers"] or []
-        pieces = [tokenizer.decode([i]) for i in row["response_ids"]] if tokenizer else None
+        tok = self.tokenizer
+        pieces = [tok.decode([i]) for i in row["response_ids"]] if tok else None
         return TEMPLATES.TemplateResponse(request, "trajectory.html", {
-            **base, "r": row, "blocks": bs, "aligned": aligned, "gold": gold, "hl": highlight,
-            "components": json.loads(row["reward_components"] or "{}"),
+            **self.base, "r": row, "blocks": bs, "aligned": aligned, "gold": row["golden_answers"] or [],
+            "hl": highlight, "components": json.loads(row["reward_components"] or "{}"),
             "staleness": row["step"] - row["policy_version"], "siblings": rows,
             "cells": token_cells(row["response_ids"], row["loss_mask"], row["behavior_logprobs"], pieces),
-            "env_tokens": sum(1 for m in row["loss_mask"] if not m), "decoded": tokenizer is not None,
+            "env_tokens": sum(1 for m in row["loss_mask"] if not m), "decoded": tok is not None,
             "all_masked": bool(row["loss_mask"]) and not any(row["loss_mask"]),
-            "part": part, "src_q": "&src=compare" if source is other else ""})
+            "part": part, "src_q": "&src=compare" if source is self.other else ""})
 
-    @app.get("/question", response_class=HTMLResponse)
-    def question_page(request: Request) -> HTMLResponse:
+    def question_page(self, request: Request) -> HTMLResponse:
         task_id = _opt(dict(request.query_params), "task_id", str)
         if task_id is None:
             raise HTTPException(400, "task_id is required")
-        mine = _question_rows(store, task_id)
+        mine = _question_rows(self.store, task_id)
         if not mine:
             raise HTTPException(404, f"no trajectory of task {task_id!r} in this run")
-        theirs = _question_rows(other, task_id) if other else None
+        theirs = _question_rows(self.other, task_id) if self.other else None
         return TEMPLATES.TemplateResponse(request, "question.html", {
-            **base, "task_id": task_id, "question": mine[0]["question"], "gold": mine[0]["golden_answers"],
+            **self.base, "task_id": task_id, "question": mine[0]["question"], "gold": mine[0]["golden_answers"],
             "mine": mine, "theirs": theirs, "hl": highlight, "by_step": _by_step(mine)})
 
+
+def create_app(run_dir: Path, settings: ViewerSettings | None = None, step_log: Path | None = None) -> Any:
+    """The viewer of the run at `run_dir` (its `archive/` or the part directory itself), behind the
+    token when one is set."""
+    settings = settings or ViewerSettings()
+    v = Viewer(Path(run_dir), settings, step_log)
+    app = FastAPI(title="searchr1 viewer", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_exception_handler(HTTPException, v.error)
+    app.add_api_route("/healthz", lambda: JSONResponse({"status": "ok"}), methods=["GET"])
+    app.add_api_route("/", v.run_page, methods=["GET"], response_class=HTMLResponse)
+    app.add_api_route("/trajectory", v.trajectory_page, methods=["GET"], response_class=HTMLResponse)
+    app.add_api_route("/question", v.question_page, methods=["GET"], response_class=HTMLResponse)
     return CookieTokenMiddleware(app, settings.token) if settings.token else app
 
 
