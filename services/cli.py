@@ -21,6 +21,7 @@ SERVICE_COMMAND_MODULES = (
     "searchr1.learner.commands",
     "searchr1.world.commands",
     "searchr1.launcher.commands",
+    "searchr1.viewer.commands",
 )
 
 

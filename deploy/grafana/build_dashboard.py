@@ -24,6 +24,18 @@ ROWS: list[tuple[str, list[tuple[str, list[tuple[str, str]], str]]]] = [
         ("Loss, entropy, grad norm", [("searchr1_learner_loss", "loss"), ("searchr1_learner_entropy", "entropy"),
                                       ("searchr1_learner_grad_norm", "grad norm")], "none"),
     ]),
+    ("Health (collapse signals; the alerts use their 15 min means)", [
+        ("Malformed, truncated, repeated queries", [
+            ("searchr1_learner_malformed_rate", "malformed"), ("searchr1_learner_truncated_rate", "hit token limit"),
+            ("searchr1_learner_repeated_query_rate", "repeated queries"),
+            ("avg_over_time(searchr1_learner_malformed_rate[15m])", "malformed, 15 min mean")], "percentunit"),
+        ("Answer and think length (words)", [("searchr1_learner_answer_words_mean", "answer"),
+                                             ("searchr1_learner_think_words_mean", "think")], "none"),
+        ("Searches per trajectory, 15 min mean",
+         [("avg_over_time(searchr1_learner_searches_per_trajectory[15m])", "searches")], "none"),
+        ("Non-finite figures, grad norm", [("searchr1_learner_nonfinite_figures", "NaN/inf figures"),
+                                           ("searchr1_learner_grad_norm", "grad norm")], "none"),
+    ]),
     ("Throughput", [
         ("Learner steps/min and tokens/s", [("rate(searchr1_learner_steps_total[5m]) * 60", "steps/min"),
                                             ("searchr1_learner_tokens_per_second", "train tokens/s")], "none"),

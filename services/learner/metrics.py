@@ -13,6 +13,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from searchr1.core.metrics import RedisMetrics, StageClock, StageCollector, new_registry
+from searchr1.learner.algo.health import HEALTH_GAUGES
 
 STAGES = ("checkpoint", "archive", "weight_publish", "optimizer", "forward_backward", "queue_wait")
 """The learner's stages, in priority order (`StageClock`): the optimizer step runs inside the training
@@ -36,6 +37,7 @@ STEP_GAUGES = {
     "staleness_mean": "Mean version lag of the step's groups.",
     "tokens_per_second": "Training tokens (prompt + response) per second of step time.",
     "lr": "Current policy learning rate.",
+    **HEALTH_GAUGES,
 }
 
 

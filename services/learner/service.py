@@ -48,7 +48,9 @@ from searchr1.core.streams import StreamKeys, tasks_stream, trajectories_stream
 from searchr1.learner.algo.batch import Batch, build_batch
 from searchr1.learner.algo.figures import by_source, group_figures
 from searchr1.learner.algo.group_filters import mask_overlong
+from searchr1.learner.algo.health import health_figures
 from searchr1.learner.algo.staleness import StalenessPolicy
+from searchr1.learner.guard import CollapseGuard
 from searchr1.learner.metrics import LearnerMetrics, StepLog
 from searchr1.learner.publisher import WeightPublisher
 from searchr1.learner.settings import LearnerSettings
@@ -109,6 +111,7 @@ class Learner:
         self.staleness = StalenessPolicy.from_settings(settings)
         self.state = TrainState()
         self.dispatcher: Any = None  # set by `run` on rank 0
+        self.guard = CollapseGuard(settings.guard, self) if settings.guard.enabled else None
         self.link = link
         self.tasks = None
         if redis is not None:
@@ -207,6 +210,7 @@ class Learner:
         figures.update(filter_figures)
         step_seconds = time.perf_counter() - t0
         figures.update(group_figures(groups, self.state.version))
+        figures.update(await asyncio.to_thread(health_figures, groups, figures))
         figures["by_source"] = by_source(groups)  # type: ignore[assignment]  # JSONL only
         figures.update(step_seconds=step_seconds, tokens=float(batch.num_tokens),
                        loss_tokens=float(batch.num_loss_tokens),
@@ -240,6 +244,8 @@ class Learner:
                                      "stage_seconds": self.metrics.stage_seconds()})
         log.info("step %d: loss %.4f reward %.3f %.0f tok/s", self.state.step, figures.get("loss", 0.0),
                  figures["reward_mean"], figures["tokens_per_second"])
+        if self.guard is not None:
+            await self.guard.after_step(self, figures)
 
     async def run(self, stop: asyncio.Event, max_steps: int | None = None, dispatcher=None) -> TrainState:
         """Train until `stop`, `max_steps` (default `optim.total_steps`) or the dispatcher runs dry.
@@ -263,7 +269,7 @@ class Learner:
         if self.link is not None and self.redis is not None:
             watch_task = asyncio.create_task(self.link.watch(self.redis, halt))
         try:
-            while self.state.step < limit and not stop.is_set():
+            while self.state.step < limit and not stop.is_set() and not (self.guard and self.guard.stopped):
                 await self.step_once(stop)
                 if await self.source.finished():
                     log.info("no groups left to train on (dataset or archive exhausted): stopping")

@@ -15,6 +15,7 @@ from pydantic_settings import SettingsConfigDict
 
 from searchr1.core.settings import RedisSettings, Section, ServiceSettings
 from searchr1.learner.algo.temperature import TRAINING_TEMPERATURE, check_rollout_temperature
+from searchr1.learner.guard import GuardSettings
 
 
 class LoraSettings(Section):
@@ -252,6 +253,8 @@ class LearnerSettings(ServiceSettings):
     """Checkpoints."""
     archive: ArchiveSettings = Field(default_factory=ArchiveSettings)
     """Trajectory archive (and replay from one)."""
+    guard: GuardSettings = Field(default_factory=GuardSettings)
+    """The guarded response to a collapse: roll back, cut the learning rate, stop after a bound (off by default)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Training device."""
     seed: int = 0

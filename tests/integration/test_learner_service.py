@@ -323,6 +323,7 @@ async def test_run_learner_end_to_end_with_dispatcher_and_http(tmp_path, redis, 
     # paced dispatcher (max_staleness 0): step 2's tasks were published after version 1 was announced,
     # so every group trained on was on-policy and none was dropped as stale
     assert [s["staleness_mean"] for s in steps] == [0.0, 0.0]
+    assert all(s["malformed_rate"] == 1.0 and s["nonfinite_figures"] == 0.0 for s in steps)  # synthetic text: no tags
     assert len(seen) <= 6
     # and each task said so: the first step's tasks may be sampled with version 0, the second's need 1
     assert stamps[:2] == [0, 0] and all(v >= 1 for v in stamps[2:]) and len(stamps) > 2
