@@ -27,8 +27,9 @@ from searchr1.core.clients.reward import ScoreRequest, ScoreResult
 from searchr1.core.servers import HttpServer, install_shutdown_signals
 from searchr1.reward.judge import JudgeUnavailable, LLMJudge
 from searchr1.reward.metrics import RewardMetrics
-from searchr1.reward.registry import Judge, Registry, ScorerInputError, ScoringContext, default_registry
+from searchr1.reward.registry import Judge, Registry, ScorerInputError, ScoringContext
 from searchr1.reward.runner import run_scorer
+from searchr1.reward.scorers import default_registry
 from searchr1.reward.semantic import EncoderCache
 from searchr1.reward.settings import RewardSettings
 
