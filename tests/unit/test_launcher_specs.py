@@ -10,8 +10,9 @@ import pytest
 
 from searchr1.core.settings import ConfigError, load_settings
 from searchr1.launcher.health import GrpcHealthGate, HttpGate, RedisPingGate
+from searchr1.launcher.planner import build_plan
 from searchr1.launcher.settings import LauncherSettings
-from searchr1.launcher.specs import DEFAULT_TEMPLATES, build_plan, render_template
+from searchr1.launcher.specs import DEFAULT_TEMPLATES, render_template
 
 REPO = Path(__file__).resolve().parents[2]
 
