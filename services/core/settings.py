@@ -3,7 +3,12 @@ models through `__`, `extra="forbid"`, and an optional TOML/YAML run config that
 
 Precedence (highest first): keyword arguments, environment variables, the run-config file, defaults.
 A run config holds one table per service (`[retriever]`, `[learner]`, …); `load_settings` picks the
-table named by the class's `section`.
+table named by the class's `section`. A keyword argument names a nested field with `__`, as an
+environment variable does (`redis__url=…` is `ROLLOUT_REDIS__URL`); it is merged into the nested table
+(the other fields keep their file or environment values) and validated with everything else.
+
+Each field's docstring is its description (`use_attribute_docstrings`): the CLI's help texts read it
+(`core.commandline.field_help`), so a field is documented once.
 """
 
 from __future__ import annotations
@@ -59,7 +64,7 @@ class _FileSource(PydanticBaseSettingsSource):
 class Section(BaseModel):
     """Base for nested settings models: unknown keys are errors, so typos in configs fail loudly."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 
 class RedisSettings(Section):
@@ -73,7 +78,8 @@ class ServiceSettings(BaseSettings):
     """Base class for one service's settings. Subclasses set `env_prefix` and `section`."""
 
     model_config = SettingsConfigDict(
-        extra="forbid", env_nested_delimiter="__", validate_default=True, case_sensitive=False
+        extra="forbid", env_nested_delimiter="__", validate_default=True, case_sensitive=False,
+        use_attribute_docstrings=True,
     )
     section: ClassVar[str] = ""
     """Name of this service's table in a run config."""
@@ -90,9 +96,27 @@ class ServiceSettings(BaseSettings):
         return init_settings, env_settings, _FileSource(settings_cls)
 
 
+def nest_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
+    """`{"redis__url": u, "model": m}` → `{"redis": {"url": u}, "model": m}`; None values are dropped."""
+    out: dict[str, Any] = {}
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        *parents, leaf = key.split("__")
+        node = out
+        for parent in parents:
+            child = node.setdefault(parent, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {key!r} conflicts with the override of {parent!r}")
+            node = child
+        node[leaf] = value
+    return out
+
+
 def load_settings(cls: type[S], config: str | Path | None = None, **overrides: Any) -> S:
     """Build `cls` from an optional run config (its `cls.section` table, or the whole file if the class
-    has no section), environment variables and explicit overrides (None values are ignored)."""
+    has no section), environment variables and explicit overrides (None values are ignored; `a__b`
+    names field `b` of the nested table `a`, merged into it). Everything is validated together."""
     values: dict[str, Any] = {}
     if config is not None:
         data = read_config_file(config)
@@ -101,6 +125,6 @@ def load_settings(cls: type[S], config: str | Path | None = None, **overrides: A
             raise ConfigError(f"[{cls.section}] in {config} must be a table")
     token = _FILE_VALUES.set(values)
     try:
-        return cls(**{k: v for k, v in overrides.items() if v is not None})
+        return cls(**nest_overrides(overrides))
     finally:
         _FILE_VALUES.reset(token)

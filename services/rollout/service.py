@@ -18,6 +18,7 @@ import asyncio
 import logging
 import os
 import socket
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,14 @@ from searchr1.core.redis_link import RedisLink
 from searchr1.core.servers import install_shutdown_signals
 from searchr1.core.streams import StreamKeys, connect, tasks_stream, trajectories_stream
 from searchr1.rollout.batcher import SearchBatcher
-from searchr1.rollout.engine import Generator, HfCodec, HfGenerator, VllmEngineConfig, VllmGenerator
+from searchr1.rollout.engine import (
+    Generator,
+    GeneratorDead,
+    HfCodec,
+    HfGenerator,
+    VllmEngineConfig,
+    VllmGenerator,
+)
 from searchr1.rollout.metrics import RolloutMetrics
 from searchr1.rollout.settings import EngineSettings, RolloutSettings
 from searchr1.rollout.weights import WeightLoader
@@ -178,3 +186,23 @@ async def serve(settings: RolloutSettings, *, on_ready: Callable[[RolloutService
         log.info("rollout worker %s drained; exiting", service.worker.worker_id)
     finally:
         await service.close()
+
+
+def run(settings: RolloutSettings) -> int:
+    """`searchr1 serve rollout`: serve until SIGTERM/SIGINT (then drain) and return the exit code: 1 when
+    the engine died (a restart gets the held tasks redelivered) or a resource failed, else 0."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def ready(service: RolloutService) -> None:
+        log.info("rollout worker %s ready: run=%s model=%s version=%d metrics=%s", service.worker.worker_id,
+                 settings.redis.run, settings.model, service.worker.loader.version, service.metrics_url)
+
+    try:
+        asyncio.run(serve(settings, on_ready=ready))
+    except GeneratorDead as exc:
+        print(f"error: {exc}; exiting for a restart (the tasks held are redelivered)", file=sys.stderr)
+        return 1
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
