@@ -58,12 +58,7 @@ async def start_generator(model: str, engine: EngineSettings) -> Generator:
         raise ValueError("no model configured: pass --model DIR (or ROLLOUT_MODEL)")
     if engine.kind == "hf":
         return HfGenerator(model, threads=engine.hf_threads)
-    return await VllmGenerator.start(VllmEngineConfig(
-        model=model, gpu_memory_utilization=engine.gpu_memory_utilization, max_model_len=engine.max_model_len,
-        dtype=engine.dtype, enforce_eager=engine.enforce_eager, seed=engine.seed, max_num_seqs=engine.max_num_seqs,
-        tensor_parallel_size=engine.tensor_parallel_size, logprobs_mode=engine.logprobs_mode,
-        logits_processors=tuple(engine.logits_processors), enable_prefix_caching=engine.enable_prefix_caching,
-    ))
+    return await VllmGenerator.start(VllmEngineConfig(model=model, engine=engine))
 
 
 @dataclass
