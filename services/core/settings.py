@@ -74,6 +74,28 @@ class RedisSettings(Section):
     """Run name: every key is prefixed `searchr1:{run}:` so runs share a server safely."""
 
 
+class RetrySettings(Section):
+    """How a service client retries (the policy is `searchr1.core.retry`): the one declaration of these
+    knobs, shared by the retriever and reward clients and their settings tables."""
+
+    timeout_s: float = Field(default=10.0, gt=0)
+    """Per-call timeout (one attempt)."""
+    retries: int = Field(default=3, ge=0, le=1000)
+    """Retries after a transient error (gRPC UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED; HTTP
+    connection errors, timeouts, 429, 5xx)."""
+    backoff_s: float = Field(default=0.1, ge=0.0, le=60.0)
+    """First retry's backoff; it doubles per retry (with jitter) up to `max_backoff_s`."""
+    max_backoff_s: float = Field(default=2.0, gt=0.0, le=300.0)
+    """Longest wait between two attempts (the retriever client's channel also caps its reconnect backoff
+    at the smaller of this and 1 s)."""
+    deadline_s: float | None = Field(default=None, gt=0.0)
+    """Bound on all attempts of one call together (None: only `retries` bounds them)."""
+
+    def retry_policy(self) -> RetrySettings:
+        """These knobs alone (a settings table that extends this class carries more)."""
+        return RetrySettings.model_validate(self.model_dump(include=set(RetrySettings.model_fields)))
+
+
 class ServiceSettings(BaseSettings):
     """Base class for one service's settings. Subclasses set `env_prefix` and `section`."""
 

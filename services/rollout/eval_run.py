@@ -102,8 +102,8 @@ async def _evaluate_one(settings: RolloutSettings, config: EvalConfig, req: Eval
 
     console = Console()
     r, w = settings.retriever, settings.reward
-    client = RetrieverClient(r.addresses, token=r.token, timeout_s=r.timeout_s, retries=r.retries)
-    scorer = RewardClient(w.url, token=w.token, timeout_s=w.timeout_s, retries=w.retries)
+    client = RetrieverClient(r.addresses, token=r.token, retry=r.retry_policy())
+    scorer = RewardClient(w.url, token=w.token, retry=w.retry_policy())
     generator = None
     try:
         if not await scorer.health():

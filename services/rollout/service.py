@@ -119,8 +119,7 @@ async def build_service(settings: RolloutSettings, *, generator: Generator | Non
             tokenizer = generator.tokenizer()  # type: ignore[attr-defined]
         r = settings.retriever
         retriever = RetrieverClient(
-            r.addresses, token=r.token, timeout_s=r.timeout_s, retries=r.retries, backoff_s=r.backoff_s,
-            max_backoff_s=r.max_backoff_s, deadline_s=r.deadline_s,
+            r.addresses, token=r.token, retry=r.retry_policy(),
             on_retry=lambda exc: metrics.dependency_retries.labels("retriever").inc(),
             on_give_up=lambda reason: metrics.dependency_failures.labels("retriever").inc())
         closers.append(retriever.close)
@@ -134,8 +133,7 @@ async def build_service(settings: RolloutSettings, *, generator: Generator | Non
                                 on_batch=on_batch)
         w = settings.reward
         reward = RewardClient(
-            w.url, token=w.token, timeout_s=w.timeout_s, retries=w.retries, backoff_s=w.backoff_s,
-            max_backoff_s=w.max_backoff_s, deadline_s=w.deadline_s,
+            w.url, token=w.token, retry=w.retry_policy(),
             on_retry=lambda exc: metrics.dependency_retries.labels("reward").inc(),
             on_give_up=lambda reason: metrics.dependency_failures.labels("reward").inc())
         closers.append(reward.close)

@@ -8,7 +8,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from searchr1.core.settings import RedisSettings, Section, ServiceSettings
+from searchr1.core.settings import RedisSettings, RetrySettings, Section, ServiceSettings
 
 
 class EngineSettings(Section):
@@ -61,24 +61,15 @@ class AgentSettings(Section):
     processors)."""
 
 
-class RetrieverClientSettings(Section):
-    """How this worker calls the retriever (the server's own settings are the retriever service's)."""
+class RetrieverClientSettings(RetrySettings):
+    """How this worker calls the retriever (the server's own settings are the retriever service's); the
+    retry knobs are those of `RetrySettings`. When `deadline_s` runs out the trajectory ends with finish reason
+    `retriever_unavailable`."""
 
     addresses: list[str] = Field(default_factory=lambda: ["127.0.0.1:50051"])
     """gRPC addresses (host:port) of retriever replicas."""
     token: str | None = None
     """Bearer token, if the retriever requires one."""
-    timeout_s: float = Field(default=10.0, gt=0)
-    """Per-call timeout."""
-    retries: int = Field(default=3, ge=0, le=1000)
-    """Client retries on transient errors (UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED)."""
-    backoff_s: float = Field(default=0.1, ge=0.0, le=60.0)
-    """First retry's backoff; it doubles per retry (with jitter) up to `max_backoff_s`."""
-    max_backoff_s: float = Field(default=2.0, gt=0.0, le=300.0)
-    """Longest wait between two attempts (also caps the channel's reconnect backoff at 1 s)."""
-    deadline_s: float | None = Field(default=None, gt=0.0)
-    """Bound on all attempts of one search together (None: only `retries` bounds them). When it runs
-    out the trajectory ends with finish reason `retriever_unavailable`."""
     top_k: int = Field(default=3, ge=1, le=100)
     """Passages per search (Search-R1: 3)."""
     max_batch: int = Field(default=64, ge=1)
@@ -89,24 +80,17 @@ class RetrieverClientSettings(Section):
     """Queries are cut to this many characters (keep ≤ the retriever's `limits.max_query_chars`)."""
 
 
-class RewardClientSettings(Section):
-    """How this worker calls the reward service (the server's own settings are the reward service's)."""
+class RewardClientSettings(RetrySettings):
+    """How this worker calls the reward service (the server's own settings are the reward service's); the
+    retry knobs are those of `RetrySettings`. When `deadline_s` runs out the task stays unacked and is redelivered
+    after the visibility timeout."""
 
     url: str = "http://127.0.0.1:8002"
     """Base URL of the reward service."""
     token: str | None = None
     """Bearer token, if the reward service requires one."""
     timeout_s: float = Field(default=30.0, gt=0)
-    """Per-call timeout."""
-    retries: int = Field(default=3, ge=0, le=1000)
-    """Client retries on transient errors (connection errors, timeouts, 429, 5xx)."""
-    backoff_s: float = Field(default=0.1, ge=0.0, le=60.0)
-    """First retry's backoff; it doubles per retry (with jitter) up to `max_backoff_s`."""
-    max_backoff_s: float = Field(default=2.0, gt=0.0, le=300.0)
-    """Longest wait between two attempts."""
-    deadline_s: float | None = Field(default=None, gt=0.0)
-    """Bound on all attempts of one scoring call together (None: only `retries` bounds them). When it
-    runs out the task stays unacked and is redelivered after the visibility timeout."""
+    """Per-call timeout (one attempt); scoring a group takes longer than a search."""
     scorer: str = "searchr1_em"
     """Scorer name the reward service applies."""
     item_format: Literal["solution_str", "prompt_response"] = "solution_str"
