@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence, Sized
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -287,7 +287,11 @@ class TypedStream(Generic[T]):
                 if lag is not None:
                     return int(lag)
                 after = f"({_sid(g['last-delivered-id'])}"
-                return len(await self._call(lambda a=after: self.redis.xrange(self.key, min=a, max="+"), "xrange"))
+
+                def undelivered(a: str = after) -> Awaitable[Sized]:
+                    return self.redis.xrange(self.key, min=a, max="+")
+
+                return len(await self._call(undelivered, "xrange"))
         return await self.length()
 
     async def in_flight(self) -> int:

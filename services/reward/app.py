@@ -92,7 +92,7 @@ def build_service(settings: RewardSettings, *, registry: Registry | None = None,
     closers.append(lambda: executor.shutdown(wait=False, cancel_futures=True))
     if judge is None and settings.judge.url:
         j = settings.judge
-        llm = LLMJudge(j.url, model=j.model, api_key=j.api_key, timeout_s=j.timeout_s, retries=j.retries,
+        llm = LLMJudge(settings.judge.url, model=j.model, api_key=j.api_key, timeout_s=j.timeout_s, retries=j.retries,
                        backoff_s=j.backoff_s, cache_size=j.cache_size, max_concurrency=j.max_concurrency,
                        on_event=metrics.judge_event)
         closers.append(llm.close)

@@ -39,7 +39,7 @@ async def run_scorer(ctx: ScoringContext, name: str, items: Sequence[ScoreItem],
         results = await loop.run_in_executor(ctx.executor, spec.run, items, p, ctx)
     else:
         results = spec.run(items, p, ctx)
-    results = list(results)  # type: ignore[arg-type]
+    results = list(results)
     if len(results) != len(items):
         raise RuntimeError(f"scorer {name!r} returned {len(results)} results for {len(items)} items")
     for value, _ in results:
