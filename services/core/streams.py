@@ -85,11 +85,6 @@ class StreamKeys:
         """Hash `latest` {version, uri, sha256, created_at}."""
         return self.key("weights")
 
-    @property
-    def weights_channel(self) -> str:
-        """Pub/sub channel announcing each new weight version."""
-        return self.key("weights:notify")
-
 
 @dataclass(frozen=True, slots=True)
 class Entry(Generic[T]):
