@@ -3,9 +3,10 @@
 (one definition shared with the client).
 
 `RewardService` holds the dependencies (registry, scoring context with encoder cache / judge / thread
-pool, metrics, settings) and does the work; the routes only hand requests to it. Bad input — unknown
-scorer, bad params, wrong item shape, too many items — answers 422 with a message; a judge endpoint that
-stays down answers 502 (the client retries 5xx).
+pool, metrics, settings) and does the work, raising domain errors; the routes only hand requests to it,
+and the app maps those errors to HTTP: bad input (`ScorerInputError`: unknown scorer, bad params, wrong
+item shape, too many items) answers 422 with a message; a judge endpoint that stays down
+(`JudgeUnavailable`) answers 502 (the client retries 5xx).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, HTTPException, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -45,6 +46,8 @@ class RewardService:
         self._closers = closers or []
 
     async def score(self, request: ScoreRequest) -> ScoreResult:
+        """Scores of `request`'s items. Raises `ScorerInputError` for bad input and `JudgeUnavailable`
+        when the judge endpoint stays down (the HTTP app answers 422 and 502)."""
         label = request.scorer if request.scorer in self.ctx.registry else "unknown"
         start = time.perf_counter()
         try:
@@ -52,12 +55,9 @@ class RewardService:
                 raise ScorerInputError(f"{len(request.items)} items exceed this server's max_batch_items "
                                        f"({self.settings.max_batch_items}); split the batch")
             results = await run_scorer(self.ctx, request.scorer, request.items, request.params)
-        except ScorerInputError as exc:
+        except ScorerInputError:
             self.metrics.requests.labels(scorer=label, outcome="invalid").inc()
-            raise HTTPException(status_code=422, detail=str(exc)) from None
-        except JudgeUnavailable as exc:
-            self.metrics.requests.labels(scorer=label, outcome="error").inc()
-            raise HTTPException(status_code=502, detail=str(exc)) from None
+            raise
         except Exception:
             self.metrics.requests.labels(scorer=label, outcome="error").inc()
             raise
@@ -166,6 +166,14 @@ def create_app(service: RewardService) -> FastAPI:
                   for e in exc.errors()]
         return JSONResponse(status_code=422, content={"detail": _flatten(errors) or "invalid request",
                                                       "errors": errors[:50]})
+
+    @app.exception_handler(ScorerInputError)
+    async def _bad_input(request: Request, exc: ScorerInputError) -> JSONResponse:
+        return JSONResponse(status_code=422, content={"detail": str(exc)})
+
+    @app.exception_handler(JudgeUnavailable)
+    async def _judge_down(request: Request, exc: JudgeUnavailable) -> JSONResponse:
+        return JSONResponse(status_code=502, content={"detail": str(exc)})
 
     if service.settings.token:
         app.add_middleware(BearerAuthMiddleware, token=service.settings.token,
