@@ -122,7 +122,7 @@ def start_server(port: int) -> subprocess.Popen:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited: {proc.stderr.read()}")
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
                 return proc
         except httpx.HTTPError:
             time.sleep(0.1)

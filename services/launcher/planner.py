@@ -219,9 +219,9 @@ def build_plan(settings: LauncherSettings, config: str | Path, run_dir: str | Pa
     if not index_dir.exists():
         plan.index_build(index_dir, common)
     plan.service("retriever", "retriever", r, {**common, "grpc_port": str(grpc_port), "http_port": str(http_port)},
-                 [GrpcHealthGate(f"{host}:{grpc_port}"), HttpGate(f"http://{host}:{http_port}/health")])
+                 [GrpcHealthGate(f"{host}:{grpc_port}"), HttpGate(f"http://{host}:{http_port}/healthz")])
     plan.service("reward", "reward", settings.reward, {**common, "port": str(reward_port)},
-                 [HttpGate(f"http://{host}:{reward_port}/health")])
+                 [HttpGate(f"http://{host}:{reward_port}/healthz")])
     plan.rollout_workers(common)
     le = settings.learner
     lport = plan.ports.get(le.metrics_port, "learner metrics")

@@ -1,4 +1,4 @@
-"""The reward service over HTTP (FastAPI): `POST /v1/score`, `GET /v1/scorers`, `GET /health`,
+"""The reward service over HTTP (FastAPI): `POST /v1/score`, `GET /v1/scorers`, `GET /healthz`,
 `GET /metrics`, optional bearer auth on `/v1/*`. The wire models live in `searchr1.core.clients.reward`
 (one definition shared with the client).
 
@@ -23,7 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from searchr1.core.auth import BearerAuthMiddleware, open_paths
+from searchr1.core.auth import LIVE_PATH, BearerAuthMiddleware, open_paths
 from searchr1.core.clients.reward import ScoreRequest, ScoreResult
 from searchr1.core.servers import HttpServer, install_shutdown_signals
 from searchr1.reward.judge import JudgeUnavailable, LLMJudge
@@ -129,7 +129,7 @@ async def scorers(request: Request) -> dict[str, Any]:
     return {"scorers": _service(request).scorers()}
 
 
-@router.get("/health")
+@router.get(LIVE_PATH)
 async def health(request: Request) -> dict[str, Any]:
     return {"status": "ok", "scorers": len(_service(request).ctx.registry.names())}
 

@@ -24,7 +24,7 @@ def register(groups: Groups) -> None:
         config: Annotated[Path | None, typer.Option("--config", "-c", help="Run config (TOML/YAML), its "
                                                         "reward table.")] = None,
     ) -> None:
-        """Serve the reward service: POST /v1/score, GET /v1/scorers, /health and /metrics on one port."""
+        """Serve the reward service: POST /v1/score, GET /v1/scorers, /healthz and /metrics on one port."""
         import asyncio
 
         from searchr1.core.settings import ConfigError, load_settings

@@ -107,7 +107,7 @@ async def _evaluate_one(settings: RolloutSettings, config: EvalConfig, req: Eval
     generator = None
     try:
         if not await scorer.health():
-            raise RewardError(f"reward service at {w.url} does not answer /health")
+            raise RewardError(f"reward service at {w.url} does not answer /healthz")
         console.print(f"starting the {settings.engine.kind} engine on {policy} …")
         generator = await start_generator(policy, settings.engine)
         tokenizer = generator.tokenizer()  # type: ignore[attr-defined]

@@ -88,7 +88,7 @@ async def test_retriever_grpc_http_and_closed_metrics(bm25_index):
         await assert_http_guarded(f"http://127.0.0.1:{running.metrics_server.port}", "GET", "/metrics")
         await assert_http_guarded(url, "GET", "/openapi.json")
         async with httpx.AsyncClient(base_url=url, timeout=30) as http:
-            assert (await http.get("/health")).status_code == 200
+            assert (await http.get("/healthz")).status_code == 200
     finally:
         await running.stop()
 
@@ -117,7 +117,7 @@ async def test_reward_endpoints_and_closed_metrics():
         await assert_http_guarded(server.url, "GET", "/v1/scorers")
         await assert_http_guarded(server.url, "GET", "/metrics")
         async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
-            assert (await http.get("/health")).status_code == 200
+            assert (await http.get("/healthz")).status_code == 200
         async with RewardClient(server.url, retry=RetrySettings(retries=2)) as client:
             with pytest.raises(RewardError, match="401") as err:
                 await client.score("exact_match", body["items"])

@@ -151,7 +151,7 @@ async def test_http_matches_search_r1_shape(built, encoder):
             # curl without a content type still works; health and metrics are served
             r = await http.post("/retrieve", content=json.dumps({"queries": ["moon"], "topk": 1}))
             assert r.json()["result"][0][0]["id"] == "11"
-            health = (await http.get("/health")).json()
+            health = (await http.get("/healthz")).json()
             assert health["status"] == "ok" and health["kind"] == "flat" and health["count"] == len(FACTS)
             text = (await http.get("/metrics")).text
             assert 'searchr1_retriever_requests_total{api="http",code="OK"} 3.0' in text
@@ -200,7 +200,7 @@ async def test_auth_token_required(built, encoder):
             assert (await client.search(["moon"], top_k=1))[0][0].doc_id == "11"
         async with httpx.AsyncClient(base_url=running.http.url, timeout=60) as http:
             assert (await http.post("/retrieve", json={"queries": ["moon"]})).status_code == 401
-            assert (await http.get("/health")).status_code == 200
+            assert (await http.get("/healthz")).status_code == 200
     finally:
         await running.stop()
 

@@ -129,7 +129,7 @@ async def test_health_metrics_and_score_histogram(reward):
         await client.score("searchr1_subem", [{"solution_str": PROMPT + "<answer>Paris, France</answer>",
                                                "ground_truth": {"target": ["Paris"]}}] * 3)
     async with httpx.AsyncClient(base_url=reward.url) as http:
-        assert (await http.get("/health")).json()["status"] == "ok"
+        assert (await http.get("/healthz")).json()["status"] == "ok"
         text = (await http.get("/metrics")).text
     assert 'searchr1_reward_items_total{scorer="searchr1_subem"} 3.0' in text
     assert 'searchr1_reward_score_bucket{le="1.0",scorer="searchr1_subem"} 3.0' in text
@@ -346,7 +346,7 @@ def test_cli_serves_health_and_stops_on_sigterm(tmp_path):
         while True:
             assert proc.poll() is None, proc.stderr.read()
             try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass

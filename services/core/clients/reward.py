@@ -5,7 +5,7 @@ Wire format (JSON over HTTP):
 - `POST /v1/score` with a `ScoreRequest` → `ScoreResult` (scores and per-item component breakdowns, in
   item order). Bad bodies answer 422 with a message in `detail`.
 - `GET /v1/scorers` → `{"scorers": [{"name", "description", "input", "params"}, ...]}`.
-- `GET /health` → `{"status": "ok"}`.
+- `GET /healthz` → `{"status": "ok"}`.
 
 An item has one of two shapes:
 - Search-R1's own: `{"solution_str": <decoded prompt+response>, "ground_truth": {"target": [answers]}}`;
@@ -196,9 +196,9 @@ class RewardClient:
         return list(response.json()["scorers"])
 
     async def health(self) -> bool:
-        """True when `GET /health` answers 200 (one attempt, no retries)."""
+        """True when `GET /healthz` answers 200 (one attempt, no retries)."""
         try:
-            return (await self._http.get("/health")).status_code == 200
+            return (await self._http.get("/healthz")).status_code == 200
         except httpx.HTTPError:
             return False
 
