@@ -30,9 +30,10 @@ import gc
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from searchr1.rollout.settings import EngineSettings
+if TYPE_CHECKING:
+    from searchr1.rollout.settings import EngineSettings
 
 TurnFinish = Literal["stop", "eos", "length"]
 """How a turn ended: a stop string, the EOS token, or its token budget."""
@@ -118,7 +119,7 @@ class VllmEngineConfig:
     declared once, there), plus the knobs only code sets."""
 
     model: str
-    engine: EngineSettings = field(default_factory=EngineSettings)
+    engine: EngineSettings
     enable_chunked_prefill: bool | None = None
     """None: vLLM's default, except off on CPU (see `VllmGenerator.start`)."""
     extra: dict[str, Any] = field(default_factory=dict)

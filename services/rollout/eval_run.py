@@ -9,7 +9,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from searchr1.rollout.agent import AgentLimits
 from searchr1.rollout.evaluate import EvalConfig
 from searchr1.rollout.settings import RolloutSettings
 
@@ -34,12 +33,9 @@ def eval_config(settings: RolloutSettings, req: EvalRequest) -> EvalConfig:
     """The evaluation's config: the request's sampling, the agent settings' limits and template."""
     a = settings.agent
     return EvalConfig(
-        samples=req.samples, temperature=req.temperature, top_p=a.top_p, top_k=a.top_k, seed=req.seed,
-        greedy=req.greedy, concurrency=req.concurrency, template=a.template,
-        extra_args=dict(a.extra_args) or None, group_by=tuple(settings.eval.group_by),
-        limits=AgentLimits(max_turns=a.max_turns, max_tokens_per_turn=a.max_tokens_per_turn,
-                           max_obs_tokens=a.max_obs_tokens, max_response_tokens=a.max_response_tokens,
-                           max_context_tokens=settings.engine.max_model_len))
+        samples=req.samples, sampling=a.sampling(seed=req.seed, temperature=req.temperature), greedy=req.greedy,
+        concurrency=req.concurrency, template=a.template, group_by=tuple(settings.eval.group_by),
+        limits=a.limits(max_context_tokens=settings.engine.max_model_len))
 
 
 def output_dirs(models: list[str], out: Path) -> list[Path]:
