@@ -101,6 +101,12 @@ class RolloutService:
             await self.generator.close()
 
 
+def _counted(metrics: RolloutMetrics, dependency: str) -> dict[str, Callable[[Any], None]]:
+    """A client's `on_retry` / `on_give_up` hooks counting into the dependency's metrics."""
+    return {"on_retry": lambda exc: metrics.dependency_retries.labels(dependency).inc(),
+            "on_give_up": lambda reason: metrics.dependency_failures.labels(dependency).inc()}
+
+
 async def build_service(settings: RolloutSettings, *, generator: Generator | None = None,
                         tokenizer: Any = None, serve_metrics: bool = True) -> RolloutService:
     """Wire a worker from settings (pass `generator` + `tokenizer` to share an engine)."""
@@ -118,10 +124,8 @@ async def build_service(settings: RolloutSettings, *, generator: Generator | Non
         if tokenizer is None:
             tokenizer = generator.tokenizer()  # type: ignore[attr-defined]
         r = settings.retriever
-        retriever = RetrieverClient(
-            r.addresses, token=r.token, retry=r.retry_policy(),
-            on_retry=lambda exc: metrics.dependency_retries.labels("retriever").inc(),
-            on_give_up=lambda reason: metrics.dependency_failures.labels("retriever").inc())
+        retriever = RetrieverClient(r.addresses, token=r.token, retry=r.retry_policy(),
+                                    **_counted(metrics, "retriever"))
         closers.append(retriever.close)
 
         def on_batch(n: int, seconds: float) -> None:
@@ -132,10 +136,7 @@ async def build_service(settings: RolloutSettings, *, generator: Generator | Non
                                 max_wait_s=r.max_wait_ms / 1000.0, max_query_chars=r.max_query_chars,
                                 on_batch=on_batch)
         w = settings.reward
-        reward = RewardClient(
-            w.url, token=w.token, retry=w.retry_policy(),
-            on_retry=lambda exc: metrics.dependency_retries.labels("reward").inc(),
-            on_give_up=lambda reason: metrics.dependency_failures.labels("reward").inc())
+        reward = RewardClient(w.url, token=w.token, retry=w.retry_policy(), **_counted(metrics, "reward"))
         closers.append(reward.close)
         redis = connect(settings.redis.url)
         closers.append(redis.aclose)
