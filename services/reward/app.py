@@ -199,3 +199,16 @@ async def serve(settings: RewardSettings, *, ready: asyncio.Event | None = None,
     finally:
         await server.stop()
         print("searchr1 reward service stopped", flush=True)
+
+
+def run(settings: RewardSettings) -> int:
+    """`searchr1 serve reward`: serve until SIGINT/SIGTERM; returns the exit code (1: the port or a
+    resource could not be had)."""
+    import sys
+
+    try:
+        asyncio.run(serve(settings))
+    except OSError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
