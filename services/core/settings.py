@@ -7,8 +7,8 @@ table named by the class's `section`. A keyword argument names a nested field wi
 environment variable does (`redis__url=…` is `ROLLOUT_REDIS__URL`); it is merged into the nested table
 (the other fields keep their file or environment values) and validated with everything else.
 
-Each field's docstring is its description (`use_attribute_docstrings`): the CLI's help texts read it
-(`core.commandline.field_help`), so a field is documented once.
+Each field is documented once, by the docstring under it: the CLI's help texts read it
+(`core.commandline.field_help`).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class _FileSource(PydanticBaseSettingsSource):
 class Section(BaseModel):
     """Base for nested settings models: unknown keys are errors, so typos in configs fail loudly."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid")
 
 
 class RedisSettings(Section):
@@ -100,8 +100,7 @@ class ServiceSettings(BaseSettings):
     """Base class for one service's settings. Subclasses set `env_prefix` and `section`."""
 
     model_config = SettingsConfigDict(
-        extra="forbid", env_nested_delimiter="__", validate_default=True, case_sensitive=False,
-        use_attribute_docstrings=True,
+        extra="forbid", env_nested_delimiter="__", validate_default=True, case_sensitive=False
     )
     section: ClassVar[str] = ""
     """Name of this service's table in a run config."""

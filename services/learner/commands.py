@@ -16,10 +16,12 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from searchr1.core.commandline import field_help, settings_or_exit
-from searchr1.learner.settings import LearnerSettings
 
 if TYPE_CHECKING:
     from searchr1.cli import Groups
+    from searchr1.learner.settings import LearnerSettings
+
+LEARNER_SETTINGS = "searchr1.learner.settings:LearnerSettings"
 
 
 def run_train(settings: LearnerSettings, max_steps: int | None) -> int:
@@ -43,18 +45,20 @@ def run_train(settings: LearnerSettings, max_steps: int | None) -> int:
 def train(
     config: Annotated[Path | None, typer.Option("--config", "-c", help="Run config (TOML/YAML); its 'learner' "
                                                 "table is used.")] = None,
-    model: Annotated[str | None, typer.Option(help=field_help(LearnerSettings, "model.path"))] = None,
-    dataset: Annotated[str | None, typer.Option(help=field_help(LearnerSettings, "dispatcher.dataset"))] = None,
-    redis_url: Annotated[str | None, typer.Option("--redis", help=field_help(LearnerSettings, "redis.url"))] = None,
-    run: Annotated[str | None, typer.Option(help=field_help(LearnerSettings, "redis.run"))] = None,
+    model: Annotated[str | None, typer.Option(help=field_help(LEARNER_SETTINGS, "model.path"))] = None,
+    dataset: Annotated[str | None, typer.Option(help=field_help(LEARNER_SETTINGS, "dispatcher.dataset"))] = None,
+    redis_url: Annotated[str | None, typer.Option("--redis", help=field_help(LEARNER_SETTINGS, "redis.url"))] = None,
+    run: Annotated[str | None, typer.Option(help=field_help(LEARNER_SETTINGS, "redis.run"))] = None,
     metrics_port: Annotated[int | None, typer.Option(
-        min=0, max=65535, help=field_help(LearnerSettings, "metrics_port"))] = None,
+        min=0, max=65535, help=field_help(LEARNER_SETTINGS, "metrics_port"))] = None,
     max_steps: Annotated[int | None, typer.Option(min=1, help="Stop after this many steps.")] = None,
-    replay: Annotated[Path | None, typer.Option(help=field_help(LearnerSettings, "archive.replay_from"))] = None,
+    replay: Annotated[Path | None, typer.Option(help=field_help(LEARNER_SETTINGS, "archive.replay_from"))] = None,
 ) -> None:
     """Train the policy with GRPO/PPO on groups from the trajectories stream (the learner service).
 
     Under torchrun (WORLD_SIZE > 1) it trains data-parallel with FSDP; rank 0 talks to Redis."""
+    from searchr1.learner.settings import LearnerSettings
+
     settings = settings_or_exit(
         LearnerSettings, config, model__path=model, dispatcher__dataset=dataset, redis__url=redis_url,
         redis__run=run, metrics_port=metrics_port, archive__replay_from=replay)

@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from searchr1.core.commandline import field_help, settings_or_exit
-from searchr1.retriever.settings import RetrieverSettings
 
 if TYPE_CHECKING:
     from searchr1.cli import Groups
+
+RETRIEVER_SETTINGS = "searchr1.retriever.settings:RetrieverSettings"
 
 CONVENTIONS = ("auto", "e5", "bge", "plain")
 POOLINGS = ("mean", "cls")
@@ -157,19 +158,22 @@ def info(index: Annotated[Path, typer.Argument(help="Index directory.", exists=T
 
 
 def serve_retriever(
-    index: Annotated[Path | None, typer.Option(help=field_help(RetrieverSettings, "index"))] = None,
+    index: Annotated[Path | None, typer.Option(help=field_help(RETRIEVER_SETTINGS, "index"))] = None,
     config: Annotated[Path | None, typer.Option(help="Run config (TOML/YAML); its `retriever` table is used.")]
     = None,
-    corpus: Annotated[Path | None, typer.Option(help=field_help(RetrieverSettings, "corpus"))] = None,
-    host: Annotated[str | None, typer.Option(help=field_help(RetrieverSettings, "host"))] = None,
-    grpc_port: Annotated[int | None, typer.Option(help=field_help(RetrieverSettings, "grpc_port"))] = None,
-    http_port: Annotated[int | None, typer.Option(help=field_help(RetrieverSettings, "http_port"))] = None,
-    metrics_port: Annotated[int | None, typer.Option(help=field_help(RetrieverSettings, "metrics_port"))] = None,
+    corpus: Annotated[Path | None, typer.Option(help=field_help(RETRIEVER_SETTINGS, "corpus"))] = None,
+    host: Annotated[str | None, typer.Option(help=field_help(RETRIEVER_SETTINGS, "host"))] = None,
+    grpc_port: Annotated[int | None, typer.Option(help=field_help(RETRIEVER_SETTINGS, "grpc_port"))] = None,
+    http_port: Annotated[int | None, typer.Option(help=field_help(RETRIEVER_SETTINGS, "http_port"))] = None,
+    metrics_port: Annotated[int | None, typer.Option(help=field_help(RETRIEVER_SETTINGS, "metrics_port"))] = None,
 ) -> None:
     """Serve an index over gRPC (Search, health, reflection) and HTTP POST /retrieve (Search-R1's API).
 
     Prints one `retriever ready …` line when both servers accept requests; SIGTERM/SIGINT drain and stop it.
     Other settings come from --config and RETRIEVER_* environment variables (docs/retriever.md)."""
+    from searchr1.retriever.settings import RetrieverSettings
+
+
     settings = settings_or_exit(RetrieverSettings, config, index=index, corpus=corpus, host=host,
                                 grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port)
     from searchr1.retriever.server import run

@@ -12,19 +12,23 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from searchr1.core.commandline import field_help, settings_or_exit
-from searchr1.reward.settings import RewardSettings
 
 if TYPE_CHECKING:
     from searchr1.cli import Groups
 
+REWARD_SETTINGS = "searchr1.reward.settings:RewardSettings"
+
 
 def serve_reward(
-    host: Annotated[str | None, typer.Option(help=field_help(RewardSettings, "host"))] = None,
-    port: Annotated[int | None, typer.Option(min=0, max=65535, help=field_help(RewardSettings, "port"))] = None,
+    host: Annotated[str | None, typer.Option(help=field_help(REWARD_SETTINGS, "host"))] = None,
+    port: Annotated[int | None, typer.Option(min=0, max=65535, help=field_help(REWARD_SETTINGS, "port"))] = None,
     config: Annotated[Path | None, typer.Option("--config", "-c", help="Run config (TOML/YAML), its "
                                                     "reward table.")] = None,
 ) -> None:
     """Serve the reward service: POST /v1/score, GET /v1/scorers, /healthz and /metrics on one port."""
+    from searchr1.reward.settings import RewardSettings
+
+
     settings = settings_or_exit(RewardSettings, config, host=host, port=port)
     from searchr1.reward.app import run
 

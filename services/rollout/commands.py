@@ -16,32 +16,36 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from searchr1.core.commandline import fail, field_help, settings_or_exit
-from searchr1.rollout.settings import AgentSettings, RolloutSettings
 
 if TYPE_CHECKING:
     from searchr1.cli import Groups
+
+ROLLOUT_SETTINGS = "searchr1.rollout.settings:RolloutSettings"
+AGENT_SETTINGS = "searchr1.rollout.settings:AgentSettings"
 
 ConfigOption = Annotated[Path | None, typer.Option(
     "--config", "-c", help="Run config (TOML/YAML): its [rollout] table gives engine, agent limits, retriever "
                            "and reward settings.")]
 RetrieverOption = Annotated[list[str] | None, typer.Option(
-    "--retriever", help=field_help(RolloutSettings, "retriever.addresses", "Repeat the flag for several."))]
-RewardOption = Annotated[str | None, typer.Option("--reward", help=field_help(RolloutSettings, "reward.url"))]
+    "--retriever", help=field_help(ROLLOUT_SETTINGS, "retriever.addresses", "Repeat the flag for several."))]
+RewardOption = Annotated[str | None, typer.Option("--reward", help=field_help(ROLLOUT_SETTINGS, "reward.url"))]
 
 
 def serve_rollout(
     config: ConfigOption = None,
-    redis_url: Annotated[str | None, typer.Option("--redis", help=field_help(RolloutSettings, "redis.url"))] = None,
-    run: Annotated[str | None, typer.Option(help=field_help(RolloutSettings, "redis.run"))] = None,
-    model: Annotated[str | None, typer.Option(help=field_help(RolloutSettings, "model"))] = None,
+    redis_url: Annotated[str | None, typer.Option("--redis", help=field_help(ROLLOUT_SETTINGS, "redis.url"))] = None,
+    run: Annotated[str | None, typer.Option(help=field_help(ROLLOUT_SETTINGS, "redis.run"))] = None,
+    model: Annotated[str | None, typer.Option(help=field_help(ROLLOUT_SETTINGS, "model"))] = None,
     retriever: RetrieverOption = None,
     reward: RewardOption = None,
     metrics_port: Annotated[int | None, typer.Option(
-        min=0, max=65535, help=field_help(RolloutSettings, "metrics_port"))] = None,
-    worker_id: Annotated[str | None, typer.Option(help=field_help(RolloutSettings, "worker_id"))] = None,
+        min=0, max=65535, help=field_help(ROLLOUT_SETTINGS, "metrics_port"))] = None,
+    worker_id: Annotated[str | None, typer.Option(help=field_help(ROLLOUT_SETTINGS, "worker_id"))] = None,
 ) -> None:
     """Run a rollout worker: tasks in, scored trajectory groups out, weights kept fresh. Ready when
     /metrics answers; SIGTERM drains (finishes, publishes and acks the tasks in flight)."""
+    from searchr1.rollout.settings import RolloutSettings
+
     settings = settings_or_exit(
         RolloutSettings, config, model=model, metrics_port=metrics_port, worker_id=worker_id,
         redis__url=redis_url, redis__run=run, retriever__addresses=retriever or None, reward__url=reward)
@@ -56,9 +60,9 @@ def once(
     retriever: Annotated[str, typer.Option("--retriever", help="Retriever gRPC address host:port.")]
     = "127.0.0.1:50051",
     engine: Annotated[str, typer.Option(help="`vllm` or `hf` (slow fallback).")] = "vllm",
-    max_turns: Annotated[int, typer.Option(min=0, max=64, help=field_help(AgentSettings, "max_turns"))] = 4,
+    max_turns: Annotated[int, typer.Option(min=0, max=64, help=field_help(AGENT_SETTINGS, "max_turns"))] = 4,
     max_tokens_per_turn: Annotated[int, typer.Option(
-        min=1, help=field_help(AgentSettings, "max_tokens_per_turn"))] = 500,
+        min=1, help=field_help(AGENT_SETTINGS, "max_tokens_per_turn"))] = 500,
     temperature: Annotated[float, typer.Option(min=0.0, help="Sampling temperature (0 = greedy).")] = 1.0,
     top_k: Annotated[int, typer.Option("--top-k", min=1, help="Passages per search.")] = 3,
     seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
@@ -92,12 +96,12 @@ def eval_(
     = 1.0,
     greedy: Annotated[bool, typer.Option(help="Also run one greedy (temperature 0) trajectory.")] = True,
     max_turns: Annotated[int | None, typer.Option(
-        min=0, max=64, help=field_help(AgentSettings, "max_turns", "(default: the config's)"))] = None,
+        min=0, max=64, help=field_help(AGENT_SETTINGS, "max_turns", "(default: the config's)"))] = None,
     config: ConfigOption = None,
     seed: Annotated[int, typer.Option(help="Base seed of the sampled trajectories.")] = 0,
     concurrency: Annotated[int, typer.Option(min=1, max=4096, help="Questions in flight at once.")] = 16,
     group_by: Annotated[list[str] | None, typer.Option("--group-by", help=field_help(
-        RolloutSettings, "eval.group_by", "(repeat; default: the config's eval.group_by)."))] = None,
+        ROLLOUT_SETTINGS, "eval.group_by", "(repeat; default: the config's eval.group_by)."))] = None,
     table: Annotated[list[Path] | None, typer.Option(
         "--table", help="Evaluate nothing: print Search-R1's Table 3 layout of these eval.json files (or "
                         "directories holding one; repeat), one row each, and write it to OUT/table.md.")]
@@ -120,6 +124,8 @@ def eval_(
         raise typer.Exit(run_table(list(table), out, metric))
     if not model or data is None:
         fail("give --model and --data (or --table with eval.json files)")
+    from searchr1.rollout.settings import RolloutSettings
+
     settings = settings_or_exit(
         RolloutSettings, config, model=model[0], retriever__addresses=retriever or None, reward__url=reward,
         agent__max_turns=max_turns, eval__group_by=group_by or None)

@@ -14,10 +14,12 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from searchr1.core.commandline import field_help, settings_or_exit
-from searchr1.world.settings import WarmstartSettings, WorldSettings
 
 if TYPE_CHECKING:
     from searchr1.cli import Groups
+
+WARMSTART_SETTINGS = "searchr1.world.settings:WarmstartSettings"
+WORLD_SETTINGS = "searchr1.world.settings:WorldSettings"
 
 ConfigOpt = Annotated[Path | None, typer.Option(
     "--config", "-c", help="Run config (TOML/YAML) with a \\[world] table; env WORLD_… overrides it.")]
@@ -25,7 +27,7 @@ ConfigOpt = Annotated[Path | None, typer.Option(
 
 def build(
     out: Annotated[Path, typer.Option("--out", "-o", help="World directory to write.")],
-    seed: Annotated[int | None, typer.Option(min=0, help=field_help(WorldSettings, "seed"))] = None,
+    seed: Annotated[int | None, typer.Option(min=0, help=field_help(WORLD_SETTINGS, "seed"))] = None,
     config: ConfigOpt = None,
     model: Annotated[bool, typer.Option("--model/--no-model",
                                         help="Also write model-init/ (random Qwen2 + tokenizer).")] = True,
@@ -37,6 +39,9 @@ def build(
     from searchr1.world.build import build_world
 
     console = Console(stderr=True)
+    from searchr1.world.settings import WorldSettings
+
+
     settings = settings_or_exit(WorldSettings, config, seed=seed)
     manifest = build_world(settings, out, with_model=model, progress=lambda m: console.print(f"[dim]{m}[/]"))
     c = manifest["counts"]
@@ -47,7 +52,7 @@ def build(
 
 
 def _ws_help(name: str, extra: str = "") -> str:
-    return field_help(WarmstartSettings, name, extra)
+    return field_help(WARMSTART_SETTINGS, name, extra)
 
 
 def warmstart(
@@ -71,6 +76,8 @@ def warmstart(
 
     if not (world / "world.json").is_file():
         raise typer.BadParameter(f"{world} is not a world directory (no world.json); run `searchr1 world build`")
+    from searchr1.world.settings import WorldSettings
+
     settings = settings_or_exit(
         WorldSettings, config, warmstart__steps=steps, warmstart__copy_steps=copy_steps, warmstart__seed=seed,
         warmstart__batch_size=batch_size, warmstart__threads=threads, warmstart__eval_questions=eval_questions)
