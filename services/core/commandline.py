@@ -57,11 +57,11 @@ def _class(module: str, name: str) -> tuple[str, ast.ClassDef]:
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == name:
             return module, node
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            for alias in node.names:
+    for imported in ast.walk(tree):  # TYPE_CHECKING imports too
+        if isinstance(imported, ast.ImportFrom) and imported.module and imported.level == 0:
+            for alias in imported.names:
                 if (alias.asname or alias.name) == name:
-                    return _class(node.module, alias.name)
+                    return _class(imported.module, alias.name)
     raise KeyError(f"class {name} not found from {module}")
 
 
