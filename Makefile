@@ -27,7 +27,7 @@ help:
 	@echo "make bench     run benchmarks/ (prints figures against in-run baselines)"
 	@echo "make bench-weights  weight sync (write, hash, announce, transfer, verify, reload) against model size"
 	@echo "make bench-system  lockstep vs asynchronous training, end to end, and where the time goes (BENCH_ARGS=...)"
-	@echo "make lint      ruff + import-linter contracts"
+	@echo "make lint      ruff + import-linter contracts + mypy (searchr1.core, searchr1.reward)"
 	@echo "make proto     regenerate gRPC stubs from proto/"
 
 $(STAMP): pyproject.toml Makefile
@@ -82,6 +82,8 @@ test-deploy: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check services tests benchmarks proto deploy
 	$(BIN)/lint-imports
+	mkdir -p build/mypy && ln -sfn ../../services build/mypy/searchr1
+	$(BIN)/mypy
 
 proto: $(STAMP)
 	$(BIN)/python proto/generate.py

@@ -34,6 +34,7 @@ import numpy as np
 
 from searchr1.core.clients.retriever import RetrieverClient
 from searchr1.core.servers import free_port
+from searchr1.core.settings import RetrySettings
 
 WORDS = ["river", "mountain", "city", "king", "queen", "war", "treaty", "river", "album", "film", "novel", "singer", "physicist", "painter", "empire", "island", "capital", "bridge", "university", "election", "president", "company", "river", "battle", "church", "opera", "museum", "desert", "festival", "football", "olympic", "satellite", "planet", "ocean", "language", "dynasty"]
 
@@ -97,7 +98,7 @@ async def run_level(address: str, queries: list[str], concurrency: int, seconds:
     latencies: list[float] = []
     counter = iter(range(10**9))
     stop_at = time.perf_counter() + seconds
-    async with RetrieverClient([address], timeout_s=120, retries=0) as client:
+    async with RetrieverClient([address], retry=RetrySettings(timeout_s=120, retries=0)) as client:
         async def worker() -> None:
             while time.perf_counter() < stop_at:
                 q = queries[next(counter) % len(queries)]

@@ -27,6 +27,7 @@ import httpx
 from searchr1.core.clients.reward import RewardClient, ScoreItem
 from searchr1.core.protocol import make_prompt, observation_for
 from searchr1.core.servers import free_port
+from searchr1.core.settings import RetrySettings
 from searchr1.reward import scoring
 
 SCORERS = ("searchr1_em", "searchr1_subem", "searchr1_em_format")
@@ -65,7 +66,7 @@ async def over_http(url: str, scorer: str, items: list[ScoreItem], batch: int, c
                     seconds: float) -> float:
     batches = [items[i:i + batch] for i in range(0, len(items), batch)]
     done = 0
-    async with RewardClient(url, timeout_s=60) as client:
+    async with RewardClient(url, retry=RetrySettings(timeout_s=60)) as client:
         await client.score(scorer, batches[0])  # warm-up
         t0 = time.perf_counter()
 
@@ -121,7 +122,7 @@ def start_server(port: int) -> subprocess.Popen:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited: {proc.stderr.read()}")
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
                 return proc
         except httpx.HTTPError:
             time.sleep(0.1)

@@ -199,8 +199,9 @@ def evaluate(record: RunRecord, samples: int, limit: int | None, log=print) -> d
 
     from searchr1.core.settings import load_settings
     from searchr1.launcher.demo import assemble_model, latest_snapshot
+    from searchr1.launcher.planner import build_plan
     from searchr1.launcher.settings import LauncherSettings
-    from searchr1.launcher.specs import build_plan, eval_plan
+    from searchr1.launcher.specs import eval_plan
     from searchr1.launcher.supervisor import Supervisor
 
     snap = latest_snapshot(record.run_dir / "weights")

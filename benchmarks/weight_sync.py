@@ -370,11 +370,12 @@ async def run_size(size: str, args, redis, workdir: Path, engine_factory) -> lis
 
 async def start_vllm(engine_dir: Path):
     from searchr1.rollout.engine import VllmEngineConfig, VllmGenerator
+    from searchr1.rollout.settings import EngineSettings
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on the CPU build
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    return await VllmGenerator.start(VllmEngineConfig(model=str(engine_dir), gpu_memory_utilization=0.05,
-                                                      max_model_len=1024, dtype="float32", max_num_seqs=8))
+    return await VllmGenerator.start(VllmEngineConfig(model=str(engine_dir), engine=EngineSettings(
+        gpu_memory_utilization=0.05, max_model_len=1024, dtype="float32", max_num_seqs=8)))
 
 
 SIZE_BYTES = {"tiny": 0, "0.5b": 494_032_768 * 2, "1.5b": 1_543_714_304 * 2}

@@ -1,7 +1,8 @@
 """The `searchr1` command line: one Typer app whose groups the services fill in.
 
-Each service owns `searchr1.<service>.commands`, a light module (Typer only at import time) with
-`register(groups)`; heavy imports (torch, vLLM, FAISS) happen inside the commands, so `--help` is
+Each service owns `searchr1.<service>.commands`, a light module (Typer, its settings and
+`searchr1.core.commandline` at import time) of module-level commands and a `register(groups)` that adds
+them; heavy imports (torch, vLLM, FAISS) happen inside the run functions the commands call, so `--help` is
 instant. A group with no commands is not shown.
 """
 
@@ -55,63 +56,73 @@ class Groups:
                 "rollout": self.rollout, "streams": self.streams, "archive": self.archive}
 
 
-def _register_streams(groups: Groups) -> None:
-    @groups.streams.command("status")
-    def status(
-        redis_url: Annotated[str, typer.Option("--redis", help="Redis URL.")] = "redis://127.0.0.1:6379/0",
-        run: Annotated[str, typer.Option(help="Run name (keys are searchr1:{run}:…).")] = "default",
-    ) -> None:
-        """Show length, undelivered and pending counts of the tasks, trajectories and dead streams."""
-        from rich.console import Console
-        from rich.table import Table
+RedisOption = Annotated[str, typer.Option("--redis", help="Redis URL.")]
 
-        from searchr1.core.streams import StreamKeys, connect
 
-        async def _collect() -> list[tuple[str, int, str, str]]:
-            redis = connect(redis_url)
-            keys = StreamKeys(run)
-            rows = []
-            try:
-                for name, key in (("tasks", keys.tasks), ("trajectories", keys.trajectories), ("dead", keys.dead)):
-                    length = int(await redis.xlen(key))
-                    groups = await redis.xinfo_groups(key) if length or await redis.exists(key) else []
-                    for g in groups or [{}]:
-                        rows.append((name, length, str(g.get("lag", "-")), str(g.get("pending", "-"))))
-            finally:
-                await redis.aclose()
-            return rows
+async def _stream_rows(redis_url: str, run: str) -> list[tuple[str, int, str, str]]:
+    from searchr1.core.streams import StreamKeys, connect
 
-        table = Table(title=f"searchr1 streams (run {run})")
-        for col in ("stream", "length", "undelivered", "pending"):
-            table.add_column(col)
-        for row in asyncio.run(_collect()):
-            table.add_row(*(str(c) for c in row))
-        Console().print(table)
+    redis = connect(redis_url)
+    keys = StreamKeys(run)
+    rows = []
+    try:
+        for name, key in (("tasks", keys.tasks), ("trajectories", keys.trajectories), ("dead", keys.dead)):
+            length = int(await redis.xlen(key))
+            groups = await redis.xinfo_groups(key) if length or await redis.exists(key) else []
+            for g in groups or [{}]:
+                rows.append((name, length, str(g.get("lag", "-")), str(g.get("pending", "-"))))
+    finally:
+        await redis.aclose()
+    return rows
 
-    @groups.streams.command("dead")
-    def dead(
-        redis_url: Annotated[str, typer.Option("--redis", help="Redis URL.")] = "redis://127.0.0.1:6379/0",
-        run: Annotated[str, typer.Option(help="Run name.")] = "default",
-        count: Annotated[int, typer.Option(min=1, max=10_000, help="How many to show.")] = 20,
-    ) -> None:
-        """List the oldest dead-lettered entries with the reason each was buried."""
-        from rich.console import Console
 
-        from searchr1.core.streams import StreamKeys, connect, read_dead
+def streams_status(
+    redis_url: RedisOption = "redis://127.0.0.1:6379/0",
+    run: Annotated[str, typer.Option(help="Run name (keys are searchr1:{run}:…).")] = "default",
+) -> None:
+    """Show length, undelivered and pending counts of the tasks, trajectories and dead streams."""
+    from rich.console import Console
+    from rich.table import Table
 
-        async def _read():
-            redis = connect(redis_url)
-            try:
-                return await read_dead(redis, StreamKeys(run).dead, count)
-            finally:
-                await redis.aclose()
+    table = Table(title=f"searchr1 streams (run {run})")
+    for col in ("stream", "length", "undelivered", "pending"):
+        table.add_column(col)
+    for row in asyncio.run(_stream_rows(redis_url, run)):
+        table.add_row(*(str(c) for c in row))
+    Console().print(table)
 
-        console = Console()
-        letters = asyncio.run(_read())
-        if not letters:
-            console.print("no dead letters")
-        for d in letters:
-            console.print(f"[bold]{d.id}[/] from {d.source} ({d.source_id}): {d.reason} [{len(d.payload)} bytes]")
+
+async def _dead_letters(redis_url: str, run: str, count: int):
+    from searchr1.core.streams import StreamKeys, connect, read_dead
+
+    redis = connect(redis_url)
+    try:
+        return await read_dead(redis, StreamKeys(run).dead, count)
+    finally:
+        await redis.aclose()
+
+
+def streams_dead(
+    redis_url: RedisOption = "redis://127.0.0.1:6379/0",
+    run: Annotated[str, typer.Option(help="Run name.")] = "default",
+    count: Annotated[int, typer.Option(min=1, max=10_000, help="How many to show.")] = 20,
+) -> None:
+    """List the oldest dead-lettered entries with the reason each was buried."""
+    from rich.console import Console
+
+    console = Console()
+    letters = asyncio.run(_dead_letters(redis_url, run, count))
+    if not letters:
+        console.print("no dead letters")
+    for d in letters:
+        console.print(f"[bold]{d.id}[/] from {d.source} ({d.source_id}): {d.reason} [{len(d.payload)} bytes]")
+
+
+def version() -> None:
+    """Print the searchr1 version."""
+    from searchr1 import __version__
+
+    typer.echo(__version__)
 
 
 def build_app() -> typer.Typer:
@@ -123,16 +134,11 @@ def build_app() -> typer.Typer:
         context_settings={"help_option_names": ["-h", "--help"]},
     )
     groups = Groups(app)
-    _register_streams(groups)
+    groups.streams.command("status")(streams_status)
+    groups.streams.command("dead")(streams_dead)
     for module in SERVICE_COMMAND_MODULES:
         importlib.import_module(module).register(groups)
-
-    @app.command("version")
-    def version() -> None:
-        """Print the searchr1 version."""
-        from searchr1 import __version__
-
-        typer.echo(__version__)
+    app.command("version")(version)
 
     for name, group in groups.named().items():
         if group.registered_commands or group.registered_groups:

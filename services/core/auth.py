@@ -16,7 +16,11 @@ import grpc
 
 HEALTH_GRPC_PREFIX = "/grpc.health.v1.Health/"
 REFLECTION_GRPC_PREFIX = "/grpc.reflection."
-HEALTH_PATHS = ("/health", "/healthz", "/readyz")
+LIVE_PATH = "/healthz"
+"""Liveness: 200 while the process serves (every HTTP server of the system answers it)."""
+READY_PATH = "/readyz"
+"""Readiness: 200 when the process can do its work, 503 while a dependency (Redis) is away."""
+HEALTH_PATHS = (LIVE_PATH, READY_PATH)
 DEFAULT_OPEN_PATHS = (*HEALTH_PATHS, "/metrics")
 
 

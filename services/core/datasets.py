@@ -96,7 +96,8 @@ def parse_row(row: Mapping[str, Any], index: int, default_split: str = "train") 
     if not golds:
         golds = strings(row.get("golden_answers"))
     source = str(row.get("data_source") or "unknown")
-    extra = row.get("extra_info") if isinstance(row.get("extra_info"), Mapping) else {}
+    raw_extra = row.get("extra_info")
+    extra: Mapping[str, Any] = raw_extra if isinstance(raw_extra, Mapping) else {}
     meta = row.get("metadata")
     if meta is not None and not isinstance(meta, Mapping):
         raise DatasetError(f"row {index}: 'metadata' must be an object, got {type(meta).__name__}")

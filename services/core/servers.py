@@ -144,7 +144,7 @@ class HttpServer:
         self.port: int = self._sock.getsockname()[1]
         config = uvicorn.Config(app, log_level=log_level, lifespan="on", access_log=False)
         self._server = uvicorn.Server(config)
-        self._server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # we own signals
+        setattr(self._server, "install_signal_handlers", lambda: None)  # noqa: B010 - we own the signals
         self._task: asyncio.Task | None = None
 
     @property

@@ -3,7 +3,12 @@ models through `__`, `extra="forbid"`, and an optional TOML/YAML run config that
 
 Precedence (highest first): keyword arguments, environment variables, the run-config file, defaults.
 A run config holds one table per service (`[retriever]`, `[learner]`, …); `load_settings` picks the
-table named by the class's `section`.
+table named by the class's `section`. A keyword argument names a nested field with `__`, as an
+environment variable does (`redis__url=…` is `ROLLOUT_REDIS__URL`); it is merged into the nested table
+(the other fields keep their file or environment values) and validated with everything else.
+
+Each field is documented once, by the docstring under it: the CLI's help texts read it
+(`core.commandline.field_help`).
 """
 
 from __future__ import annotations
@@ -69,6 +74,28 @@ class RedisSettings(Section):
     """Run name: every key is prefixed `searchr1:{run}:` so runs share a server safely."""
 
 
+class RetrySettings(Section):
+    """How a service client retries (the policy is `searchr1.core.retry`): the one declaration of these
+    knobs, shared by the retriever and reward clients and their settings tables."""
+
+    timeout_s: float = Field(default=10.0, gt=0)
+    """Per-call timeout (one attempt)."""
+    retries: int = Field(default=3, ge=0, le=1000)
+    """Retries after a transient error (gRPC UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED; HTTP
+    connection errors, timeouts, 429, 5xx)."""
+    backoff_s: float = Field(default=0.1, ge=0.0, le=60.0)
+    """First retry's backoff; it doubles per retry (with jitter) up to `max_backoff_s`."""
+    max_backoff_s: float = Field(default=2.0, gt=0.0, le=300.0)
+    """Longest wait between two attempts (the retriever client's channel also caps its reconnect backoff
+    at the smaller of this and 1 s)."""
+    deadline_s: float | None = Field(default=None, gt=0.0)
+    """Bound on all attempts of one call together (None: only `retries` bounds them)."""
+
+    def retry_policy(self) -> RetrySettings:
+        """These knobs alone (a settings table that extends this class carries more)."""
+        return RetrySettings.model_validate(self.model_dump(include=set(RetrySettings.model_fields)))
+
+
 class ServiceSettings(BaseSettings):
     """Base class for one service's settings. Subclasses set `env_prefix` and `section`."""
 
@@ -90,9 +117,27 @@ class ServiceSettings(BaseSettings):
         return init_settings, env_settings, _FileSource(settings_cls)
 
 
+def nest_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
+    """`{"redis__url": u, "model": m}` → `{"redis": {"url": u}, "model": m}`; None values are dropped."""
+    out: dict[str, Any] = {}
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        *parents, leaf = key.split("__")
+        node = out
+        for parent in parents:
+            child = node.setdefault(parent, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {key!r} conflicts with the override of {parent!r}")
+            node = child
+        node[leaf] = value
+    return out
+
+
 def load_settings(cls: type[S], config: str | Path | None = None, **overrides: Any) -> S:
     """Build `cls` from an optional run config (its `cls.section` table, or the whole file if the class
-    has no section), environment variables and explicit overrides (None values are ignored)."""
+    has no section), environment variables and explicit overrides (None values are ignored; `a__b`
+    names field `b` of the nested table `a`, merged into it). Everything is validated together."""
     values: dict[str, Any] = {}
     if config is not None:
         data = read_config_file(config)
@@ -101,6 +146,6 @@ def load_settings(cls: type[S], config: str | Path | None = None, **overrides: A
             raise ConfigError(f"[{cls.section}] in {config} must be a table")
     token = _FILE_VALUES.set(values)
     try:
-        return cls(**{k: v for k, v in overrides.items() if v is not None})
+        return cls(**nest_overrides(overrides))
     finally:
         _FILE_VALUES.reset(token)

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence, Sized
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -84,11 +84,6 @@ class StreamKeys:
     def weights(self) -> str:
         """Hash `latest` {version, uri, sha256, created_at}."""
         return self.key("weights")
-
-    @property
-    def weights_channel(self) -> str:
-        """Pub/sub channel announcing each new weight version."""
-        return self.key("weights:notify")
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,7 +282,11 @@ class TypedStream(Generic[T]):
                 if lag is not None:
                     return int(lag)
                 after = f"({_sid(g['last-delivered-id'])}"
-                return len(await self._call(lambda a=after: self.redis.xrange(self.key, min=a, max="+"), "xrange"))
+
+                def undelivered(a: str = after) -> Awaitable[Sized]:
+                    return self.redis.xrange(self.key, min=a, max="+")
+
+                return len(await self._call(undelivered, "xrange"))
         return await self.length()
 
     async def in_flight(self) -> int:

@@ -1,6 +1,6 @@
 """Weight-version announcements shared by the learner (writer) and rollout workers (readers)
-(docs/architecture.md, "Weight sync"): a Redis hash `searchr1:{run}:weights` holding the latest `WeightVersion` and a pub/sub
-notice per publication, plus the snapshot digest both sides compute the same way.
+(docs/architecture.md, "Weight sync"): a Redis hash `searchr1:{run}:weights` holding the latest `WeightVersion`
+(the workers poll it), plus the snapshot digest both sides compute the same way.
 
 It does not write or load tensors (that is the learner's publisher and the rollout's loader).
 
@@ -97,16 +97,12 @@ def snapshot_digest(directory: str | Path) -> str:
 
 
 async def announce(redis: aioredis.Redis, keys: StreamKeys, version: WeightVersion) -> None:
-    """Record `version` as the latest and notify subscribers. Versions never go backwards: an older
-    announcement than the one stored is ignored (a restarted learner resumes from its checkpoint)."""
+    """Record `version` as the latest. Versions never go backwards: an older announcement than the one
+    stored is ignored (a restarted learner resumes from its checkpoint)."""
     current = await latest(redis, keys)
     if current is not None and current.version > version.version:
         return
-    payload = encode(version)
-    async with redis.pipeline(transaction=True) as pipe:
-        pipe.hset(keys.weights, mapping={b"latest": payload, b"version": str(version.version)})
-        pipe.publish(keys.weights_channel, payload)
-        await pipe.execute()
+    await redis.hset(keys.weights, mapping={b"latest": encode(version), b"version": str(version.version)})
 
 
 async def latest(redis: aioredis.Redis, keys: StreamKeys) -> WeightVersion | None:

@@ -44,8 +44,9 @@ def up(
     from rich.console import Console
 
     from searchr1.core.settings import ConfigError, load_settings
+    from searchr1.launcher.planner import build_plan
     from searchr1.launcher.settings import LauncherSettings
-    from searchr1.launcher.specs import build_plan, dry_run_lines, total_steps
+    from searchr1.launcher.specs import dry_run_lines, total_steps
     from searchr1.launcher.status import StatusCollector
     from searchr1.launcher.supervisor import EXIT_REFUSED, Supervisor
 

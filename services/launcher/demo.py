@@ -30,9 +30,10 @@ from typing import Any
 from rich.console import Console
 
 from searchr1.launcher.logs import ConsoleFilter, console_text
+from searchr1.launcher.planner import build_plan
 from searchr1.launcher.report import write_report
 from searchr1.launcher.settings import LauncherSettings
-from searchr1.launcher.specs import LaunchPlan, build_plan, eval_plan, total_steps
+from searchr1.launcher.specs import LaunchPlan, eval_plan, total_steps
 from searchr1.launcher.status import StatusCollector
 from searchr1.launcher.supervisor import Supervisor
 

@@ -6,12 +6,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import sys
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from searchr1.launcher.specs import ProcessSpec
+
+EXIT_FAILED = 1
+EXIT_REFUSED = 2
+
+
+class Stop(Exception):
+    """Raised inside the start/watch phases to end the run with `code` (then everything is stopped).
+    `message` is said in red (bold if `code` ≠ 0) and the log tails of `tail_of` are shown."""
+
+    def __init__(self, code: int, message: str | None = None, tail_of: tuple[str, ...] = ()) -> None:
+        super().__init__(code)
+        self.code = code
+        self.message = message
+        self.tail_of = tail_of
 
 
 def exit_code_of(returncode: int) -> int:
@@ -67,3 +85,49 @@ class Running:
     @property
     def returncode(self) -> int | None:
         return self.proc.returncode
+
+
+async def _wait_or_force(aw: Awaitable[object], deadline: float, force: asyncio.Event) -> bool:
+    """Await `aw` until the deadline or a forced stop; True if it completed."""
+    task = asyncio.ensure_future(aw)
+    forced = asyncio.create_task(force.wait())
+    try:
+        done, _ = await asyncio.wait({task, forced}, timeout=max(0.0, deadline - time.monotonic()),
+                                     return_when=asyncio.FIRST_COMPLETED)
+        return task in done
+    finally:
+        forced.cancel()
+        if not task.done():
+            task.cancel()
+
+
+async def terminate_group(run: Running, grace_s: float, force: asyncio.Event,
+                          say: Callable[..., None]) -> None:
+    """Stop a started process and its process group: SIGTERM, then SIGKILL after `grace_s` (at once when
+    `force` is set); the group's other members get the same treatment once the leader is gone."""
+    pgid = run.proc.pid
+    name = run.spec.name
+    deadline = time.monotonic() + grace_s
+    if run.returncode is None:
+        say(f"stopping {name} (SIGTERM)")
+        signal_group(pgid, signal.SIGTERM)
+        if not await _wait_or_force(run.proc.wait(), deadline, force):
+            say(f"{name} still running after {grace_s:.0f}s: SIGKILL", "yellow")
+            signal_group(pgid, signal.SIGKILL)
+            await run.proc.wait()
+    # the leader is gone; its process group (children it started) must go too
+    if group_alive(pgid):
+        signal_group(pgid, signal.SIGTERM)
+        while group_alive(pgid) and time.monotonic() < deadline and not force.is_set():
+            await asyncio.sleep(0.05)
+        if group_alive(pgid):
+            signal_group(pgid, signal.SIGKILL)
+
+
+def write_process_table(path: Path, running: dict[str, Running], restarts: dict[str, int]) -> None:
+    """RUN_DIR/processes.json: name → pid and argv of every started process (for operators/tests)."""
+    table = {name: {"pid": r.proc.pid, "argv": r.spec.argv, "restarts": restarts.get(name, 0)}
+             for name, r in running.items()}
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(table, indent=2))
+    tmp.replace(path)

@@ -87,7 +87,7 @@ class RetrieverProcessSettings(ProcessSettings):
     http_port: int = Field(default=0, ge=0, le=65535)
     """HTTP port of the Search-R1-compatible `/retrieve` endpoint (0 = a free one)."""
     health_timeout_s: float = Field(default=120.0, gt=0, le=7200)
-    """How long the retriever may take to report SERVING (gRPC) and 200 on `/health` (HTTP)."""
+    """How long the retriever may take to report SERVING (gRPC) and 200 on `/healthz` (HTTP)."""
     build_timeout_s: float = Field(default=1800.0, gt=0, le=86400)
     """How long building a missing index may take."""
 
@@ -96,7 +96,7 @@ class RewardProcessSettings(ProcessSettings):
     port: int = Field(default=0, ge=0, le=65535)
     """HTTP port of the reward service (0 = a free one)."""
     health_timeout_s: float = Field(default=60.0, gt=0, le=3600)
-    """How long the reward service may take to answer 200 on `/health`."""
+    """How long the reward service may take to answer 200 on `/healthz`."""
 
 
 class RolloutProcessSettings(ProcessSettings):

@@ -1,10 +1,10 @@
 """What `searchr1 up` runs: the one table of command templates and the `ProcessSpec`s built from settings.
 
-`build_plan(settings, config)` turns `LauncherSettings` into a `LaunchPlan`: the processes in dependency
-order (Redis → index build if the index is missing → retriever → reward → rollout workers → learner),
-each with its argv, health gates, stage and timeouts, plus the problems found before anything starts
-(a configured port already taken, `redis-server` not found, a corpus missing). Ports configured as 0
-are resolved here to free ones, so every process's address is known before the first one starts.
+`planner.build_plan(settings, config)` turns `LauncherSettings` into a `LaunchPlan`: the processes in
+dependency order (Redis → index build if the index is missing → retriever → reward → rollout workers →
+learner), each with its argv, health gates, stage and timeouts, plus the problems found before anything
+starts (a configured port already taken, `redis-server` not found, a corpus missing). Ports configured as 0
+are resolved to free ones, so every process's address is known before the first one starts.
 
 The command lines live in `DEFAULT_TEMPLATES` only (run configs may override them per process with
 `[launcher.templates]`): lists of arguments after the `searchr1` command, where `{name}` is replaced by
@@ -32,18 +32,15 @@ one-shot process (the index build) is never restarted.
 
 from __future__ import annotations
 
-import os
 import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from searchr1.core.redis_server import RedisNotFound, find_redis_server
-from searchr1.core.servers import free_port, port_is_free
-from searchr1.core.settings import ConfigError, load_settings, read_config_file
-from searchr1.launcher.health import Gate, GrpcHealthGate, HttpGate, RedisPingGate
-from searchr1.launcher.placement import Placement, PlacementSettings, ProcessPlacement, plan_placement
+from searchr1.core.settings import ConfigError, read_config_file
+from searchr1.launcher.health import Gate
+from searchr1.launcher.placement import Placement
 from searchr1.launcher.settings import LauncherSettings, RestartSettings
 
 # The command templates: arguments after the `searchr1` command (settings.command). ONE place to adjust.
@@ -179,206 +176,10 @@ def render_template(name: str, template: list[str], values: dict[str, str]) -> l
     return out
 
 
-class _Ports:
-    """Resolves configured ports: fixed ones must be free (else a problem naming the process), 0 picks
-    a free one distinct from every other port of the plan."""
-
-    def __init__(self, host: str, problems: list[str]) -> None:
-        self.host = host
-        self.problems = problems
-        self.used: dict[int, str] = {}
-
-    def get(self, configured: int, owner: str) -> int:
-        if configured:
-            if configured in self.used:
-                self.problems.append(f"port {configured} is configured for both {self.used[configured]} "
-                                     f"and {owner}")
-            elif not port_is_free(self.host, configured):
-                self.problems.append(f"port {configured} ({owner}) is already in use on {self.host}: "
-                                     f"stop whatever listens there or configure another port (0 = any free)")
-            self.used[configured] = owner
-            return configured
-        for _ in range(100):
-            port = free_port(self.host)
-            if port not in self.used:
-                self.used[port] = owner
-                return port
-        raise RuntimeError("could not find a free port")  # pragma: no cover
-
-
 def render_env(name: str, configured: dict[str, str], values: dict[str, str]) -> dict[str, str]:
     """The process's environment additions: DEFAULT_ENV[name] overridden by `configured`, rendered."""
     merged = {**DEFAULT_ENV.get(name, {}), **configured}
     return {key: render_template(f"{name} env", [value], values)[0] for key, value in merged.items()}
-
-
-def restart_rule(settings: LauncherSettings, own: str | None) -> RestartSettings | None:
-    """The restart table for a process whose own policy is `own` (None: the launcher's default policy)."""
-    return settings.restart if (own or settings.restart.policy) == "on-failure" else None
-
-
-def load_placement(config: str | Path) -> PlacementSettings | None:
-    """The run config's `[placement]` table as `PlacementSettings` (env `PLACEMENT_*` over it), or None
-    when the file has no such table (or cannot be read: `build_plan` reports a missing config)."""
-    try:
-        data = read_config_file(config)
-    except (OSError, ConfigError):
-        return None
-    return load_settings(PlacementSettings, config) if "placement" in data else None
-
-
-def _apply_placement(name: str, env: dict[str, str], configured: dict[str, str], where: ProcessPlacement,
-                     problems: list[str]) -> dict[str, str]:
-    """`env` with the placement's variables merged over it; a configured value that differs is a problem."""
-    for key, value in where.env.items():
-        if key in configured and env.get(key) != value:
-            problems.append(f"{name}: its launcher env sets {key}={env.get(key)!r} but [placement] gives "
-                            f"{value!r}; drop the env entry (the placement sets it)")
-    return {**env, **where.env}
-
-
-def web_search_backend(config: Path) -> bool:
-    """Whether the run's retriever answers from a web search API (`[retriever] backend = "web"`, or
-    RETRIEVER_BACKEND): it needs no index, so none is built."""
-    try:
-        table = read_config_file(config).get("retriever", {}) if config.is_file() else {}
-    except ConfigError:
-        table = {}
-    backend = os.environ.get("RETRIEVER_BACKEND") or (table.get("backend") if isinstance(table, dict) else None)
-    return str(backend).lower() == "web"
-
-
-def build_plan(settings: LauncherSettings, config: str | Path, run_dir: str | Path | None = None,
-               placement: PlacementSettings | None = None) -> LaunchPlan:
-    """The processes of `searchr1 up` in dependency order (see module docstring). `placement`: the GPU
-    placement to follow; default: the run config's `[placement]` table, if it has one."""
-    problems: list[str] = []
-    config_path = Path(config).resolve()
-    if not config_path.is_file():
-        problems.append(f"run config not found: {config_path}")
-    if placement is None and config_path.is_file():
-        placement = load_placement(config_path)
-    placed = plan_placement(placement) if placement is not None else None
-    where = placed.by_name() if placed is not None else {}
-    run_root = Path(run_dir if run_dir is not None else settings.run_dir).resolve()
-    host = settings.host
-    ports = _Ports(host, problems)
-    templates = {**DEFAULT_TEMPLATES, **settings.templates}
-    for table in ("templates", "commands"):
-        unknown = sorted(set(getattr(settings, table)) - set(DEFAULT_TEMPLATES))
-        if unknown:
-            raise ConfigError(f"[launcher.{table}] has unknown process(es) {unknown}; "
-                              f"known: {sorted(DEFAULT_TEMPLATES)}")
-    default_base = cli_command(settings)
-
-    def base(kind: str) -> list[str]:
-        if kind == "learner" and placed is not None:
-            prefix = list(placed.learner.command_prefix)
-            literal = [*prefix, "-m", "searchr1.cli"]
-            if not settings.command and prefix[:1] == ["torchrun"]:
-                # torchrun of the interpreter that runs every other service (no PATH lookup)
-                prefix[:1] = [sys.executable, "-m", "torch.distributed.run"]
-            torchrun = [*prefix, "-m", "searchr1.cli"]
-            configured = settings.commands.get("learner")
-            if configured and list(configured) not in (torchrun, literal):
-                problems.append(f"learner: [launcher.commands] learner = {configured} but [placement] starts it "
-                                f"with {torchrun}; drop the command (the placement sets it)")
-            return torchrun
-        return list(settings.commands.get(kind) or default_base)
-    specs: list[ProcessSpec] = []
-
-    # Redis: started here unless an external one is configured.
-    preflight: list[Gate] = []
-    if settings.redis.url:
-        redis_url = settings.redis.url
-        preflight.append(RedisPingGate(redis_url))
-    else:
-        redis_port = ports.get(settings.redis.port, "redis")
-        redis_url = f"redis://{host}:{redis_port}/0"
-        try:
-            binary = find_redis_server()
-        except RedisNotFound as exc:
-            problems.append(f"redis: {exc}")
-            binary = "redis-server"
-        specs.append(ProcessSpec(
-            name="redis", stage="redis",
-            argv=[binary, "--port", str(redis_port), "--bind", host, "--save", "", "--appendonly", "yes",
-                  "--appendfsync", settings.redis.appendfsync, "--dir", str(run_root / "redis"),
-                  "--protected-mode", "no"],
-            gates=[RedisPingGate(redis_url)], health_timeout_s=settings.redis.health_timeout_s,
-            make_dirs=[run_root / "redis"], restart=restart_rule(settings, settings.redis.restart),
-        ))
-
-    r = settings.retriever
-    index_dir = Path(r.index_dir).resolve() if r.index_dir else run_root / "index"
-    grpc_port = ports.get(r.grpc_port, "retriever gRPC")
-    http_port = ports.get(r.http_port, "retriever HTTP")
-    reward_port = ports.get(settings.reward.port, "reward")
-    common = {
-        "config": str(config_path), "host": host, "run": settings.run, "run_dir": str(run_root),
-        "log_dir": str(run_root / "logs"), "redis_url": redis_url, "index_dir": str(index_dir),
-        "retriever_grpc": f"{host}:{grpc_port}", "retriever_http": f"http://{host}:{http_port}",
-        "reward_url": f"http://{host}:{reward_port}",
-    }
-
-    if not index_dir.exists() and not web_search_backend(config_path):
-        corpus = Path(r.corpus).resolve() if r.corpus else None
-        if corpus is None:
-            problems.append(f"retriever: index {index_dir} is missing and no corpus is configured to build it "
-                            f"([launcher.retriever] corpus = \"…\")")
-        elif not corpus.is_file():
-            problems.append(f"index-build: corpus {corpus} not found (needed to build the missing index "
-                            f"{index_dir})")
-        values = {**common, "corpus": str(corpus or ""), "index_kind": r.kind}
-        specs.append(ProcessSpec(
-            name="index-build", stage="index-build", oneshot=True, health_timeout_s=r.build_timeout_s,
-            argv=base("index-build") + render_template("index-build", templates["index-build"], values),
-            env=render_env("index-build", {}, values),
-        ))
-
-    def service(name: str, kind: str, proc: Any, values: dict[str, str], gates: list[Gate], **kw: Any) -> None:
-        """One long-running process of kind `kind` (template, command, env) from its settings `proc`,
-        placed on its GPUs when the plan has a placement."""
-        env = render_env(kind, proc.env, values)
-        if name in where:
-            env = _apply_placement(name, env, proc.env, where[name], problems)
-        specs.append(ProcessSpec(
-            name=name, stage=kind, health_timeout_s=proc.health_timeout_s, gates=gates,
-            argv=base(kind) + render_template(kind, templates[kind], values) + list(proc.extra_args),
-            env=env, restart=restart_rule(settings, proc.restart), **kw,
-        ))
-
-    service("retriever", "retriever", r, {**common, "grpc_port": str(grpc_port), "http_port": str(http_port)},
-            [GrpcHealthGate(f"{host}:{grpc_port}"), HttpGate(f"http://{host}:{http_port}/health")])
-    service("reward", "reward", settings.reward, {**common, "port": str(reward_port)},
-            [HttpGate(f"http://{host}:{reward_port}/health")])
-    ro = settings.rollout
-    workers = ro.workers
-    if placed is not None:
-        workers = len(placed.rollout)
-        if "workers" in ro.model_fields_set and ro.workers != workers:
-            problems.append(f"rollout: [launcher.rollout] workers = {ro.workers} but [placement] makes {workers} "
-                            f"vLLM workers; drop `workers` (the placement sets it)")
-    for i in range(workers):
-        worker_id = f"rollout-{i}"
-        mport = ports.get(ro.metrics_port + i if ro.metrics_port else 0, f"{worker_id} metrics")
-        service(worker_id, "rollout", ro,
-                {**common, "worker_id": worker_id, "worker_index": str(i), "metrics_port": str(mport)},
-                [HttpGate(f"http://{host}:{mport}/readyz")])
-    le = settings.learner
-    lport = ports.get(le.metrics_port, "learner metrics")
-    learner_metrics_url = f"http://{host}:{lport}/metrics"
-    service("learner", "learner", le, {**common, "metrics_port": str(lport)}, [HttpGate(f"http://{host}:{lport}/readyz")],
-            main=True)
-    jsonl = Path(render_template("metrics_jsonl", [le.metrics_jsonl], {"run": settings.run,
-                                                                        "run_dir": str(run_root)})[0])
-    return LaunchPlan(
-        specs=specs, run_dir=run_root, redis_url=redis_url, run=settings.run,
-        learner_metrics_url=learner_metrics_url,
-        metrics_jsonl=jsonl.resolve(),
-        problems=problems, preflight_gates=preflight, values=common, base_command=default_base,
-        placement=placed,
-    )
 
 
 def dry_run_lines(plan: LaunchPlan) -> list[str]:

@@ -44,35 +44,27 @@ from itertools import groupby
 
 from rich.console import Console
 
-from searchr1.core.aio import stop_task
 from searchr1.launcher.health import check_all
 from searchr1.launcher.logs import LogMux, tail
 from searchr1.launcher.processes import (
+    EXIT_FAILED,
+    EXIT_REFUSED,
     Running,
+    Stop,
     exit_code_of,
     group_alive,
     pdeathsig_preexec,
     signal_group,
+    terminate_group,
+    write_process_table,
 )
 from searchr1.launcher.restarts import RestartRule
 from searchr1.launcher.specs import LaunchPlan, ProcessSpec
-from searchr1.launcher.status import StatusCollector, render_status
+from searchr1.launcher.status import StatusCollector
+from searchr1.launcher.ticker import StatusTicker
 from searchr1.launcher.view import LiveView, PlainCadence
 
-EXIT_FAILED = 1
-EXIT_REFUSED = 2
 POLL_S = 0.2
-
-
-class Stop(Exception):
-    """Raised inside the start/watch phases to end the run with `code` (then everything is stopped).
-    `message` is said in red (bold if `code` ≠ 0) and the log tails of `tail_of` are shown."""
-
-    def __init__(self, code: int, message: str | None = None, tail_of: tuple[str, ...] = ()) -> None:
-        super().__init__(code)
-        self.code = code
-        self.message = message
-        self.tail_of = tail_of
 
 
 class Supervisor:
@@ -89,8 +81,6 @@ class Supervisor:
         self.log_tail_lines = log_tail_lines
         self.die_with_launcher = die_with_launcher
         self.collector = collector
-        self.status_refresh_s = status_refresh_s
-        self.plain_cadence = PlainCadence(status_plain_interval_s, status_plain_every_percent, total_steps)
         self.verbose = verbose
         self.mux = LogMux(console, plan.log_dir, [s.name for s in plan.specs], verbose=verbose)
         self.view = LiveView(console, title, total_steps)
@@ -98,10 +88,10 @@ class Supervisor:
         self._wake = asyncio.Event()
         self._force = asyncio.Event()
         self._signal: int | None = None
-        self._status_task: asyncio.Task | None = None
-        self._status_halt = asyncio.Event()
-        self.last_status: str | None = None
-        """The last rendered status line (printed once more when the run ends)."""
+        cadence = PlainCadence(status_plain_interval_s, status_plain_every_percent, total_steps)
+        self.ticker = None if collector is None else StatusTicker(
+            collector, self.view, self.mux, cadence, status_refresh_s,
+            lambda: f" · restarts {sum(self.restarts.values())}" if self.restarts else "")
         self.rules: dict[str, RestartRule] = {}
         """Restart history of every process that has a restart rule (created at its first death)."""
         self._restarting: dict[str, asyncio.Task] = {}
@@ -144,7 +134,8 @@ class Supervisor:
                     await self._drain(name)
                     self._say_tail(name)
         finally:  # whatever happened above (even a bug or a cancellation), nothing is left running
-            await self._stop_status()
+            if self.ticker is not None:
+                await self.ticker.stop()
             self.view.phase("stopping")
             await asyncio.shield(self._stop_all())
             self._remove_signals()
@@ -173,9 +164,9 @@ class Supervisor:
         self.view.phase("running" if self.collector is None else "training")
 
     async def _watch(self) -> int:
-        if self.collector is not None:
+        if self.collector is not None and self.ticker is not None:
             self.collector.scrape_learner = True
-            self._status_task = asyncio.create_task(self._status_loop())
+            self.ticker.start()
         while True:
             self._check_stop()
             self._check_exits(started=True)
@@ -396,74 +387,13 @@ class Supervisor:
                 await asyncio.gather(*(self._terminate(r) for r in runs))
 
     async def _terminate(self, run: Running) -> None:
-        pgid = run.proc.pid
-        name = run.spec.name
-        deadline = time.monotonic() + (0.0 if self._force.is_set() else self.grace_period_s)
-        if run.returncode is None:
-            self.mux.say(f"stopping {name} (SIGTERM)")
-            signal_group(pgid, signal.SIGTERM)
-            if not await self._wait_or_force(run.proc.wait(), deadline):
-                self.mux.say(f"{name} still running after {self.grace_period_s:.0f}s: SIGKILL", "yellow")
-                signal_group(pgid, signal.SIGKILL)
-                await run.proc.wait()
-        # the leader is gone; its process group (children it started) must go too
-        if group_alive(pgid):
-            signal_group(pgid, signal.SIGTERM)
-            while group_alive(pgid) and time.monotonic() < deadline and not self._force.is_set():
-                await asyncio.sleep(0.05)
-            if group_alive(pgid):
-                signal_group(pgid, signal.SIGKILL)
+        grace = 0.0 if self._force.is_set() else self.grace_period_s
+        await terminate_group(run, grace, self._force, self.mux.say)
         if run.waiter is not None:
             await run.waiter
-        await self._drain(name)
-        self.mux.close(name)
+        await self._drain(run.spec.name)
+        self.mux.close(run.spec.name)
 
-    async def _wait_or_force(self, aw, deadline: float) -> bool:
-        """Await `aw` until the deadline or a forced stop; True if it completed."""
-        task = asyncio.ensure_future(aw)
-        force = asyncio.create_task(self._force.wait())
-        try:
-            done, _ = await asyncio.wait({task, force}, timeout=max(0.0, deadline - time.monotonic()),
-                                         return_when=asyncio.FIRST_COMPLETED)
-            return task in done
-        finally:
-            force.cancel()
-            if not task.done():
-                task.cancel()
-
-    # ---------------------------------------------------------------- status line, process table
-    async def _status_loop(self) -> None:
-        assert self.collector is not None
-        while not self._status_halt.is_set():  # a cancel can be lost in a Redis call (core.aio)
-            try:
-                async with asyncio.timeout(max(2.0, self.status_refresh_s)):
-                    snap = await self.collector.collect()
-            except (TimeoutError, OSError):
-                snap = None
-            if snap is not None:
-                line = render_status(snap)
-                if self.restarts:
-                    line += f" · restarts {sum(self.restarts.values())}"
-                self.last_status = line
-                self.view.update(snap.step, line)
-                if not self.view.active and self.plain_cadence.due(snap.step, time.monotonic()):
-                    progress = self.view.plain_progress(snap.step)
-                    self.mux.say(f"status: {line}" + (f"  [{progress}]" if progress else ""), "bold")
-            await asyncio.sleep(self.status_refresh_s)
-
-    async def _stop_status(self) -> None:
-        if self._status_task is not None:
-            self._status_halt.set()
-            await stop_task(self._status_task, timeout=10.0)
-            self._status_task = None
-            if self.last_status:
-                self.mux.say(f"final status: {self.last_status}", "bold")
-
+    # ---------------------------------------------------------------- process table
     def _write_process_table(self) -> None:
-        """RUN_DIR/processes.json: name → pid and argv of every started process (for operators/tests)."""
-        table = {name: {"pid": r.proc.pid, "argv": r.spec.argv, "restarts": self.restarts.get(name, 0)}
-                 for name, r in self.running.items()}
-        path = self.plan.run_dir / "processes.json"
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(table, indent=2))
-        tmp.replace(path)
+        write_process_table(self.plan.run_dir / "processes.json", self.running, self.restarts)

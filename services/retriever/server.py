@@ -214,3 +214,34 @@ async def serve(settings: RetrieverSettings, *, on_ready: Callable[[RunningRetri
         log.info("retriever shutting down (grace %.1fs)", settings.shutdown_grace_s)
     finally:
         await running.stop()
+
+
+def run(settings: RetrieverSettings) -> int:
+    """`searchr1 serve retriever`: serve until SIGTERM/SIGINT, printing one `retriever ready …` line when
+    both servers accept requests; returns the exit code (2: an index or corpus it cannot serve)."""
+    import sys
+
+    from searchr1.retriever.corpus import CorpusError
+
+    logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)
+
+    def ready(r: RunningRetriever) -> None:
+        parts = [f"grpc={r.grpc_address}"]
+        if r.http is not None:
+            parts.append(f"http={r.http.url}")
+        if r.metrics_server is not None:
+            parts.append(f"metrics=http://{settings.host}:{r.metrics_server.port}/metrics")
+        line = f"retriever ready {' '.join(parts)} {r.description}"
+        log.info(line)
+        print(line, flush=True)
+
+    try:
+        with asyncio.Runner(loop_factory=event_loop_factory(settings.event_loop)) as runner:
+            runner.run(serve(settings, on_ready=ready))
+    except (IndexMismatchError, CorpusError, FileNotFoundError, OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    log.info("retriever stopped")
+    return 0

@@ -31,7 +31,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from searchr1.core.api import retriever_pb2, retriever_pb2_grpc
-from searchr1.core.auth import BearerAuthMiddleware, open_paths
+from searchr1.core.auth import LIVE_PATH, BearerAuthMiddleware, open_paths
 from searchr1.core.clients.retriever import Hit
 from searchr1.core.protocol import split_contents
 from searchr1.retriever.batcher import MicroBatcher, QueueFull
@@ -175,7 +175,7 @@ def _errors(errors: Sequence[Any]) -> str:
 
 
 def create_app(service: RetrieverService, *, token: str | None = None, metrics_open: bool = True):
-    """The HTTP API: POST /retrieve, GET /health, GET /metrics (ASGI app, wrapped in bearer auth when
+    """The HTTP API: POST /retrieve, GET /healthz, GET /metrics (ASGI app, wrapped in bearer auth when
     a token is set)."""
     app = FastAPI(title="searchr1 retriever", docs_url=None, redoc_url=None)
     metrics = service.metrics
@@ -214,7 +214,7 @@ def create_app(service: RetrieverService, *, token: str | None = None, metrics_o
             metrics.requests.labels("http", code).inc()
             metrics.latency.labels("http").observe(time.perf_counter() - t0)
 
-    @app.get("/health")
+    @app.get(LIVE_PATH)
     async def health() -> dict[str, Any]:
         return {"status": "ok", **service.info}
 

@@ -1,11 +1,12 @@
-"""The reward service over HTTP (FastAPI): `POST /v1/score`, `GET /v1/scorers`, `GET /health`,
+"""The reward service over HTTP (FastAPI): `POST /v1/score`, `GET /v1/scorers`, `GET /healthz`,
 `GET /metrics`, optional bearer auth on `/v1/*`. The wire models live in `searchr1.core.clients.reward`
 (one definition shared with the client).
 
 `RewardService` holds the dependencies (registry, scoring context with encoder cache / judge / thread
-pool, metrics, settings) and does the work; the routes only hand requests to it. Bad input — unknown
-scorer, bad params, wrong item shape, too many items — answers 422 with a message; a judge endpoint that
-stays down answers 502 (the client retries 5xx).
+pool, metrics, settings) and does the work, raising domain errors; the routes only hand requests to it,
+and the app maps those errors to HTTP: bad input (`ScorerInputError`: unknown scorer, bad params, wrong
+item shape, too many items) answers 422 with a message; a judge endpoint that stays down
+(`JudgeUnavailable`) answers 502 (the client retries 5xx).
 """
 
 from __future__ import annotations
@@ -17,18 +18,19 @@ from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, HTTPException, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from searchr1.core.auth import BearerAuthMiddleware, open_paths
+from searchr1.core.auth import LIVE_PATH, BearerAuthMiddleware, open_paths
 from searchr1.core.clients.reward import ScoreRequest, ScoreResult
 from searchr1.core.servers import HttpServer, install_shutdown_signals
 from searchr1.reward.judge import JudgeUnavailable, LLMJudge
 from searchr1.reward.metrics import RewardMetrics
-from searchr1.reward.registry import Judge, Registry, ScorerInputError, ScoringContext, default_registry
+from searchr1.reward.registry import Judge, Registry, ScorerInputError, ScoringContext
 from searchr1.reward.runner import run_scorer
+from searchr1.reward.scorers import default_registry
 from searchr1.reward.semantic import EncoderCache
 from searchr1.reward.settings import RewardSettings
 
@@ -44,6 +46,8 @@ class RewardService:
         self._closers = closers or []
 
     async def score(self, request: ScoreRequest) -> ScoreResult:
+        """Scores of `request`'s items. Raises `ScorerInputError` for bad input and `JudgeUnavailable`
+        when the judge endpoint stays down (the HTTP app answers 422 and 502)."""
         label = request.scorer if request.scorer in self.ctx.registry else "unknown"
         start = time.perf_counter()
         try:
@@ -51,12 +55,9 @@ class RewardService:
                 raise ScorerInputError(f"{len(request.items)} items exceed this server's max_batch_items "
                                        f"({self.settings.max_batch_items}); split the batch")
             results = await run_scorer(self.ctx, request.scorer, request.items, request.params)
-        except ScorerInputError as exc:
+        except ScorerInputError:
             self.metrics.requests.labels(scorer=label, outcome="invalid").inc()
-            raise HTTPException(status_code=422, detail=str(exc)) from None
-        except JudgeUnavailable as exc:
-            self.metrics.requests.labels(scorer=label, outcome="error").inc()
-            raise HTTPException(status_code=502, detail=str(exc)) from None
+            raise
         except Exception:
             self.metrics.requests.labels(scorer=label, outcome="error").inc()
             raise
@@ -91,7 +92,7 @@ def build_service(settings: RewardSettings, *, registry: Registry | None = None,
     closers.append(lambda: executor.shutdown(wait=False, cancel_futures=True))
     if judge is None and settings.judge.url:
         j = settings.judge
-        llm = LLMJudge(j.url, model=j.model, api_key=j.api_key, timeout_s=j.timeout_s, retries=j.retries,
+        llm = LLMJudge(settings.judge.url, model=j.model, api_key=j.api_key, timeout_s=j.timeout_s, retries=j.retries,
                        backoff_s=j.backoff_s, cache_size=j.cache_size, max_concurrency=j.max_concurrency,
                        on_event=metrics.judge_event)
         closers.append(llm.close)
@@ -128,7 +129,7 @@ async def scorers(request: Request) -> dict[str, Any]:
     return {"scorers": _service(request).scorers()}
 
 
-@router.get("/health")
+@router.get(LIVE_PATH)
 async def health(request: Request) -> dict[str, Any]:
     return {"status": "ok", "scorers": len(_service(request).ctx.registry.names())}
 
@@ -166,6 +167,14 @@ def create_app(service: RewardService) -> FastAPI:
         return JSONResponse(status_code=422, content={"detail": _flatten(errors) or "invalid request",
                                                       "errors": errors[:50]})
 
+    @app.exception_handler(ScorerInputError)
+    async def _bad_input(request: Request, exc: ScorerInputError) -> JSONResponse:
+        return JSONResponse(status_code=422, content={"detail": str(exc)})
+
+    @app.exception_handler(JudgeUnavailable)
+    async def _judge_down(request: Request, exc: JudgeUnavailable) -> JSONResponse:
+        return JSONResponse(status_code=502, content={"detail": str(exc)})
+
     if service.settings.token:
         app.add_middleware(BearerAuthMiddleware, token=service.settings.token,
                            open_paths=open_paths(metrics_open=service.settings.metrics_open))
@@ -190,3 +199,16 @@ async def serve(settings: RewardSettings, *, ready: asyncio.Event | None = None,
     finally:
         await server.stop()
         print("searchr1 reward service stopped", flush=True)
+
+
+def run(settings: RewardSettings) -> int:
+    """`searchr1 serve reward`: serve until SIGINT/SIGTERM; returns the exit code (1: the port or a
+    resource could not be had)."""
+    import sys
+
+    try:
+        asyncio.run(serve(settings))
+    except OSError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,5 +1,5 @@
 """Parameter models of the reward scorers: one pydantic model per scorer, unknown keys forbidden (a typo
-is a 422, not a silently ignored setting). `searchr1.reward.registry` binds each to its scorer."""
+is a 422, not a silently ignored setting). `searchr1.reward.scorers` binds each to its scorer."""
 
 from __future__ import annotations
 

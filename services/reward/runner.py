@@ -19,7 +19,6 @@ from searchr1.reward.registry import (
     ScorerInputError,
     ScoringContext,
     check_items,
-    validate_composite,
 )
 
 
@@ -40,10 +39,19 @@ async def run_scorer(ctx: ScoringContext, name: str, items: Sequence[ScoreItem],
         results = await loop.run_in_executor(ctx.executor, spec.run, items, p, ctx)
     else:
         results = spec.run(items, p, ctx)
-    results = list(results)  # type: ignore[arg-type]
+    results = list(results)
     if len(results) != len(items):
         raise RuntimeError(f"scorer {name!r} returned {len(results)} results for {len(items)} items")
     for value, _ in results:
         if not math.isfinite(value):
             raise ScorerInputError(f"scorer {name!r} produced a non-finite score ({value})")
     return results
+
+
+def validate_composite(p: CompositeParams, ctx: ScoringContext) -> None:
+    """Every component names a known, non-composite scorer with valid params."""
+    for comp in p.components:
+        spec = ctx.registry.get(comp.scorer)
+        if spec.name == "composite":
+            raise ScorerInputError("a composite component cannot itself be composite")
+        ctx.params_for(comp.scorer, comp.params)

@@ -52,7 +52,7 @@ class RewardSettings(ServiceSettings):
     host: str = Field(default="127.0.0.1", max_length=255)
     """Address to listen on (0.0.0.0 in containers)."""
     port: int = Field(default=8300, ge=0, le=65535)
-    """HTTP port for /v1/score, /v1/scorers, /health and /metrics (0 picks a free one)."""
+    """HTTP port for /v1/score, /v1/scorers, /healthz and /metrics (0 picks a free one)."""
     token: str | None = None
     """Bearer token required on /v1/* when set (health stays open; metrics too unless `metrics_open` is False)."""
     metrics_open: bool = True

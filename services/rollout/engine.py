@@ -30,7 +30,10 @@ import gc
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+if TYPE_CHECKING:
+    from searchr1.rollout.settings import EngineSettings
 
 TurnFinish = Literal["stop", "eos", "length"]
 """How a turn ended: a stop string, the EOS token, or its token budget."""
@@ -104,23 +107,23 @@ class HfCodec:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
 
 
+VLLM_ENGINE_FIELDS = frozenset({
+    "gpu_memory_utilization", "max_model_len", "dtype", "enforce_eager", "seed", "max_num_seqs",
+    "tensor_parallel_size", "logprobs_mode", "enable_prefix_caching"})
+"""The `EngineSettings` fields that are vLLM engine arguments of the same name and meaning."""
+
+
 @dataclass(frozen=True, slots=True)
 class VllmEngineConfig:
-    """What `VllmGenerator.start` needs (a subset of vLLM's engine args)."""
+    """What `VllmGenerator.start` needs: the model and its `EngineSettings` (the engine's settings are
+    declared once, there), plus the knobs only code sets."""
 
     model: str
-    gpu_memory_utilization: float = 0.08
-    max_model_len: int = 4096
-    dtype: str = "auto"
-    enforce_eager: bool = True
-    seed: int = 0
-    max_num_seqs: int = 256
-    tensor_parallel_size: int = 1
-    logprobs_mode: str = "processed_logprobs"
-    logits_processors: tuple[str, ...] = ()
-    enable_prefix_caching: bool = True
+    engine: EngineSettings
     enable_chunked_prefill: bool | None = None
+    """None: vLLM's default, except off on CPU (see `VllmGenerator.start`)."""
     extra: dict[str, Any] = field(default_factory=dict)
+    """Further `AsyncEngineArgs` keywords."""
 
 
 class VllmGenerator:
@@ -142,20 +145,13 @@ class VllmGenerator:
             # ("CPU Generator does not use offset" in gpu_model_runner's discard path); per-task seeds
             # are part of our wire format, so chunked prefill is off on CPU unless asked for.
             chunked = False
+        e = config.engine
         args = AsyncEngineArgs(
             model=config.model,
-            gpu_memory_utilization=config.gpu_memory_utilization,
-            max_model_len=config.max_model_len,
-            dtype=config.dtype,
-            enforce_eager=config.enforce_eager,
-            seed=config.seed,
-            max_num_seqs=config.max_num_seqs,
-            tensor_parallel_size=config.tensor_parallel_size,
-            logprobs_mode=config.logprobs_mode,
-            logits_processors=list(config.logits_processors) or None,
-            enable_prefix_caching=config.enable_prefix_caching,
+            **e.model_dump(include=VLLM_ENGINE_FIELDS),
+            logits_processors=list(e.logits_processors) or None,
             enable_chunked_prefill=chunked,
-            **({"max_num_batched_tokens": max(config.max_model_len, 2048)} if chunked is False else {}),
+            **({"max_num_batched_tokens": max(e.max_model_len, 2048)} if chunked is False else {}),
             **config.extra,
         )
         engine = AsyncLLM.from_engine_args(args)

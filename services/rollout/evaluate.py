@@ -106,26 +106,21 @@ class EvalConfig:
 
     samples: int = 1
     """K sampled trajectories per question (0: greedy only)."""
-    temperature: float = 1.0
-    """Temperature of the sampled trajectories (greedy is temperature 0)."""
-    top_p: float = 1.0
-    top_k: int = -1
-    seed: int = 0
-    """Base seed of the sampled trajectories (each gets its own, derived from question and sample index)."""
+    sampling: Sampling = Sampling(seed=0)
+    """How the sampled trajectories sample; its `seed` is the base seed (each trajectory gets its own,
+    derived from question and sample index). The greedy one is temperature 0 with the same `extra_args`."""
     greedy: bool = True
     """Run the greedy trajectory too."""
     concurrency: int = 16
     """Questions in flight at once (each runs 1 + K trajectories concurrently on the one engine)."""
     limits: AgentLimits = field(default_factory=AgentLimits)
     template: str = "search_r1"
-    extra_args: dict[str, Any] | None = None
-    """Passed to the engine with every turn (e.g. a logits processor's arguments)."""
     group_by: tuple[str, ...] = DEFAULT_GROUP_BY
     """Keys the reports break metrics down by: `data_source` or any key of a question's metadata
     (`Question.group_value`); each record carries its question's values of them."""
 
     def __post_init__(self) -> None:
-        if self.samples < 0 or self.concurrency < 1 or self.temperature < 0:
+        if self.samples < 0 or self.concurrency < 1 or self.sampling.temperature < 0:
             raise ValueError("samples must be >= 0, concurrency >= 1 and temperature >= 0")
         if not self.greedy and self.samples == 0:
             raise ValueError("nothing to run: greedy is off and samples is 0")
@@ -200,10 +195,10 @@ async def eval_question(index: int, q: Question, generator: Generator, codec: Te
     if config.greedy:
         # greedy decoding ignores the seed; a fixed per-question one keeps seeded logits processors
         # (e.g. the steering used with random models) reproducible across runs and `--seed`s
-        runs.append(("greedy", 0, Sampling(temperature=0.0, seed=index, extra_args=config.extra_args)))
+        runs.append(("greedy", 0, Sampling(temperature=0.0, seed=index, extra_args=config.sampling.extra_args)))
     for k in range(config.samples):
-        runs.append(("sampled", k, Sampling(config.temperature, config.top_p, config.top_k,
-                                            sample_seed(config.seed, index, k), config.extra_args)))
+        seed = sample_seed(config.sampling.seed or 0, index, k)
+        runs.append(("sampled", k, dataclasses.replace(config.sampling, seed=seed)))
     tasks: list[asyncio.Task[TrajectoryResult]] = []
     async with asyncio.TaskGroup() as tg:
         for mode, k, sampling in runs:
@@ -266,8 +261,8 @@ async def evaluate(data: str | Path, out_dir: str | Path, generator: Generator, 
     records = await run_eval(questions, generator, codec, tokenizer, search, scorer, config, on_question)
     info = {
         **dict(meta or {}), "data": str(data), "questions": len(questions), "greedy": config.greedy,
-        "samples": config.samples, "temperature": config.temperature, "top_p": config.top_p, "top_k": config.top_k,
-        "seed": config.seed, "max_turns": config.limits.max_turns,
+        "samples": config.samples, "temperature": config.sampling.temperature, "top_p": config.sampling.top_p,
+        "top_k": config.sampling.top_k, "seed": config.sampling.seed, "max_turns": config.limits.max_turns,
         "max_tokens_per_turn": config.limits.max_tokens_per_turn,
         "max_response_tokens": config.limits.max_response_tokens,
         "group_by": list(config.group_by), "scorers": {k: name for k, name in SCORERS},

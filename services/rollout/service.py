@@ -18,6 +18,7 @@ import asyncio
 import logging
 import os
 import socket
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,14 @@ from searchr1.core.redis_link import RedisLink
 from searchr1.core.servers import install_shutdown_signals
 from searchr1.core.streams import StreamKeys, connect, tasks_stream, trajectories_stream
 from searchr1.rollout.batcher import SearchBatcher
-from searchr1.rollout.engine import Generator, HfCodec, HfGenerator, VllmEngineConfig, VllmGenerator
+from searchr1.rollout.engine import (
+    Generator,
+    GeneratorDead,
+    HfCodec,
+    HfGenerator,
+    VllmEngineConfig,
+    VllmGenerator,
+)
 from searchr1.rollout.metrics import RolloutMetrics
 from searchr1.rollout.settings import EngineSettings, RolloutSettings
 from searchr1.rollout.weights import WeightLoader
@@ -50,12 +58,7 @@ async def start_generator(model: str, engine: EngineSettings) -> Generator:
         raise ValueError("no model configured: pass --model DIR (or ROLLOUT_MODEL)")
     if engine.kind == "hf":
         return HfGenerator(model, threads=engine.hf_threads)
-    return await VllmGenerator.start(VllmEngineConfig(
-        model=model, gpu_memory_utilization=engine.gpu_memory_utilization, max_model_len=engine.max_model_len,
-        dtype=engine.dtype, enforce_eager=engine.enforce_eager, seed=engine.seed, max_num_seqs=engine.max_num_seqs,
-        tensor_parallel_size=engine.tensor_parallel_size, logprobs_mode=engine.logprobs_mode,
-        logits_processors=tuple(engine.logits_processors), enable_prefix_caching=engine.enable_prefix_caching,
-    ))
+    return await VllmGenerator.start(VllmEngineConfig(model=model, engine=engine))
 
 
 @dataclass
@@ -98,6 +101,12 @@ class RolloutService:
             await self.generator.close()
 
 
+def _counted(metrics: RolloutMetrics, dependency: str) -> dict[str, Callable[[Any], None]]:
+    """A client's `on_retry` / `on_give_up` hooks counting into the dependency's metrics."""
+    return {"on_retry": lambda exc: metrics.dependency_retries.labels(dependency).inc(),
+            "on_give_up": lambda reason: metrics.dependency_failures.labels(dependency).inc()}
+
+
 async def build_service(settings: RolloutSettings, *, generator: Generator | None = None,
                         tokenizer: Any = None, serve_metrics: bool = True) -> RolloutService:
     """Wire a worker from settings (pass `generator` + `tokenizer` to share an engine)."""
@@ -115,11 +124,8 @@ async def build_service(settings: RolloutSettings, *, generator: Generator | Non
         if tokenizer is None:
             tokenizer = generator.tokenizer()  # type: ignore[attr-defined]
         r = settings.retriever
-        retriever = RetrieverClient(
-            r.addresses, token=r.token, timeout_s=r.timeout_s, retries=r.retries, backoff_s=r.backoff_s,
-            max_backoff_s=r.max_backoff_s, deadline_s=r.deadline_s,
-            on_retry=lambda exc: metrics.dependency_retries.labels("retriever").inc(),
-            on_give_up=lambda reason: metrics.dependency_failures.labels("retriever").inc())
+        retriever = RetrieverClient(r.addresses, token=r.token, retry=r.retry_policy(),
+                                    **_counted(metrics, "retriever"))
         closers.append(retriever.close)
 
         def on_batch(n: int, seconds: float) -> None:
@@ -130,11 +136,7 @@ async def build_service(settings: RolloutSettings, *, generator: Generator | Non
                                 max_wait_s=r.max_wait_ms / 1000.0, max_query_chars=r.max_query_chars,
                                 on_batch=on_batch)
         w = settings.reward
-        reward = RewardClient(
-            w.url, token=w.token, timeout_s=w.timeout_s, retries=w.retries, backoff_s=w.backoff_s,
-            max_backoff_s=w.max_backoff_s, deadline_s=w.deadline_s,
-            on_retry=lambda exc: metrics.dependency_retries.labels("reward").inc(),
-            on_give_up=lambda reason: metrics.dependency_failures.labels("reward").inc())
+        reward = RewardClient(w.url, token=w.token, retry=w.retry_policy(), **_counted(metrics, "reward"))
         closers.append(reward.close)
         redis = connect(settings.redis.url)
         closers.append(redis.aclose)
@@ -178,3 +180,23 @@ async def serve(settings: RolloutSettings, *, on_ready: Callable[[RolloutService
         log.info("rollout worker %s drained; exiting", service.worker.worker_id)
     finally:
         await service.close()
+
+
+def run(settings: RolloutSettings) -> int:
+    """`searchr1 serve rollout`: serve until SIGTERM/SIGINT (then drain) and return the exit code: 1 when
+    the engine died (a restart gets the held tasks redelivered) or a resource failed, else 0."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def ready(service: RolloutService) -> None:
+        log.info("rollout worker %s ready: run=%s model=%s version=%d metrics=%s", service.worker.worker_id,
+                 settings.redis.run, settings.model, service.worker.loader.version, service.metrics_url)
+
+    try:
+        asyncio.run(serve(settings, on_ready=ready))
+    except GeneratorDead as exc:
+        print(f"error: {exc}; exiting for a restart (the tasks held are redelivered)", file=sys.stderr)
+        return 1
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0

@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from searchr1.core.settings import RedisSettings, Section, ServiceSettings
+from searchr1.core.settings import RedisSettings, RetrySettings, Section, ServiceSettings
+
+if TYPE_CHECKING:
+    from searchr1.rollout.agent import AgentLimits, Sampling
 
 
 class EngineSettings(Section):
@@ -60,25 +63,39 @@ class AgentSettings(Section):
     """Passed to the engine with every turn (vLLM `SamplingParams.extra_args`, read by custom logits
     processors)."""
 
+    def limits(self, *, max_context_tokens: int | None = None,
+               max_tokens_per_turn: int | None = None) -> AgentLimits:
+        """The agent loop's limits from these settings (`max_tokens_per_turn`: a task's own budget, when
+        it sets one); `max_context_tokens` is the engine's context length."""
+        from searchr1.rollout.agent import AgentLimits  # the agent loop (and its gRPC client) loads on use
 
-class RetrieverClientSettings(Section):
-    """How this worker calls the retriever (the server's own settings are the retriever service's)."""
+        return AgentLimits(
+            max_turns=self.max_turns,
+            max_tokens_per_turn=self.max_tokens_per_turn if max_tokens_per_turn is None else max_tokens_per_turn,
+            max_obs_tokens=self.max_obs_tokens, max_response_tokens=self.max_response_tokens,
+            max_context_tokens=max_context_tokens)
+
+    def sampling(self, *, seed: int | None = None, temperature: float | None = None, top_p: float | None = None,
+                 top_k: int | None = None) -> Sampling:
+        """The agent loop's sampling from these settings; a value given here (a task's or a command's own)
+        takes precedence over the setting."""
+        from searchr1.rollout.agent import Sampling
+
+        return Sampling(
+            temperature=self.temperature if temperature is None else temperature,
+            top_p=self.top_p if top_p is None else top_p, top_k=self.top_k if top_k is None else top_k,
+            seed=seed, extra_args=dict(self.extra_args) or None)
+
+
+class RetrieverClientSettings(RetrySettings):
+    """How this worker calls the retriever (the server's own settings are the retriever service's); the
+    retry knobs are those of `RetrySettings`. When `deadline_s` runs out the trajectory ends with finish reason
+    `retriever_unavailable`."""
 
     addresses: list[str] = Field(default_factory=lambda: ["127.0.0.1:50051"])
     """gRPC addresses (host:port) of retriever replicas."""
     token: str | None = None
     """Bearer token, if the retriever requires one."""
-    timeout_s: float = Field(default=10.0, gt=0)
-    """Per-call timeout."""
-    retries: int = Field(default=3, ge=0, le=1000)
-    """Client retries on transient errors (UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED)."""
-    backoff_s: float = Field(default=0.1, ge=0.0, le=60.0)
-    """First retry's backoff; it doubles per retry (with jitter) up to `max_backoff_s`."""
-    max_backoff_s: float = Field(default=2.0, gt=0.0, le=300.0)
-    """Longest wait between two attempts (also caps the channel's reconnect backoff at 1 s)."""
-    deadline_s: float | None = Field(default=None, gt=0.0)
-    """Bound on all attempts of one search together (None: only `retries` bounds them). When it runs
-    out the trajectory ends with finish reason `retriever_unavailable`."""
     top_k: int = Field(default=3, ge=1, le=100)
     """Passages per search (Search-R1: 3)."""
     max_batch: int = Field(default=64, ge=1)
@@ -89,24 +106,17 @@ class RetrieverClientSettings(Section):
     """Queries are cut to this many characters (keep ≤ the retriever's `limits.max_query_chars`)."""
 
 
-class RewardClientSettings(Section):
-    """How this worker calls the reward service (the server's own settings are the reward service's)."""
+class RewardClientSettings(RetrySettings):
+    """How this worker calls the reward service (the server's own settings are the reward service's); the
+    retry knobs are those of `RetrySettings`. When `deadline_s` runs out the task stays unacked and is redelivered
+    after the visibility timeout."""
 
     url: str = "http://127.0.0.1:8002"
     """Base URL of the reward service."""
     token: str | None = None
     """Bearer token, if the reward service requires one."""
     timeout_s: float = Field(default=30.0, gt=0)
-    """Per-call timeout."""
-    retries: int = Field(default=3, ge=0, le=1000)
-    """Client retries on transient errors (connection errors, timeouts, 429, 5xx)."""
-    backoff_s: float = Field(default=0.1, ge=0.0, le=60.0)
-    """First retry's backoff; it doubles per retry (with jitter) up to `max_backoff_s`."""
-    max_backoff_s: float = Field(default=2.0, gt=0.0, le=300.0)
-    """Longest wait between two attempts."""
-    deadline_s: float | None = Field(default=None, gt=0.0)
-    """Bound on all attempts of one scoring call together (None: only `retries` bounds them). When it
-    runs out the task stays unacked and is redelivered after the visibility timeout."""
+    """Per-call timeout (one attempt); scoring a group takes longer than a search."""
     scorer: str = "searchr1_em"
     """Scorer name the reward service applies."""
     item_format: Literal["solution_str", "prompt_response"] = "solution_str"

@@ -83,32 +83,17 @@ def _dead_generator(exc: BaseException) -> GeneratorDead | None:
     return None
 
 
-def _set_or(value, fallback):
-    return fallback if value is None else value
-
-
 def sampling_for(task: Task, agent: AgentSettings) -> Sampling:
     """The task's sampling params, with the worker's settings where the task leaves one unset (None)."""
     s = task.sampling
-    return Sampling(
-        temperature=_set_or(s.temperature, agent.temperature),
-        top_p=_set_or(s.top_p, agent.top_p),
-        top_k=_set_or(s.top_k, agent.top_k),
-        seed=s.seed,
-        extra_args=dict(agent.extra_args) or None,
-    )
+    return agent.sampling(seed=s.seed, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
 
 
 def limits_for(task: Task, agent: AgentSettings, max_context_tokens: int | None = None) -> AgentLimits:
     """The task's per-turn budget when it sets one, the worker's otherwise; the other limits are the
     worker's."""
-    return AgentLimits(
-        max_turns=agent.max_turns,
-        max_tokens_per_turn=_set_or(task.sampling.max_tokens_per_turn, agent.max_tokens_per_turn),
-        max_obs_tokens=agent.max_obs_tokens,
-        max_response_tokens=agent.max_response_tokens,
-        max_context_tokens=max_context_tokens,
-    )
+    return agent.limits(max_context_tokens=max_context_tokens,
+                        max_tokens_per_turn=task.sampling.max_tokens_per_turn)
 
 
 def score_items(task: Task, prompt_text: str, responses: Sequence[str], searches: Sequence[int],

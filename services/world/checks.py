@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from searchr1.core.protocol import (
@@ -139,3 +140,19 @@ def reading_world(generator: GeneratorSettings, target: World) -> World:
     """The probe's world: the target's known entities, fresh unknown ones (target names reserved)."""
     return generate_world(generator, READING_SEED, known=target.known_entities(),
                           reserved_names=[e.name for e in target.entities if not e.known])
+
+
+def run_check(model: str | Path, world: str | Path, n: int, observation: str, threads: int) -> dict[str, Any]:
+    """`searchr1 world check`: load the model and the world, run `self_check` on the first `n` test
+    questions with `threads` torch threads."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from searchr1.world.build import load_world
+    from searchr1.world.tokenizer import load_tokenizer
+
+    torch.set_num_threads(threads)
+    w, doc = load_world(world)
+    tok = load_tokenizer(model)
+    lm = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32)
+    return self_check(lm, tok, w, doc["questions"]["test"][:n], observation=observation)  # type: ignore[arg-type]

@@ -125,7 +125,7 @@ class WarmstartSettings(Section):
     seed: int = Field(default=0, ge=0)
     """Seed of trace sampling and of the fresh worlds (model init has its own seed)."""
     threads: int = Field(default=1, ge=1, le=256)
-    """torch intra-op threads (set deliberately; the box is small and shared)."""
+    """torch intra-op threads (set deliberately: the warm start shares small CPU hosts with the services)."""
     copy_steps: int = Field(default=2500, ge=0, le=1_000_000)
     """Copy pre-training steps before the traces (`training.copy_pretrain`; 0 skips it, and so does
     `--init`): drills of repeated random token sequences that teach the model to copy what it read."""

@@ -25,15 +25,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from searchr1.core.protocol import TAG_TOKENS, TEMPLATES, format_docs, format_observation, make_prompt
+from searchr1.world.chat import IM_END, IM_START, PAD, SPECIAL_TOKENS
+from searchr1.world.traces import PHRASES
 
 if TYPE_CHECKING:
     from searchr1.world.generator import Entity, Question, World
     from searchr1.world.settings import GeneratorSettings, TokenizerSettings
 
-PAD = "<|endoftext|>"
-IM_START = "<|im_start|>"
-IM_END = "<|im_end|>"
-SPECIAL_TOKENS = (PAD, IM_START, IM_END)
 
 GENERIC_SEED_BASE = 2_000_000_011
 """Seeds of the generic worlds the tokenizer is trained on (far from user worlds and warm-start worlds)."""
@@ -72,7 +70,6 @@ def training_texts(world: World, generator: GeneratorSettings, settings: Tokeniz
     Name words are added as tokens of their own on top (`build_tokenizer`), so every name — of the warm
     start's worlds and of the target world — is the same kind of tokens."""
     from searchr1.world.generator import generate_world
-    from searchr1.world.traces import PHRASES
 
     rng = random.Random(f"tokenizer-{world.seed}")
     known = world.known_entities()

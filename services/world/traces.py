@@ -24,8 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from searchr1.core.protocol import extract_answer, observation_for
+from searchr1.world.chat import IM_END
 from searchr1.world.generator import INDUSTRIES, OCCUPATIONS, RELATIONS, Entity, Question, World
-from searchr1.world.tokenizer import IM_END
 
 PHRASES = (
     "<think> I need to find ",

@@ -18,6 +18,7 @@ from searchr1.core.clients.retriever import RetrieverClient, RetrieverError
 from searchr1.core.clients.reward import RewardClient, RewardError
 from searchr1.core.schemas import WeightVersion
 from searchr1.core.servers import HttpServer, free_port
+from searchr1.core.settings import RetrySettings
 from searchr1.core.weights import SnapshotError, fetch_snapshot, snapshot_digest
 from searchr1.learner.publisher import WeightPublisher, weights_app
 from searchr1.learner.service import run_learner
@@ -77,7 +78,7 @@ async def test_retriever_grpc_http_and_closed_metrics(bm25_index):
             assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
             ok = await stub.Search(request, metadata=(("authorization", f"Bearer {TOKEN}"),), timeout=30)
             assert ok.results[0].hits[0].doc_id == "0"
-        async with RetrieverClient([running.grpc_address], retries=2) as client:
+        async with RetrieverClient([running.grpc_address], retry=RetrySettings(retries=2)) as client:
             with pytest.raises(RetrieverError, match="UNAUTHENTICATED") as err:
                 await client.search(["moon"])
             assert err.value.code == grpc.StatusCode.UNAUTHENTICATED
@@ -87,7 +88,7 @@ async def test_retriever_grpc_http_and_closed_metrics(bm25_index):
         await assert_http_guarded(f"http://127.0.0.1:{running.metrics_server.port}", "GET", "/metrics")
         await assert_http_guarded(url, "GET", "/openapi.json")
         async with httpx.AsyncClient(base_url=url, timeout=30) as http:
-            assert (await http.get("/health")).status_code == 200
+            assert (await http.get("/healthz")).status_code == 200
     finally:
         await running.stop()
 
@@ -116,8 +117,8 @@ async def test_reward_endpoints_and_closed_metrics():
         await assert_http_guarded(server.url, "GET", "/v1/scorers")
         await assert_http_guarded(server.url, "GET", "/metrics")
         async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
-            assert (await http.get("/health")).status_code == 200
-        async with RewardClient(server.url, retries=2) as client:
+            assert (await http.get("/healthz")).status_code == 200
+        async with RewardClient(server.url, retry=RetrySettings(retries=2)) as client:
             with pytest.raises(RewardError, match="401") as err:
                 await client.score("exact_match", body["items"])
             assert err.value.status_code == 401

@@ -46,19 +46,19 @@ async def test_grpc_health_gate():
 
 
 async def test_http_gate():
-    status = {"/health": 503}
+    status = {"/healthz": 503}
     server = HttpServer(_app(status), "127.0.0.1", 0)
     await server.start()
     try:
-        gate = HttpGate(f"{server.url}/health")
-        assert await gate.check() == (False, f"GET {server.url}/health: HTTP 503")
-        status["/health"] = 200
-        assert await gate.check() == (True, f"GET {server.url}/health: HTTP 200")
+        gate = HttpGate(f"{server.url}/healthz")
+        assert await gate.check() == (False, f"GET {server.url}/healthz: HTTP 503")
+        status["/healthz"] = 200
+        assert await gate.check() == (True, f"GET {server.url}/healthz: HTTP 200")
         both = [gate, HttpGate(f"{server.url}/metrics")]
         assert await check_all(both) == (False, f"GET {server.url}/metrics: HTTP 404")
     finally:
         await server.stop()
-    ok, detail = await HttpGate(f"http://127.0.0.1:{free_port()}/health").check()
+    ok, detail = await HttpGate(f"http://127.0.0.1:{free_port()}/healthz").check()
     assert not ok and "ConnectError" in detail
 
 

@@ -1,6 +1,6 @@
 """`searchr1 up` with the real retriever and reward services: the launcher builds a BM25 index with the real
-`searchr1 index build`, gates the real `serve retriever` (gRPC health + HTTP /health) and `serve reward`
-(/health) through the default command templates, and Search-R1's own retrieval payload works against the
+`searchr1 index build`, gates the real `serve retriever` (gRPC health + HTTP /healthz) and `serve reward`
+(/healthz) through the default command templates, and Search-R1's own retrieval payload works against the
 launched retriever. The learner is the stand-in from test_launcher_up (rollout workers: 0, since a vLLM
 worker needs a model); Ctrl-C stops everything and leaves nothing behind."""
 
@@ -76,7 +76,7 @@ def test_real_retriever_and_reward_under_the_launcher(tmp_path):
         top = resp.json()["result"][0][0]
         assert top["document"]["contents"].startswith('"Rome"') and "score" in top
         reward_port = table["reward"]["argv"][table["reward"]["argv"].index("--port") + 1]
-        assert httpx.get(f"http://127.0.0.1:{reward_port}/health", timeout=10).status_code == 200
+        assert httpx.get(f"http://127.0.0.1:{reward_port}/healthz", timeout=10).status_code == 200
         pids = [r["pid"] for r in table.values()]
         proc.send_signal(signal.SIGINT)
         code, out = finish(proc, timeout=120)

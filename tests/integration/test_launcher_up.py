@@ -2,7 +2,7 @@
 
 The test writes a fake service script that answers to the launcher's real command templates (`serve
 retriever …`, `serve reward …`, `serve rollout …`, `train …`, `index build …`): a gRPC health server
-(searchr1.core.servers.GrpcServer) and HTTP `/health`, `/readyz` and `/metrics` (HttpServer), records its pid and
+(searchr1.core.servers.GrpcServer) and HTTP `/healthz`, `/readyz` and `/metrics` (HttpServer), records its pid and
 timings in FAKE_RECORD_DIR, and misbehaves on request (`--fake-*` flags appended through each process's
 `extra_args`). The launcher runs in a subprocess as `python -m searchr1.launcher` (the `searchr1 up` command
 on its own, so another service's half-finished CLI cannot break these tests).
@@ -87,7 +87,7 @@ async def app(scope, receive, send):
                 return
     ready = step["ready"]
     status, body = 404, b"not found"
-    if scope["path"] in ("/health", "/readyz"):
+    if scope["path"] in ("/healthz", "/readyz"):
         status, body = (200, b"ok") if ready else (503, b"starting")
     elif scope["path"] == "/metrics":
         status = 200 if ready else 503
@@ -104,7 +104,7 @@ async def main():
     servers = []
     port = a.http_port or a.port or a.metrics_port
     h = HttpServer(app, "127.0.0.1", port)
-    await h.start()  # listening at once, but /health and /metrics answer 503 until ready
+    await h.start()  # listening at once, but /healthz and /metrics answer 503 until ready
     servers.append(h)
     if a.fake_health_delay:
         try:

@@ -1,5 +1,5 @@
 """The retriever as the launcher runs it: `searchr1 index build` then `searchr1 serve retriever` as a
-subprocess on chosen ports; ready line, gRPC health + GET /health, a search, metrics port, clean exit on
+subprocess on chosen ports; ready line, gRPC health + GET /healthz, a search, metrics port, clean exit on
 SIGTERM, from an index directory moved with its corpus after the build; a directory that is not an index
 is refused with a message and exit code 2."""
 
@@ -54,7 +54,7 @@ def test_build_serve_health_search_sigterm(tmp_path):
             status = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
             assert status.status == health_pb2.HealthCheckResponse.SERVING
         with httpx.Client(base_url=f"http://127.0.0.1:{http_port}", timeout=60) as http:
-            assert http.get("/health").json()["status"] == "ok"
+            assert http.get("/healthz").json()["status"] == "ok"
             r = http.post("/retrieve", json={"queries": ["capital of germany"], "topk": 1, "return_scores": True})
             hit = r.json()["result"][0][0]
             assert hit["document"] == {"id": "doc1", "contents": '"Berlin"\nBerlin is the capital of Germany.'}

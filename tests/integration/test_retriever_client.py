@@ -13,6 +13,7 @@ import pytest
 from searchr1.core.api import retriever_pb2, retriever_pb2_grpc
 from searchr1.core.clients.retriever import Hit, RetrieverClient, RetrieverError, channel_target
 from searchr1.core.servers import GrpcServer
+from searchr1.core.settings import RetrySettings
 
 SERVICE = "searchr1.retriever.v1.Retriever"
 
@@ -67,13 +68,13 @@ async def test_retryable_codes_are_retried_with_backoff(code):
     a = Scripted("a", [code, code])
     server = await serve(a)
     try:
-        async with RetrieverClient([f"127.0.0.1:{server.port}"], retries=2, backoff_s=0.05) as client:
+        async with RetrieverClient([f"127.0.0.1:{server.port}"], retry=RetrySettings(retries=2, backoff_s=0.05)) as client:
             t0 = time.perf_counter()
             hits = await client.search(["q"], top_k=1)
             assert hits[0][0].title == "a" and a.calls == 3
             assert time.perf_counter() - t0 >= 0.025 + 0.05  # backoff at least half of 0.05, then of 0.1
         a.script = [code, code]
-        async with RetrieverClient([f"127.0.0.1:{server.port}"], retries=1, backoff_s=0.0) as client:
+        async with RetrieverClient([f"127.0.0.1:{server.port}"], retry=RetrySettings(retries=1, backoff_s=0.0)) as client:
             with pytest.raises(RetrieverError, match="after 2 attempts") as err:
                 await client.search(["q"])
             assert err.value.code == code
@@ -87,7 +88,7 @@ async def test_other_codes_are_not_retried(code):
     a = Scripted("a", [code])
     server = await serve(a)
     try:
-        async with RetrieverClient([f"127.0.0.1:{server.port}"], retries=3, backoff_s=0.0) as client:
+        async with RetrieverClient([f"127.0.0.1:{server.port}"], retry=RetrySettings(retries=3, backoff_s=0.0)) as client:
             with pytest.raises(RetrieverError, match=code.name) as err:
                 await client.search(["q"])
             assert err.value.code == code and a.calls == 1
@@ -100,7 +101,7 @@ async def test_round_robin_and_failover_to_the_other_replica():
     sa, sb = await serve(a), await serve(b)
     try:
         addresses = [f"127.0.0.1:{sa.port}", f"127.0.0.1:{sb.port}"]
-        async with RetrieverClient(addresses, retries=1, backoff_s=0.0) as client:
+        async with RetrieverClient(addresses, retry=RetrySettings(retries=1, backoff_s=0.0)) as client:
             titles = [(await client.search(["q"], top_k=1))[0][0].title for _ in range(4)]
             assert titles == ["a", "b", "a", "b"] and a.calls == b.calls == 2
             a.script = [grpc.StatusCode.UNAVAILABLE]
@@ -116,7 +117,7 @@ async def test_one_target_resolving_to_two_replicas_is_balanced():
     sa, sb = await serve(a), await serve(b)
     try:
         target = f"ipv4:127.0.0.1:{sa.port},127.0.0.1:{sb.port}"  # as a DNS name with two A records resolves
-        async with RetrieverClient(target, retries=0) as client:
+        async with RetrieverClient(target, retry=RetrySettings(retries=0)) as client:
             for _ in range(20):
                 await client.search(["q"], top_k=1)
         assert a.calls + b.calls == 20 and a.calls >= 5 and b.calls >= 5
@@ -137,8 +138,7 @@ async def test_deadline_exceeded_then_next_replica():
     slow, fast = Scripted("slow", delay_s=2.0), Scripted("fast")
     ss, sf = await serve(slow), await serve(fast)
     try:
-        async with RetrieverClient([f"127.0.0.1:{ss.port}", f"127.0.0.1:{sf.port}"], timeout_s=0.3, retries=1,
-                                   backoff_s=0.0) as client:
+        async with RetrieverClient([f"127.0.0.1:{ss.port}", f"127.0.0.1:{sf.port}"], retry=RetrySettings(timeout_s=0.3, retries=1, backoff_s=0.0)) as client:
             assert (await client.search(["q"], top_k=1))[0][0].title == "fast"
             assert slow.calls == 1 and fast.calls == 1
     finally:
@@ -150,7 +150,7 @@ def test_constructor_rejects_bad_arguments():
     with pytest.raises(ValueError):
         RetrieverClient([])
     with pytest.raises(ValueError):
-        RetrieverClient(["x:1"], timeout_s=0)
+        RetrieverClient(["x:1"], retry=RetrySettings(timeout_s=0))
     assert RetrieverClient("127.0.0.1:5").addresses == ["127.0.0.1:5"]
 
 

@@ -21,6 +21,7 @@ import pytest
 from searchr1.core.api import retriever_pb2, retriever_pb2_grpc
 from searchr1.core.clients.retriever import RetrieverClient, RetrieverError
 from searchr1.core.servers import free_port
+from searchr1.core.settings import RetrySettings
 from searchr1.retriever.builder import build_index
 from searchr1.retriever.encoders import EncoderSpec, TransformerEncoder
 from searchr1.retriever.loading import load_index
@@ -106,7 +107,7 @@ async def test_grpc_ranks_match_brute_force_and_batching_is_transparent(built, e
     running = await start(built / "flat", encoder)
     try:
         want_ids, want_scores = brute_force(encoder, 5)
-        async with RetrieverClient([running.grpc_address], timeout_s=60) as client:
+        async with RetrieverClient([running.grpc_address], retry=RetrySettings(timeout_s=60)) as client:
             hits = await client.search(QUERIES, top_k=5)
             assert [[h.doc_id for h in q] for q in hits] == want_ids
             np.testing.assert_allclose([[h.score for h in q] for q in hits], want_scores, atol=1e-4)
@@ -150,7 +151,7 @@ async def test_http_matches_search_r1_shape(built, encoder):
             # curl without a content type still works; health and metrics are served
             r = await http.post("/retrieve", content=json.dumps({"queries": ["moon"], "topk": 1}))
             assert r.json()["result"][0][0]["id"] == "11"
-            health = (await http.get("/health")).json()
+            health = (await http.get("/healthz")).json()
             assert health["status"] == "ok" and health["kind"] == "flat" and health["count"] == len(FACTS)
             text = (await http.get("/metrics")).text
             assert 'searchr1_retriever_requests_total{api="http",code="OK"} 3.0' in text
@@ -179,7 +180,7 @@ async def test_bad_inputs_rejected_cleanly(built, encoder):
             assert r.status_code == 422 and "invalid request body" in r.json()["detail"]
             r = await http.post("/retrieve", json={"queries": ["moon"], "topk": 1})  # still serving
             assert r.status_code == 200 and r.json()["result"][0][0]["id"] == "11"
-        async with RetrieverClient([running.grpc_address], retries=3) as client:
+        async with RetrieverClient([running.grpc_address], retry=RetrySettings(retries=3)) as client:
             with pytest.raises(RetrieverError, match="INVALID_ARGUMENT") as err:
                 await client.search(["ok"], top_k=99)
             assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
@@ -199,7 +200,7 @@ async def test_auth_token_required(built, encoder):
             assert (await client.search(["moon"], top_k=1))[0][0].doc_id == "11"
         async with httpx.AsyncClient(base_url=running.http.url, timeout=60) as http:
             assert (await http.post("/retrieve", json={"queries": ["moon"]})).status_code == 401
-            assert (await http.get("/health")).status_code == 200
+            assert (await http.get("/healthz")).status_code == 200
     finally:
         await running.stop()
 
@@ -208,13 +209,13 @@ async def test_client_round_robin_skips_dead_replica(built, encoder):
     running = await start(built / "flat", encoder)
     dead = f"127.0.0.1:{free_port()}"
     try:
-        async with RetrieverClient([dead, running.grpc_address], retries=2, backoff_s=0.01, timeout_s=30) as client:
+        async with RetrieverClient([dead, running.grpc_address], retry=RetrySettings(retries=2, backoff_s=0.01, timeout_s=30)) as client:
             for _ in range(4):  # starts alternate between replicas; a dead start retries on the live one
                 hits = await client.search(["capital of france"], top_k=1)
                 assert hits[0][0].doc_id == "0"
         ok = running.service.metrics.requests.labels("grpc", "OK")._value.get()
         assert ok == 4
-        async with RetrieverClient([dead], retries=1, backoff_s=0.01, timeout_s=5) as client:
+        async with RetrieverClient([dead], retry=RetrySettings(retries=1, backoff_s=0.01, timeout_s=5)) as client:
             with pytest.raises(RetrieverError, match="after 2 attempts") as err:
                 await client.search(["x"])
             assert err.value.code == grpc.StatusCode.UNAVAILABLE

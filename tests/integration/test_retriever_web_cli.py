@@ -42,7 +42,7 @@ async def test_serve_web_backend_from_the_config(tmp_path):
             r = await http.post("/retrieve", json={"queries": ["capital of germany"], "topk": 1})
             assert r.json() == {"result": [[{"id": "https://example.org/wiki/Berlin",
                                              "contents": '"Berlin"\nBerlin is the capital and largest city of Germany.'}]]}
-            assert (await http.get("/health")).json() == {"status": "ok", "backend": "web", "provider": "serper"}
+            assert (await http.get("/healthz")).json() == {"status": "ok", "backend": "web", "provider": "serper"}
             metrics = (await http.get("/metrics")).text
         assert 'searchr1_retriever_backend_requests_total{backend="serper",outcome="ok"} 1.0' in metrics
         proc.send_signal(signal.SIGTERM)

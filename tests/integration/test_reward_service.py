@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from searchr1.core.clients.reward import RewardClient, RewardError, ScoreItem
 from searchr1.core.protocol import INVALID_ACTION_MESSAGE, make_prompt, observation_for
 from searchr1.core.servers import HttpServer, free_port
+from searchr1.core.settings import RetrySettings
 from searchr1.reward.app import build_service, create_app
 from searchr1.reward.settings import RewardSettings
 
@@ -83,7 +84,7 @@ async def test_batch_through_client_in_item_order(reward):
 
 
 async def test_invalid_bodies_are_422_with_a_message(reward):
-    async with RewardClient(reward.url, retries=3, backoff_s=5.0) as client:
+    async with RewardClient(reward.url, retry=RetrySettings(retries=3, backoff_s=5.0)) as client:
         cases = [
             ("nope", [ScoreItem(solution_str="x", ground_truth={"target": ["a"]})], None, "unknown scorer 'nope'"),
             ("searchr1_em", [ScoreItem(solution_str="x", ground_truth={"target": ["a"]})], {"scor": 1}, "scor"),
@@ -128,7 +129,7 @@ async def test_health_metrics_and_score_histogram(reward):
         await client.score("searchr1_subem", [{"solution_str": PROMPT + "<answer>Paris, France</answer>",
                                                "ground_truth": {"target": ["Paris"]}}] * 3)
     async with httpx.AsyncClient(base_url=reward.url) as http:
-        assert (await http.get("/health")).json()["status"] == "ok"
+        assert (await http.get("/healthz")).json()["status"] == "ok"
         text = (await http.get("/metrics")).text
     assert 'searchr1_reward_items_total{scorer="searchr1_subem"} 3.0' in text
     assert 'searchr1_reward_score_bucket{le="1.0",scorer="searchr1_subem"} 3.0' in text
@@ -174,14 +175,14 @@ async def test_client_retries_5xx_429_and_connect_errors_but_not_4xx():
     await server.start()
     item = [{"solution_str": "x", "ground_truth": {"target": ["a"]}}]
     try:
-        async with RewardClient(server.url, retries=3, backoff_s=0.01) as client:
+        async with RewardClient(server.url, retry=RetrySettings(retries=3, backoff_s=0.01)) as client:
             assert (await client.score("ok", item)).scores == [0.5]
             assert calls["score"] == 3
             with pytest.raises(RewardError, match="nope"):
                 await client.score("bad", item)
             assert calls["bad"] == 1
             assert (await client.score("busy", item)).scores == [0.5] and calls["busy"] == 2  # 429 retried
-        async with RewardClient(server.url, retries=1, backoff_s=0.01) as client:
+        async with RewardClient(server.url, retry=RetrySettings(retries=1, backoff_s=0.01)) as client:
             calls["score"] = 0
             with pytest.raises(RewardError, match="after 2 attempt") as err:
                 await client.score("ok", item)
@@ -189,11 +190,11 @@ async def test_client_retries_5xx_429_and_connect_errors_but_not_4xx():
     finally:
         await server.stop()
     dead = f"http://127.0.0.1:{free_port()}"
-    async with RewardClient(dead, retries=2, backoff_s=0.01) as client:
+    async with RewardClient(dead, retry=RetrySettings(retries=2, backoff_s=0.01)) as client:
         with pytest.raises(RewardError, match="ConnectError"):
             await client.score("ok", item)
         with pytest.raises(RewardError, match="deadline"):
-            await RewardClient(dead, retries=50, backoff_s=0.05).score("ok", item, deadline_s=0.2)
+            await RewardClient(dead, retry=RetrySettings(retries=50, backoff_s=0.05)).score("ok", item, deadline_s=0.2)
 
 
 class FakeOpenAI:
@@ -257,7 +258,7 @@ async def test_llm_judge_against_fake_openai_server():
     running = await start(RewardSettings(port=0, judge={"url": f"http://127.0.0.1:{free_port()}", "retries": 1,
                                                         "backoff_s": 0.01, "timeout_s": 2}))
     try:
-        async with RewardClient(running.url, retries=1, backoff_s=0.01) as client:
+        async with RewardClient(running.url, retry=RetrySettings(retries=1, backoff_s=0.01)) as client:
             with pytest.raises(RewardError, match="502"):
                 await client.score("llm_judge", items[:1])
     finally:
@@ -272,7 +273,7 @@ async def test_llm_judge_timeout_is_retried():
     running = await start(RewardSettings(port=0, judge={"url": fake_server.url + "/v1", "retries": 1,
                                                         "backoff_s": 0.01, "timeout_s": 0.3}))
     try:
-        async with RewardClient(running.url, retries=0) as client:
+        async with RewardClient(running.url, retry=RetrySettings(retries=0)) as client:
             with pytest.raises(RewardError, match="ReadTimeout"):
                 await client.score("llm_judge", [ScoreItem(prompt=PROMPT, response="<answer>Paris</answer>",
                                                            golden_answers=["Paris"])])
@@ -322,7 +323,7 @@ async def test_embedding_similarity_with_packaged_minilm(reward):
              ScoreItem(prompt=PROMPT, response="<answer>photosynthesis in plants</answer>",
                        golden_answers=["Paris"]),
              ScoreItem(prompt=PROMPT, response="no answer", golden_answers=["Paris"])]
-    async with RewardClient(reward.url, timeout_s=120) as client:
+    async with RewardClient(reward.url, retry=RetrySettings(timeout_s=120)) as client:
         scores = (await client.score("embedding_similarity", items)).scores
         assert scores[0] == pytest.approx(1.0, abs=1e-5)
         assert scores[1] > scores[2] + 0.2  # paraphrase of a gold beats an unrelated answer
@@ -345,7 +346,7 @@ def test_cli_serves_health_and_stops_on_sigterm(tmp_path):
         while True:
             assert proc.poll() is None, proc.stderr.read()
             try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass

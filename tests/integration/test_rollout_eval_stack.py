@@ -18,7 +18,7 @@ import pytest_asyncio
 from searchr1.core.clients.retriever import RetrieverClient
 from searchr1.core.clients.reward import RewardClient
 from searchr1.core.protocol import make_prompt
-from searchr1.rollout.agent import AgentLimits
+from searchr1.rollout.agent import AgentLimits, Sampling
 from searchr1.rollout.batcher import SearchBatcher
 from searchr1.rollout.engine import HfCodec
 from searchr1.rollout.eval_stats import METRICS
@@ -72,7 +72,7 @@ async def _run(stack, data, out, samples: int, seed: int = 0):
     client = RetrieverClient([retriever.address])
     batcher = SearchBatcher(client, top_k=2, max_wait_s=0.002)
     extra = steer_args(tokenizer, p_search=0.8, max_searches=2, search_tokens=word_tokens(tokenizer))
-    config = EvalConfig(samples=samples, temperature=1.0, seed=seed, concurrency=4, extra_args=extra,
+    config = EvalConfig(samples=samples, sampling=Sampling(temperature=1.0, seed=seed, extra_args=extra), concurrency=4,
                         group_by=("data_source", "question_type", "entity_kind", "knowledge"),
                         limits=AgentLimits(max_turns=2, max_tokens_per_turn=48, max_obs_tokens=120,
                                            max_response_tokens=600, max_context_tokens=4096))

@@ -63,7 +63,7 @@ async def test_grpc_not_serving_during_shutdown():
 async def test_http_server_port0_with_auth_and_metrics():
     app = FastAPI()
 
-    @app.get("/health")
+    @app.get("/healthz")
     async def health():
         return {"status": "ok"}
 
@@ -79,7 +79,7 @@ async def test_http_server_port0_with_auth_and_metrics():
     metrics = start_metrics_server(reg)
     try:
         async with httpx.AsyncClient(base_url=server.url) as c:
-            assert (await c.get("/health")).json() == {"status": "ok"}
+            assert (await c.get("/healthz")).json() == {"status": "ok"}
             assert (await c.post("/v1/thing")).status_code == 401
             assert (await c.post("/v1/thing", headers={"Authorization": "Bearer tok"})).json() == {"ok": True}
         async with httpx.AsyncClient() as c:

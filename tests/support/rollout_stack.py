@@ -101,8 +101,9 @@ async def start_vllm(model_dir: Path, *, max_num_seqs: int = 256):
     import os
 
     from searchr1.rollout.engine import VllmEngineConfig, VllmGenerator
+    from searchr1.rollout.settings import EngineSettings
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on the CPU build
-    return await VllmGenerator.start(VllmEngineConfig(
-        model=str(model_dir), gpu_memory_utilization=0.05, max_model_len=4096, dtype="float32",
-        max_num_seqs=max_num_seqs, logits_processors=(STEERING,)))
+    return await VllmGenerator.start(VllmEngineConfig(model=str(model_dir), engine=EngineSettings(
+        gpu_memory_utilization=0.05, max_model_len=4096, dtype="float32", max_num_seqs=max_num_seqs,
+        logits_processors=[STEERING])))

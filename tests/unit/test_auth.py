@@ -35,7 +35,7 @@ async def test_middleware_guards_all_but_open_paths():
         assert (await c.post("/v1/score", headers={"Authorization": "Bearer nope"})).status_code == 401
         r = await c.post("/v1/score", headers=http_headers("s3cret"))
         assert r.status_code == 200 and r.text == "ok"
-        assert (await c.get("/health")).status_code == 200
+        assert (await c.get("/healthz")).status_code == 200
         assert (await c.get("/metrics")).status_code == 200
         assert (await c.get("/healthcheck")).status_code == 401  # prefix match is per path segment
 

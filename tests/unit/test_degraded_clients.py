@@ -13,6 +13,7 @@ import pytest
 from searchr1.core.clients.retriever import RetrieverClient, RetrieverError
 from searchr1.core.clients.reward import RewardClient, RewardError
 from searchr1.core.servers import free_port
+from searchr1.core.settings import RetrySettings
 from searchr1.rollout.agent import AgentLimits, run_trajectory
 from searchr1.rollout.engine import TurnOutput, TurnRequest
 
@@ -59,9 +60,8 @@ async def test_agent_names_why_the_search_failed(code, reason):
 
 async def test_retriever_client_counts_retries_and_gives_up_within_its_deadline():
     retries, give_ups = [], []
-    client = RetrieverClient([f"127.0.0.1:{free_port()}"], timeout_s=1.0, retries=1000, backoff_s=0.05,
-                             max_backoff_s=0.2, deadline_s=1.0, on_retry=retries.append,
-                             on_give_up=give_ups.append)
+    client = RetrieverClient([f"127.0.0.1:{free_port()}"], on_retry=retries.append,
+                             on_give_up=give_ups.append, retry=RetrySettings(timeout_s=1.0, retries=1000, backoff_s=0.05, max_backoff_s=0.2, deadline_s=1.0))
     t0 = time.monotonic()
     try:
         with pytest.raises(RetrieverError) as err:
@@ -77,9 +77,8 @@ async def test_retriever_client_counts_retries_and_gives_up_within_its_deadline(
 
 async def test_reward_client_counts_retries_and_gives_up_within_its_deadline():
     retries, give_ups = [], []
-    async with RewardClient(f"http://127.0.0.1:{free_port()}", timeout_s=1.0, retries=1000, backoff_s=0.05,
-                            max_backoff_s=0.2, deadline_s=1.0, on_retry=retries.append,
-                            on_give_up=give_ups.append) as client:
+    async with RewardClient(f"http://127.0.0.1:{free_port()}", on_retry=retries.append,
+                            on_give_up=give_ups.append, retry=RetrySettings(timeout_s=1.0, retries=1000, backoff_s=0.05, max_backoff_s=0.2, deadline_s=1.0)) as client:
         t0 = time.monotonic()
         with pytest.raises(RewardError, match="failed after"):
             await client.score("exact_match", [{"prompt": "q", "response": "a", "golden_answers": ["a"]}])
@@ -89,6 +88,6 @@ async def test_reward_client_counts_retries_and_gives_up_within_its_deadline():
 
 def test_bad_retry_settings_refused():
     with pytest.raises(ValueError, match="deadline_s"):
-        RetrieverClient(["127.0.0.1:1"], deadline_s=0)
+        RetrieverClient(["127.0.0.1:1"], retry=RetrySettings(deadline_s=0))
     with pytest.raises(ValueError, match="max_backoff_s"):
-        RewardClient("http://127.0.0.1:1", max_backoff_s=0)
+        RewardClient("http://127.0.0.1:1", retry=RetrySettings(max_backoff_s=0))

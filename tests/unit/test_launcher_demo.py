@@ -19,8 +19,9 @@ from searchr1.launcher.demo import (
     latest_snapshot,
     resolve_paths,
 )
+from searchr1.launcher.planner import build_plan
 from searchr1.launcher.settings import LauncherSettings
-from searchr1.launcher.specs import build_plan, eval_plan
+from searchr1.launcher.specs import eval_plan
 
 
 def _config(tmp_path, learner_weights: str | None = "w"):

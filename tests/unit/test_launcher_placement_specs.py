@@ -12,8 +12,9 @@ from typer.testing import CliRunner
 
 from searchr1.core.settings import load_settings
 from searchr1.launcher.placement import PlacementError, PlacementSettings, plan_placement
+from searchr1.launcher.planner import build_plan
 from searchr1.launcher.settings import LauncherSettings
-from searchr1.launcher.specs import build_plan, dry_run_lines
+from searchr1.launcher.specs import dry_run_lines
 
 LAYOUTS = {
     8: """

@@ -7,9 +7,9 @@ import random
 
 import pytest
 
+from searchr1.launcher.planner import build_plan
 from searchr1.launcher.restarts import RestartRule, backoff_s
 from searchr1.launcher.settings import LauncherSettings, RestartSettings
-from searchr1.launcher.specs import build_plan
 
 
 def test_backoff_doubles_caps_and_adds_bounded_jitter():

@@ -10,8 +10,9 @@ import pytest
 
 from searchr1.core.settings import ConfigError, load_settings
 from searchr1.launcher.health import GrpcHealthGate, HttpGate, RedisPingGate
+from searchr1.launcher.planner import build_plan
 from searchr1.launcher.settings import LauncherSettings
-from searchr1.launcher.specs import DEFAULT_TEMPLATES, build_plan, render_template
+from searchr1.launcher.specs import DEFAULT_TEMPLATES, render_template
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -67,9 +68,9 @@ def test_order_commands_and_gates(tmp_path, cfg):
     ports = [int(p) for p in (gport, hport, rport, _flag(r0.argv, "--metrics-port"), m1, lport,
                               _flag(redis.argv, "--port"))]
     assert len(set(ports)) == len(ports) and all(p > 0 for p in ports)
-    # gates: gRPC health AND HTTP /health for the retriever, /health, /metrics, PING for the others
-    assert retriever.gates == [GrpcHealthGate(f"127.0.0.1:{gport}"), HttpGate(f"http://127.0.0.1:{hport}/health")]
-    assert reward.gates == [HttpGate(f"http://127.0.0.1:{rport}/health")]
+    # gates: gRPC health AND HTTP /healthz for the retriever, /healthz, /metrics, PING for the others
+    assert retriever.gates == [GrpcHealthGate(f"127.0.0.1:{gport}"), HttpGate(f"http://127.0.0.1:{hport}/healthz")]
+    assert reward.gates == [HttpGate(f"http://127.0.0.1:{rport}/healthz")]
     assert r1.gates == [HttpGate(f"http://127.0.0.1:{m1}/readyz")]
     assert learner.gates == [HttpGate(f"http://127.0.0.1:{lport}/readyz")]
     assert redis.gates == [RedisPingGate(plan.redis_url)]

@@ -3,8 +3,8 @@ RETRIEVER_BACKEND=web): no index is needed, so a missing one is neither built no
 
 from __future__ import annotations
 
+from searchr1.launcher.planner import build_plan, web_search_backend
 from searchr1.launcher.settings import LauncherSettings
-from searchr1.launcher.specs import build_plan, web_search_backend
 
 
 def test_a_web_backend_needs_no_index(tmp_path, monkeypatch):

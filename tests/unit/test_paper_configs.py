@@ -13,7 +13,7 @@ import pytest
 
 from searchr1.core.settings import load_settings
 from searchr1.launcher.placement import plan_placement
-from searchr1.launcher.specs import build_plan
+from searchr1.launcher.planner import build_plan
 from tests.support.configs import SETTINGS
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"

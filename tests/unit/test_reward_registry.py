@@ -8,15 +8,9 @@ from pydantic import ValidationError
 from searchr1.core.clients.reward import ScoreItem, ScoreRequest
 from searchr1.core.protocol import make_prompt, observation_for
 from searchr1.core.settings import load_settings
-from searchr1.reward.registry import (
-    SCORERS,
-    Registry,
-    ScorerInputError,
-    ScoringContext,
-    default_registry,
-    question_of,
-)
+from searchr1.reward.registry import Registry, ScorerInputError, ScoringContext
 from searchr1.reward.runner import run_scorer
+from searchr1.reward.scorers import SCORERS, default_registry, question_of
 from searchr1.reward.settings import RewardSettings
 
 PROMPT = f"<|im_start|>user\n{make_prompt('capital of france')}<|im_end|>\n<|im_start|>assistant\n"

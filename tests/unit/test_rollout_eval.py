@@ -13,7 +13,7 @@ import pytest
 
 from searchr1.core.datasets import Question
 from searchr1.core.protocol import make_prompt, render_prompt
-from searchr1.rollout.agent import AgentLimits
+from searchr1.rollout.agent import AgentLimits, Sampling
 from searchr1.rollout.engine import TurnOutput, TurnRequest
 from searchr1.rollout.eval_report import markdown_report, summary_table
 from searchr1.rollout.eval_stats import MISSING, aggregate, metrics_of
@@ -331,7 +331,7 @@ async def test_run_eval_greedy_and_sampled_records_and_scores():
           for i in range(5)]
     gen, scorer = ScriptedGenerator(), FakeScorer()
     seen: list[int] = []
-    config = EvalConfig(samples=2, temperature=0.7, seed=3, concurrency=2,
+    config = EvalConfig(samples=2, sampling=Sampling(temperature=0.7, seed=3), concurrency=2,
                         limits=AgentLimits(max_turns=2, max_tokens_per_turn=64))
     records = await run_eval(qs, gen, CharCodec(), None, _search, scorer, config, lambda r: seen.append(len(r)))
     assert len(records) == 5 * 3 and seen == [3] * 5

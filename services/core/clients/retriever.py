@@ -29,6 +29,7 @@ import grpc
 from searchr1.core.api import retriever_pb2, retriever_pb2_grpc
 from searchr1.core.auth import grpc_metadata
 from searchr1.core.retry import TRANSIENT_GRPC_CODES, retrying
+from searchr1.core.settings import RetrySettings
 
 RESOLVER_SCHEMES = ("dns:", "ipv4:", "ipv6:", "unix:", "unix-abstract:", "vsock:", "xds:")
 """Target prefixes that already name a gRPC name resolver."""
@@ -83,11 +84,7 @@ class RetrieverClient:
         addresses: Sequence[str],
         *,
         token: str | None = None,
-        timeout_s: float = 10.0,
-        retries: int = 3,
-        backoff_s: float = 0.1,
-        max_backoff_s: float = 2.0,
-        deadline_s: float | None = None,
+        retry: RetrySettings | None = None,
         max_message_bytes: int = 64 << 20,
         on_retry: Callable[[BaseException], None] | None = None,
         on_give_up: Callable[[str], None] | None = None,
@@ -96,20 +93,12 @@ class RetrieverClient:
             addresses = [addresses]
         if not addresses:
             raise ValueError("RetrieverClient needs at least one address")
-        if timeout_s <= 0 or retries < 0 or backoff_s < 0 or max_backoff_s <= 0:
-            raise ValueError("timeout_s and max_backoff_s must be > 0, retries and backoff_s >= 0")
-        if deadline_s is not None and deadline_s <= 0:
-            raise ValueError("deadline_s must be > 0 (or None)")
         self.addresses = list(addresses)
         self._metadata = grpc_metadata(token)
-        self.timeout_s = timeout_s
-        self.retries = retries
-        self.backoff_s = backoff_s
-        self.max_backoff_s = max_backoff_s
-        self.deadline_s = deadline_s
+        self.retry = (retry or RetrySettings()).retry_policy()
         self.on_retry = on_retry
         self.on_give_up = on_give_up
-        reconnect_ms = int(min(max_backoff_s, 1.0) * 1000)
+        reconnect_ms = int(min(self.retry.max_backoff_s, 1.0) * 1000)
         self._options = [("grpc.max_receive_message_length", max_message_bytes),
                          ("grpc.max_send_message_length", max_message_bytes),
                          ("grpc.lb_policy_name", "round_robin"),
@@ -143,13 +132,14 @@ class RetrieverClient:
         attempts = itertools.count()
         address = self.addresses[start % len(self.addresses)]
         try:
-            async for attempt in retrying(retries=self.retries, backoff_s=self.backoff_s,
-                                          max_backoff_s=self.max_backoff_s, deadline_s=self.deadline_s,
+            r = self.retry
+            async for attempt in retrying(retries=r.retries, backoff_s=r.backoff_s,
+                                          max_backoff_s=r.max_backoff_s, deadline_s=r.deadline_s,
                                           on_retry=self.on_retry):
                 with attempt:
                     # a retry goes to the next replica
                     address = self.addresses[(start + next(attempts)) % len(self.addresses)]
-                    response = await self._stub(address).Search(request, timeout=self.timeout_s,
+                    response = await self._stub(address).Search(request, timeout=r.timeout_s,
                                                                  metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
             if exc.code() not in TRANSIENT_GRPC_CODES:

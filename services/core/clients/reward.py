@@ -5,7 +5,7 @@ Wire format (JSON over HTTP):
 - `POST /v1/score` with a `ScoreRequest` → `ScoreResult` (scores and per-item component breakdowns, in
   item order). Bad bodies answer 422 with a message in `detail`.
 - `GET /v1/scorers` → `{"scorers": [{"name", "description", "input", "params"}, ...]}`.
-- `GET /health` → `{"status": "ok"}`.
+- `GET /healthz` → `{"status": "ok"}`.
 
 An item has one of two shapes:
 - Search-R1's own: `{"solution_str": <decoded prompt+response>, "ground_truth": {"target": [answers]}}`;
@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from searchr1.core.auth import http_headers
 from searchr1.core.retry import TransientHTTPStatus, is_transient_http_status, retrying
+from searchr1.core.settings import RetrySettings
 
 MAX_ITEMS_PER_REQUEST = 65_536
 """Hard cap of the wire format; the server's configured bound (`max_batch_items`) is usually lower."""
@@ -138,33 +139,29 @@ def _detail(response: httpx.Response) -> str:
     return str(detail)[:2000]
 
 
+DEFAULT_RETRY = RetrySettings(timeout_s=30.0, max_backoff_s=30.0)
+"""The client's retry policy when none is given: scoring takes longer than a search."""
+
+
 class RewardClient:
     """Async client of the reward service.
 
-    `timeout_s` bounds each attempt; `retries` extra attempts follow a transient failure with
-    exponential backoff (with jitter) from `backoff_s`, capped at `max_backoff_s`; an optional `deadline_s`
-    (per call, or the client's default) bounds all attempts together. `on_retry` is called before each
+    `retry` (`RetrySettings`; default `DEFAULT_RETRY`): `timeout_s` bounds each attempt; `retries` extra
+    attempts follow a transient failure with exponential backoff (with jitter) from `backoff_s`, capped at
+    `max_backoff_s`; an optional `deadline_s` (per call, or the client's default) bounds all attempts
+    together. `on_retry` is called before each
     retry and `on_give_up` when a call fails after its transient attempts, for the caller's counters.
     """
 
-    def __init__(self, url: str, *, token: str | None = None, timeout_s: float = 30.0, retries: int = 3,
-                 backoff_s: float = 0.1, max_backoff_s: float = 30.0, deadline_s: float | None = None,
+    def __init__(self, url: str, *, token: str | None = None, retry: RetrySettings | None = None,
                  on_retry: Callable[[BaseException], None] | None = None,
                  on_give_up: Callable[[str], None] | None = None) -> None:
-        if retries < 0:
-            raise ValueError("retries must be >= 0")
-        if timeout_s <= 0 or max_backoff_s <= 0 or (deadline_s is not None and deadline_s <= 0):
-            raise ValueError("timeout_s and max_backoff_s must be > 0, deadline_s > 0 or None")
         self.url = url.rstrip("/")
-        self.timeout_s = timeout_s
-        self.retries = retries
-        self.backoff_s = backoff_s
-        self.max_backoff_s = max_backoff_s
-        self.deadline_s = deadline_s
+        self.retry = (retry or DEFAULT_RETRY).retry_policy()
         self.on_retry = on_retry
         self.on_give_up = on_give_up
         self._http = httpx.AsyncClient(base_url=self.url, headers=http_headers(token),
-                                       timeout=httpx.Timeout(timeout_s))
+                                       timeout=httpx.Timeout(self.retry.timeout_s))
 
     async def __aenter__(self) -> Self:
         return self
@@ -199,23 +196,24 @@ class RewardClient:
         return list(response.json()["scorers"])
 
     async def health(self) -> bool:
-        """True when `GET /health` answers 200 (one attempt, no retries)."""
+        """True when `GET /healthz` answers 200 (one attempt, no retries)."""
         try:
-            return (await self._http.get("/health")).status_code == 200
+            return (await self._http.get("/healthz")).status_code == 200
         except httpx.HTTPError:
             return False
 
     async def _request(self, method: str, path: str, *, json: Any = None,
                        deadline_s: float | None = None) -> httpx.Response:
-        deadline_s = self.deadline_s if deadline_s is None else deadline_s
+        r = self.retry
+        deadline_s = r.deadline_s if deadline_s is None else deadline_s
         end = None if deadline_s is None else time.monotonic() + deadline_s
         attempts = 0
         try:
-            async for attempt in retrying(retries=self.retries, backoff_s=self.backoff_s,
-                                          max_backoff_s=self.max_backoff_s, deadline_s=deadline_s,
+            async for attempt in retrying(retries=r.retries, backoff_s=r.backoff_s,
+                                          max_backoff_s=r.max_backoff_s, deadline_s=deadline_s,
                                           on_retry=self.on_retry):
                 with attempt:
-                    timeout = self.timeout_s if end is None else min(self.timeout_s, end - time.monotonic())
+                    timeout = r.timeout_s if end is None else min(r.timeout_s, end - time.monotonic())
                     if timeout <= 0:
                         break
                     attempts += 1
@@ -229,7 +227,7 @@ class RewardClient:
             last = "no attempt left before the deadline"
         except (httpx.TransportError, TransientHTTPStatus) as exc:  # the last attempt's transient error
             last = str(exc) if isinstance(exc, TransientHTTPStatus) else f"{type(exc).__name__}: {exc}"
-        deadline = end is not None and (attempts <= self.retries or time.monotonic() >= end)
+        deadline = end is not None and (attempts <= r.retries or time.monotonic() >= end)
         if self.on_give_up is not None:
             self.on_give_up(last)
         raise RewardError(f"reward service at {self.url} failed after {attempts} attempt(s)"

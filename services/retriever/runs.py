@@ -1,0 +1,124 @@
+"""What the `searchr1 index …` commands run: build, import, fetch and convert an index, each returning the
+command's exit code (2: an input it cannot use). The commands (`commands.py`) only parse flags."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from searchr1.retriever.indexes import FaissParams
+
+
+def _error(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
+def run_build(corpus: Path, out: Path, kind: str, encoder: dict[str, Any] | None, *, device: str, fp16: bool,
+              bf16: bool, batch_size: int, threads: int, params: FaissParams, chunk_size: int,
+              keep_chunks: bool, progress: bool) -> int:
+    """Build a `kind` index over `corpus` into `out`. `encoder`: `EncoderSpec` fields with
+    `convention` possibly `auto` (dense kinds); `threads` 0 means every core this process may use."""
+    import time
+
+    from rich.console import Console
+
+    from searchr1.core.openmp import passive_openmp_waits
+    from searchr1.retriever.builder import build_index, rich_progress
+    from searchr1.retriever.threads import available_cores
+
+    threads = threads or available_cores()
+    passive_openmp_waits()  # before torch and faiss load
+    enc = spec = None
+    if kind != "bm25" and encoder is not None:
+        import torch
+
+        from searchr1.retriever.encoders import EncoderSpec, TransformerEncoder, resolve_convention
+
+        torch.set_num_threads(threads)
+        spec = EncoderSpec(**{**encoder, "convention": resolve_convention(encoder["convention"], encoder["name"])})
+        try:
+            enc = TransformerEncoder(spec, device=device, fp16=fp16, bf16=bf16, batch_size=batch_size)
+        except FileNotFoundError as exc:
+            return _error(str(exc))
+    from searchr1.retriever.indexes import configure_faiss
+
+    configure_faiss(threads)
+    t0 = time.perf_counter()
+    with rich_progress(progress) as advance:
+        manifest = build_index(corpus, out, kind, encoder=enc, encoder_spec=spec,  # type: ignore[arg-type]
+                               params=params, chunk_size=chunk_size, keep_chunks=keep_chunks, progress=advance)
+    elapsed = time.perf_counter() - t0
+    Console(stderr=True).print(
+        f"[green]built[/] {manifest.kind} index of {manifest.count} passages"
+        f"{f' ({manifest.dim}-dim, {spec.name})' if spec else ''} in {out}: {elapsed:.1f} s, "
+        f"{manifest.count / max(elapsed, 1e-9):.1f} passages/s ({threads} threads{', bf16' if bf16 and spec else ''})")
+    return 0
+
+
+def run_import(faiss_index: Path, corpus: Path, out: Path, encoder: dict[str, Any], *, copy: bool) -> int:
+    """Adopt an existing FAISS index over `corpus` into `out` (symlinked unless `copy`)."""
+    from searchr1.retriever.builder import import_faiss_index
+    from searchr1.retriever.encoders import EncoderSpec, resolve_convention
+    from searchr1.retriever.manifest import IndexMismatchError
+
+    spec = EncoderSpec(**{**encoder, "convention": resolve_convention(encoder["convention"], encoder["name"])})
+    try:
+        m = import_faiss_index(faiss_index, corpus, out, spec, link=not copy)
+    except (IndexMismatchError, ValueError) as exc:
+        return _error(str(exc))
+    print(f"imported {m.kind} index of {m.count} × {m.dim} into {out}", file=sys.stderr)
+    return 0
+
+
+def run_fetch(out: Path, *, index_repo: str, parts: list[str], corpus_repo: str, corpus_file: str,
+              revision: str | None, endpoint: str | None, sha256: str | None, verify: bool, keep_parts: bool,
+              encoder: dict[str, Any] | None) -> int:
+    """Fetch Search-R1's corpus and Flat index into `out`; with `encoder`, import them into OUT/index."""
+    from searchr1.retriever.fetch import FetchError, fetch_corpus, fetch_index
+
+    try:
+        idx = fetch_index(out, repo_id=index_repo, parts=parts, revision=revision, endpoint=endpoint,
+                          expected_sha256=sha256, verify=verify, keep_parts=keep_parts)
+        corpus = fetch_corpus(out, repo_id=corpus_repo, filename=corpus_file, revision=revision,
+                              endpoint=endpoint, keep_archive=keep_parts)
+    except (FetchError, ValueError, OSError) as exc:
+        return _error(str(exc))
+    for f in (idx, corpus):
+        print(f"{'kept' if f.reused else 'fetched'} {f.path} ({f.size} bytes, sha256 {f.sha256})", file=sys.stderr)
+    if encoder is None:
+        print(f"next: searchr1 index import --faiss {idx.path} --corpus {corpus.path} --out {out / 'index'} "
+              "--encoder <local e5-base-v2 directory> --convention e5", file=sys.stderr)
+        return 0
+    return run_import(idx.path, corpus.path, out / "index", encoder, copy=False)
+
+
+def run_convert(src: Path, out: Path, kind: str, params: FaissParams, threads: int) -> int:
+    """Rewrite the Flat index in `src` as `kind` into `out`."""
+    from searchr1.retriever.convert import convert_index
+    from searchr1.retriever.indexes import configure_faiss
+    from searchr1.retriever.manifest import IndexMismatchError
+
+    configure_faiss(threads)
+    try:
+        m = convert_index(src, out, kind, params=params)
+    except (IndexMismatchError, ValueError) as exc:
+        return _error(str(exc))
+    print(f"converted {m.count} × {m.dim} into a {m.kind} index in {out}", file=sys.stderr)
+    return 0
+
+
+def run_info(index: Path) -> int:
+    """Print an index directory's manifest as JSON."""
+    import json
+    from dataclasses import asdict
+
+    from searchr1.retriever.manifest import IndexMismatchError, Manifest
+
+    try:
+        print(json.dumps(asdict(Manifest.read(index)), indent=2))
+    except IndexMismatchError as exc:
+        return _error(str(exc))
+    return 0
