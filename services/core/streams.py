@@ -3,10 +3,14 @@ and their groups: docs/architecture.md, "Streams").
 
 `TypedStream[T]` publishes and reads one pydantic wire model per entry (field `m`, versioned msgpack):
 
-- `publish(item)` → XADD (optionally MAXLEN-trimmed);
+- `publish(item)` → XADD;
 - `read(consumer, count, block_ms)` → XREADGROUP of new entries; a malformed entry is moved to the
   dead stream with its reason and acked, never returned and never crashing the reader;
 - `ack(*ids)` → XACK (the caller acks only after the work the entry stands for is safe);
+- trimming (`trim_every`): every `trim_every` acks or publishes through this object, the entries every
+  consumer group of the stream has acked are deleted (`searchr1.core.stream_trim`: XTRIM MINID below
+  the oldest entry some group still needs, never a pending or unread one); the dead stream is capped
+  at about `dead_maxlen` entries (XADD MAXLEN ~, oldest first);
 - `dead_letter(id, reason)` → a valid entry the consumer refuses goes to the dead stream, acked;
 - `reclaim(consumer, count)` → entries pending longer than the visibility timeout are claimed by this
   consumer (XPENDING to see delivery counts, then XCLAIM); past `max_deliveries` they go to the dead
@@ -37,13 +41,14 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from pydantic import BaseModel
 from redis import asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from searchr1.core.redis_link import RedisLink
+from searchr1.core.stream_trim import trim_acked
 from searchr1.core.schemas import SchemaError, Task, TrajectoryGroup, decode, encode
 
 T = TypeVar("T", bound=BaseModel)
@@ -57,6 +62,9 @@ TASKS_GROUP = "rollout"
 """Consumer group of the tasks stream: the rollout workers (the learner's dispatcher only publishes)."""
 TRAJECTORIES_GROUP = "learner"
 """Consumer group of the trajectories stream: the learner (rank 0)."""
+DEAD_MAXLEN = 10_000
+"""About how many dead letters the dead stream keeps (the oldest go first; the reason of each is also
+logged by the process that buried it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,11 +145,14 @@ class TypedStream(Generic[T]):
         dead_key: str,
         visibility_timeout_ms: int = 60_000,
         max_deliveries: int = 3,
-        maxlen: int | None = None,
+        trim_every: int = 0,
+        dead_maxlen: int = DEAD_MAXLEN,
         link: RedisLink | None = None,
     ) -> None:
-        if visibility_timeout_ms <= 0 or max_deliveries <= 0:
-            raise ValueError("visibility_timeout_ms and max_deliveries must be positive")
+        if visibility_timeout_ms <= 0 or max_deliveries <= 0 or dead_maxlen <= 0:
+            raise ValueError("visibility_timeout_ms, max_deliveries and dead_maxlen must be positive")
+        if trim_every < 0:
+            raise ValueError("trim_every must be >= 0 (0: never trim)")
         self.redis = redis
         self.key = key
         self.model = model
@@ -149,7 +160,9 @@ class TypedStream(Generic[T]):
         self.dead_key = dead_key
         self.visibility_timeout_ms = visibility_timeout_ms
         self.max_deliveries = max_deliveries
-        self.maxlen = maxlen
+        self.trim_every = trim_every
+        self.dead_maxlen = dead_maxlen
+        self._since_trim = 0
         self.link = link
         self._call = link.call if link is not None else _direct
         self._reread_at = 0  # the link's reconnect count when this stream last re-read its own entries
@@ -167,11 +180,10 @@ class TypedStream(Generic[T]):
         """Append one entry; returns its id."""
         if not isinstance(item, self.model):
             raise TypeError(f"{self.key} carries {self.model.__name__}, not {type(item).__name__}")
-        kwargs: dict[str, Any] = {}
-        if self.maxlen is not None:
-            kwargs = {"maxlen": self.maxlen, "approximate": True}
         fields = {PAYLOAD_FIELD: encode(item)}
-        return _sid(await self._call(lambda: self.redis.xadd(self.key, fields, **kwargs), "xadd"))
+        mid = _sid(await self._call(lambda: self.redis.xadd(self.key, fields), "xadd"))
+        await self._count_towards_trim(1)
+        return mid
 
     async def publish_many(self, items: Sequence[T]) -> list[str]:
         """Append several entries in one round trip."""
@@ -183,7 +195,9 @@ class TypedStream(Generic[T]):
                     pipe.xadd(self.key, {PAYLOAD_FIELD: payload})
                 return [_sid(r) for r in await pipe.execute()]
 
-        return await self._call(send, "xadd")
+        ids = await self._call(send, "xadd")
+        await self._count_towards_trim(len(ids))
+        return ids
 
     async def read(self, consumer: str, count: int = 1, block_ms: int | None = None) -> list[Entry[T]]:
         """Read up to `count` new entries for `consumer`. Blocks up to `block_ms` when given.
@@ -202,7 +216,20 @@ class TypedStream(Generic[T]):
         """Acknowledge processed entries; returns how many were pending."""
         if not ids:
             return 0
-        return int(await self._call(lambda: self.redis.xack(self.key, self.group, *ids), "xack"))
+        acked = int(await self._call(lambda: self.redis.xack(self.key, self.group, *ids), "xack"))
+        await self._count_towards_trim(len(ids))
+        return acked
+
+    async def trim(self) -> int:
+        """Delete the entries every consumer group of the stream has acked; returns how many went."""
+        self._since_trim = 0
+        return await trim_acked(self.redis, self.key, self._call)
+
+    async def _count_towards_trim(self, n: int) -> None:
+        if self.trim_every:
+            self._since_trim += n
+            if self._since_trim >= self.trim_every:
+                await self.trim()
 
     async def reread_own(self, consumer: str, held: Collection[str], count: int = 16) -> list[Entry[T]]:
         """Once after each time the link saw Redis come back: the entries pending for `consumer` that it
@@ -317,7 +344,7 @@ class TypedStream(Generic[T]):
 
         async def send() -> None:
             async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.xadd(self.dead_key, record)
+                pipe.xadd(self.dead_key, record, maxlen=self.dead_maxlen, approximate=True)
                 pipe.xack(self.key, self.group, mid)
                 await pipe.execute()
 
@@ -325,20 +352,23 @@ class TypedStream(Generic[T]):
 
 
 def tasks_stream(redis: aioredis.Redis, keys: StreamKeys, *, visibility_timeout_ms: int = 60_000,
-                 max_deliveries: int = 3, link: RedisLink | None = None) -> TypedStream[Task]:
-    """The run's tasks stream (dispatcher → rollout workers), consumed by `TASKS_GROUP`."""
+                 max_deliveries: int = 3, trim_every: int = 0, link: RedisLink | None = None) -> TypedStream[Task]:
+    """The run's tasks stream (dispatcher → rollout workers), consumed by `TASKS_GROUP`; with
+    `trim_every`, acked entries are deleted every `trim_every` acks or publishes through it."""
     return TypedStream(redis, keys.tasks, Task, TASKS_GROUP, dead_key=keys.dead,
-                       visibility_timeout_ms=visibility_timeout_ms, max_deliveries=max_deliveries, link=link)
+                       visibility_timeout_ms=visibility_timeout_ms, max_deliveries=max_deliveries,
+                       trim_every=trim_every, link=link)
 
 
 def trajectories_stream(redis: aioredis.Redis, keys: StreamKeys, *, visibility_timeout_ms: int = 60_000,
-                        max_deliveries: int = 3, maxlen: int | None = None,
+                        max_deliveries: int = 3, trim_every: int = 0,
                         link: RedisLink | None = None) -> TypedStream[TrajectoryGroup]:
-    """The run's trajectories stream (rollout workers → learner), consumed by `TRAJECTORIES_GROUP`;
-    `maxlen` trims it approximately on publish."""
+    """The run's trajectories stream (rollout workers → learner), consumed by `TRAJECTORIES_GROUP`; with
+    `trim_every`, entries the learner has acked are deleted every `trim_every` acks or publishes through
+    it (a worker publishing groups keeps the stream bounded without the learner's help)."""
     return TypedStream(redis, keys.trajectories, TrajectoryGroup, TRAJECTORIES_GROUP, dead_key=keys.dead,
-                       visibility_timeout_ms=visibility_timeout_ms, max_deliveries=max_deliveries, maxlen=maxlen,
-                       link=link)
+                       visibility_timeout_ms=visibility_timeout_ms, max_deliveries=max_deliveries,
+                       trim_every=trim_every, link=link)
 
 
 async def read_dead(redis: aioredis.Redis, dead_key: str, count: int = 100) -> list[DeadLetter]:

@@ -141,8 +141,8 @@ async def build_service(settings: RolloutSettings, *, generator: Generator | Non
         keys = StreamKeys(settings.redis.run)
         t = settings.tasks
         tasks = tasks_stream(redis, keys, visibility_timeout_ms=t.visibility_timeout_ms,
-                             max_deliveries=t.max_deliveries, link=link)
-        groups = trajectories_stream(redis, keys, maxlen=t.trajectories_maxlen, link=link)
+                             max_deliveries=t.max_deliveries, trim_every=t.trim_acked_every, link=link)
+        groups = trajectories_stream(redis, keys, trim_every=t.trim_acked_every, link=link)
         loader = WeightLoader(redis, keys, generator, metrics, Path(settings.weights.download_dir),
                               version=settings.initial_version, token=settings.weights.token, link=link)
         metrics.weight_version.set(loader.version)

@@ -132,8 +132,11 @@ class TaskSettings(Section):
     then are cancelled and left unacked (redelivered to another worker after the visibility timeout).
     Keep it below the supervisor's grace period (`[launcher] grace_period_s`, 10 s by default;
     Kubernetes' terminationGracePeriodSeconds), or the worker is killed mid-drain. None: no limit."""
-    trajectories_maxlen: int | None = Field(default=None, ge=1)
-    """Approximate MAXLEN for the trajectories stream (None: never trimmed by workers)."""
+    trim_acked_every: int = Field(default=64, ge=0, le=1_000_000)
+    """Every this many acks (tasks stream) or publishes (trajectories stream), the worker deletes the
+    entries every consumer group has acked (never a pending or unread one), so Redis memory stays
+    bounded over a run of days. 0 keeps every entry: the delivery audit (`searchr1 audit`) reads the
+    whole history of both streams, so a run to be audited sets 0."""
 
 
 class WeightSettings(Section):
