@@ -36,12 +36,17 @@ def new_registry() -> CollectorRegistry:
 @dataclass
 class RedisMetrics:
     """`searchr1_<service>_redis_retries_total` (Redis calls retried while it was away),
-    `…_redis_reconnects_total` (times it came back) and `…_redis_up` (1 when the last call or PING
-    was answered)."""
+    `…_redis_reconnects_total` (times it came back), `…_redis_up` (1 when the last call or PING
+    was answered), `…_redis_memory_used_bytes` and `…_redis_memory_max_bytes` (Redis's `used_memory` and
+    `maxmemory`, 0: no limit; sampled by the link's watch) and `…_redis_errors_total{kind}` (Redis
+    refusals that are not outages: `oom`, `misconf`, `readonly`, waited through like an outage)."""
 
     retries: Counter
     reconnects: Counter
     up: Gauge
+    memory_used: Gauge
+    memory_max: Gauge
+    errors: Counter
 
     @classmethod
     def on(cls, registry: CollectorRegistry, service: str) -> RedisMetrics:
@@ -49,12 +54,21 @@ class RedisMetrics:
         return cls(Counter(f"{p}_retries_total", "Redis calls retried while Redis was unavailable.", registry=registry),
                    Counter(f"{p}_reconnects_total", "Times Redis answered again after being unavailable.",
                            registry=registry),
-                   Gauge(f"{p}_up", "1 when Redis answered the last call or PING, else 0.", registry=registry))
+                   Gauge(f"{p}_up", "1 when Redis answered the last call or PING, else 0.", registry=registry),
+                   Gauge(f"{p}_memory_used_bytes", "Redis used_memory, sampled.", registry=registry),
+                   Gauge(f"{p}_memory_max_bytes", "Redis maxmemory (0: no limit), sampled.", registry=registry),
+                   Counter(f"{p}_errors_total", "Redis refusals that are not outages (OOM, MISCONF, READONLY), "
+                           "waited through.", ["kind"], registry=registry))
 
     def link_callbacks(self) -> dict[str, Any]:
         """The `on_retry`, `on_reconnect` and `on_state` callbacks of a `searchr1.core.streams.RedisLink`."""
         return {"on_retry": lambda exc: self.retries.inc(), "on_reconnect": self.reconnects.inc,
-                "on_state": lambda up: self.up.set(1 if up else 0)}
+                "on_state": lambda up: self.up.set(1 if up else 0), "on_memory": self._memory,
+                "on_refusal": lambda kind: self.errors.labels(kind).inc()}
+
+    def _memory(self, used: int, limit: int) -> None:
+        self.memory_used.set(used)
+        self.memory_max.set(limit)
 
 
 @dataclass
