@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -167,3 +168,22 @@ class RedisLink:
                         "(noeviction); check that consumers ack and streams are trimmed", self.name,
                         used / 2**20, limit / 2**20)
         self.on_memory(used, limit)
+
+
+SOCKET_TIMEOUT_S = 30.0
+"""How long a Redis reply may take before the call fails as a timeout (and `RedisLink` waits and retries):
+a black-holed connection (a partition that drops packets without a reset) hangs no caller longer. Keep
+blocking reads (`block_ms`) well below it."""
+
+
+def _keepalive_options() -> dict[int, int]:
+    opts = {"TCP_KEEPIDLE": 10, "TCP_KEEPINTVL": 5, "TCP_KEEPCNT": 3}  # a dead peer found in about 25 s
+    return {getattr(socket, name): value for name, value in opts.items() if hasattr(socket, name)}
+
+
+def connect(url: str, *, socket_timeout_s: float = SOCKET_TIMEOUT_S) -> aioredis.Redis:
+    """An asyncio Redis client (bytes responses) that never waits forever: connect and reply timeouts,
+    TCP keepalive, and a PING before reusing a connection idle for 10 s."""
+    return aioredis.Redis.from_url(url, decode_responses=False, socket_timeout=socket_timeout_s,
+                                   socket_connect_timeout=min(socket_timeout_s, 10.0), socket_keepalive=True,
+                                   socket_keepalive_options=_keepalive_options(), health_check_interval=10)

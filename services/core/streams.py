@@ -17,9 +17,14 @@ and their groups: docs/architecture.md, "Streams").
   stream instead with the reason. XAUTOCLAIM would claim in one call but does not report delivery
   counts, which the dead-letter rule needs;
 - `length()`, `pending()` and `lag()` for backpressure and metrics;
-- `reread_own(consumer, held, count)` → after Redis came back, the entries still pending for `consumer`
-  (XREADGROUP from id 0) that the caller does not hold: a read whose reply was lost to the outage left
-  them delivered but never seen.
+- `reread_own(consumer, held, count)` → on the first call, and after each time Redis came back, the
+  entries still pending for `consumer` (XREADGROUP from id 0) that the caller does not hold: a restarted
+  consumer under the same name gets its own unfinished entries at once (not after the visibility
+  timeout), and a read whose reply was lost to an outage left them delivered but never seen;
+- `heartbeat(consumer, ids)` → the entries of `ids` still pending for `consumer` have their idle time
+  reset (XCLAIM … JUSTID to itself, delivery count unchanged): a live consumer heartbeating its entries
+  more often than the visibility timeout never has them reclaimed, so the timeout can be short enough
+  to reclaim a dead consumer's entries within seconds.
 
 Redis going away: with a `RedisLink` (`searchr1.core.redis_link`), every command waits for Redis to come back (the retry policy of
 `searchr1.core.retry`, no bound on the attempts, backoff capped, each retry logged and counted) and the
@@ -38,7 +43,6 @@ how many entries to keep in flight; that is each service's loop.
 from __future__ import annotations
 
 import logging
-import socket
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -48,7 +52,10 @@ from pydantic import BaseModel
 from redis import asyncio as aioredis
 from redis.exceptions import ResponseError
 
+from searchr1.core.dead_letters import DeadLetter as DeadLetter
+from searchr1.core.dead_letters import read_dead as read_dead
 from searchr1.core.redis_link import RedisLink
+from searchr1.core.redis_link import connect as connect
 from searchr1.core.schemas import SchemaError, Task, TrajectoryGroup, decode, encode
 from searchr1.core.stream_trim import trim_acked
 
@@ -109,38 +116,13 @@ class Entry(Generic[T]):
     deliveries: int = 1
 
 
-@dataclass(frozen=True, slots=True)
-class DeadLetter:
-    """An entry moved to the dead stream."""
-
-    id: str
-    source: str
-    source_id: str
-    reason: str
-    payload: bytes
-
-
-SOCKET_TIMEOUT_S = 30.0
-"""How long a Redis reply may take before the call fails as a timeout (and `RedisLink` waits and retries):
-a black-holed connection (a partition that drops packets without a reset) hangs no caller longer. Keep
-blocking reads (`block_ms`) well below it."""
-
-
-def _keepalive_options() -> dict[int, int]:
-    opts = {"TCP_KEEPIDLE": 10, "TCP_KEEPINTVL": 5, "TCP_KEEPCNT": 3}  # a dead peer found in about 25 s
-    return {getattr(socket, name): value for name, value in opts.items() if hasattr(socket, name)}
-
-
-def connect(url: str, *, socket_timeout_s: float = SOCKET_TIMEOUT_S) -> aioredis.Redis:
-    """An asyncio Redis client (bytes responses) that never waits forever: connect and reply timeouts,
-    TCP keepalive, and a PING before reusing a connection idle for 10 s."""
-    return aioredis.Redis.from_url(url, decode_responses=False, socket_timeout=socket_timeout_s,
-                                   socket_connect_timeout=min(socket_timeout_s, 10.0), socket_keepalive=True,
-                                   socket_keepalive_options=_keepalive_options(), health_check_interval=10)
-
-
 def _sid(raw: bytes | str) -> str:
     return raw.decode() if isinstance(raw, bytes) else raw
+
+
+def _id_order(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
 
 
 async def _direct(fn: Callable[[], Awaitable[R]], what: str = "") -> R:
@@ -180,7 +162,7 @@ class TypedStream(Generic[T]):
         self._since_trim = 0
         self.link = link
         self._call = link.call if link is not None else _direct
-        self._reread_at = 0  # the link's reconnect count when this stream last re-read its own entries
+        self._reread_at = -1  # the link's reconnect count when this stream last re-read its own entries
 
     async def ensure_group(self) -> None:
         """Create the consumer group (and the stream) if missing; idempotent."""
@@ -247,9 +229,11 @@ class TypedStream(Generic[T]):
                 await self.trim()
 
     async def reread_own(self, consumer: str, held: Collection[str], count: int = 16) -> list[Entry[T]]:
-        """Once after each time the link saw Redis come back: the entries pending for `consumer` that it
-        does not hold (`held`: ids read and not yet acked), oldest first, at most `count`. Otherwise []."""
-        if self.link is None or self.link.reconnects == self._reread_at:
+        """On the first call and once after each time the link saw Redis come back: the entries pending for
+        `consumer` that it does not hold (`held`: ids read and not yet acked), oldest first, at most
+        `count`. Otherwise []."""
+        reconnects = self.link.reconnects if self.link is not None else 0
+        if reconnects == self._reread_at:
             return []
         resp = await self._call(lambda: self.redis.xreadgroup(self.group, consumer, {self.key: "0"},
                                                               count=count + len(held)), "xreadgroup 0")
@@ -267,11 +251,26 @@ class TypedStream(Generic[T]):
                 entry = await self._decode_or_bury(mid, fields, deliveries=1)
                 if entry is not None:
                     out.append(entry)
-        self._reread_at = self.link.reconnects
+        first, self._reread_at = self._reread_at < 0, reconnects
         if out:
-            log.warning("%s: re-read %d entries still pending for %s after redis came back", self.key,
-                        len(out), consumer)
+            log.warning("%s: re-read %d entries still pending for %s %s", self.key, len(out), consumer,
+                        "from before this process started" if first else "after redis came back")
         return out
+
+    async def heartbeat(self, consumer: str, ids: Collection[str]) -> int:
+        """Reset the idle time of those of `ids` still pending for `consumer` (never taking one another
+        consumer has reclaimed meanwhile); returns how many."""
+        if not ids:
+            return 0
+        lo, hi = min(ids, key=_id_order), max(ids, key=_id_order)
+        rows = await self._call(lambda: self.redis.xpending_range(
+            self.key, self.group, min=lo, max=hi, count=len(ids) * 4 + 16, consumername=consumer), "xpending")
+        mine = [_sid(r["message_id"]) for r in rows if _sid(r["message_id"]) in ids]
+        if not mine:
+            return 0
+        await self._call(lambda: self.redis.xclaim(self.key, self.group, consumer, min_idle_time=0,
+                                                   message_ids=mine, justid=True), "xclaim justid")
+        return len(mine)
 
     async def reclaim(self, consumer: str, count: int = 16) -> list[Entry[T]]:
         """Claim entries idle past the visibility timeout for `consumer`; bury those delivered
@@ -384,18 +383,3 @@ def trajectories_stream(redis: aioredis.Redis, keys: StreamKeys, *, visibility_t
     return TypedStream(redis, keys.trajectories, TrajectoryGroup, TRAJECTORIES_GROUP, dead_key=keys.dead,
                        visibility_timeout_ms=visibility_timeout_ms, max_deliveries=max_deliveries,
                        trim_every=trim_every, link=link)
-
-
-async def read_dead(redis: aioredis.Redis, dead_key: str, count: int = 100) -> list[DeadLetter]:
-    """The oldest `count` dead letters (for tests, the CLI and operators)."""
-    rows = await redis.xrange(dead_key, min="-", max="+", count=count)
-    return [
-        DeadLetter(
-            id=_sid(rid),
-            source=_sid(f[b"source"]),
-            source_id=_sid(f[b"source_id"]),
-            reason=_sid(f[b"reason"]),
-            payload=f[b"payload"],
-        )
-        for rid, f in rows
-    ]

@@ -152,7 +152,8 @@ async def build_service(settings: RolloutSettings, *, generator: Generator | Non
                                settings.reward, metrics, max_context_tokens=settings.engine.max_model_len)
         worker = Worker(sampler, tasks, groups, loader, metrics, worker_id, max_concurrent=t.max_concurrent,
                         block_ms=t.block_ms, reclaim_interval_s=t.reclaim_interval_s,
-                        weight_poll_s=settings.weights.poll_interval_s, drain_timeout_s=t.drain_timeout_s)
+                        weight_poll_s=settings.weights.poll_interval_s, drain_timeout_s=t.drain_timeout_s,
+                        heartbeat_s=t.visibility_timeout_ms / 4000)
     except BaseException:
         for close in reversed(closers):
             result = close()

@@ -121,11 +121,13 @@ class TaskSettings(Section):
     """Tasks (groups) this worker rolls out at once; trajectories of all of them share the engine."""
     block_ms: int = Field(default=500, ge=1)
     """How long one read of the tasks stream blocks."""
-    visibility_timeout_ms: int = Field(default=300_000, ge=1)
-    """A task unacked this long is reclaimed by another worker (a killed worker's task is redone)."""
+    visibility_timeout_ms: int = Field(default=30_000, ge=1)
+    """A task idle this long is reclaimed by another worker (a killed worker's task is redone). Live
+    workers reset the idle time of the tasks they hold every quarter of it (a heartbeat), so a slow
+    task is never taken from a live worker and a dead one's tasks are redone within about this long."""
     max_deliveries: int = Field(default=3, ge=1)
     """After this many deliveries without ack a task goes to the dead stream."""
-    reclaim_interval_s: float = Field(default=10.0, gt=0)
+    reclaim_interval_s: float = Field(default=5.0, gt=0)
     """How often idle tasks are looked for."""
     drain_timeout_s: float | None = Field(default=8.0, ge=0)
     """On SIGTERM, how long the tasks in flight may take to finish, publish and ack; those still running

@@ -220,12 +220,14 @@ class Worker:
     reclaim_interval_s: float = 10.0
     weight_poll_s: float = 2.0
     drain_timeout_s: float | None = None
+    heartbeat_s: float | None = None
     _inflight: set[asyncio.Task] = field(default_factory=set)
     _inflight_ids: set[str] = field(default_factory=set)
     _seq: int = 0
     _next_reclaim: float = 0.0
     _next_weights: float = 0.0
     _next_lag: float = 0.0
+    _next_heartbeat: float = 0.0
     _fatal: GeneratorDead | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -252,6 +254,10 @@ class Worker:
         now = time.monotonic()
         if now >= self._next_weights:
             await self._move_to_announced_weights()
+        if self.heartbeat_s is not None and now >= self._next_heartbeat and self._inflight_ids:
+            # keep our tasks' idle time short, so only a dead worker's tasks pass the visibility timeout
+            self._next_heartbeat = now + self.heartbeat_s
+            await self.tasks.heartbeat(self.worker_id, set(self._inflight_ids))
         slots = self.max_concurrent - len(self._inflight)
         if slots <= 0:
             await asyncio.wait(self._inflight, timeout=self.block_ms / 1000, return_when=asyncio.FIRST_COMPLETED)
