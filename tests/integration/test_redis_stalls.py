@@ -119,3 +119,17 @@ async def test_wrong_command_is_still_raised(redis):
     stream = tasks_stream(redis, StreamKeys("nog"), link=link)
     with pytest.raises(ResponseError, match="NOGROUP"):
         await stream.read("c1")
+
+
+async def test_watch_reports_memory_for_the_alert(redis):
+    link, m = _link()
+    await redis.config_set("maxmemory", 512 * 2**20)
+    stop = asyncio.Event()
+    try:
+        watch = asyncio.create_task(link.watch(redis, stop, interval_s=0.05, memory_interval_s=0.0))
+        await _until(lambda: m.memory_max._value.get() > 0, "memory sampled")
+        stop.set()
+        await watch
+        assert m.memory_max._value.get() == 512 * 2**20 and 0 < m.memory_used._value.get() < 512 * 2**20
+    finally:
+        await redis.config_set("maxmemory", 0)
