@@ -109,8 +109,40 @@ def _register_streams(groups: Groups) -> None:
         letters = asyncio.run(_read())
         if not letters:
             console.print("no dead letters")
-        for d in letters:
-            console.print(f"[bold]{d.id}[/] from {d.source} ({d.source_id}): {d.reason} [{len(d.payload)} bytes]")
+        for d in letters:  # reasons quote entry content: printed as plain text, never as markup
+            console.print(f"{d.id} from {d.source} ({d.source_id}): {d.reason} [{len(d.payload)} bytes]",
+                          markup=False, highlight=False)
+
+    @groups.streams.command("redrive")
+    def redrive_cmd(
+        redis_url: Annotated[str, typer.Option("--redis", help="Redis URL.")] = "redis://127.0.0.1:6379/0",
+        run: Annotated[str, typer.Option(help="Run name.")] = "default",
+        source: Annotated[str | None, typer.Option(help="Only dead letters from this stream: tasks or trajectories.")] = None,
+        reason: Annotated[str, typer.Option(help="Only dead letters whose reason contains this text.")] = "",
+        count: Annotated[int, typer.Option(min=1, max=100_000, help="At most this many, oldest first.")] = 100,
+        dry_run: Annotated[bool, typer.Option("--dry-run", help="List what would be requeued; change nothing.")] = False,
+    ) -> None:
+        """Requeue dead letters on the stream they came from (after a fix), selected by stream and reason."""
+        from searchr1.core.dead_letters import redrive
+        from searchr1.core.streams import StreamKeys, connect
+
+        keys = StreamKeys(run)
+        if source not in (None, "tasks", "trajectories"):
+            raise typer.BadParameter("--source must be tasks or trajectories")
+        source_key = {"tasks": keys.tasks, "trajectories": keys.trajectories}.get(source or "")
+
+        async def _redrive():
+            redis = connect(redis_url)
+            try:
+                return await redrive(redis, keys.dead, source=source_key, reason_contains=reason, count=count,
+                                     dry_run=dry_run)
+            finally:
+                await redis.aclose()
+
+        moved = asyncio.run(_redrive())
+        for d in moved:
+            typer.echo(f"{d.id} -> {d.source}: {d.reason}")
+        typer.echo(f"{len(moved)} dead letter(s) {'would be ' if dry_run else ''}requeued")
 
 
 def build_app() -> typer.Typer:
