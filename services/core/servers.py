@@ -76,6 +76,7 @@ class GrpcServer:
         *,
         token: str | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        max_receive_bytes: int | None = None,
         max_concurrent_rpcs: int | None = DEFAULT_MAX_CONCURRENT_RPCS,
         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
         reflection_enabled: bool = True,
@@ -87,7 +88,8 @@ class GrpcServer:
             interceptors=chain,
             maximum_concurrent_rpcs=max_concurrent_rpcs,  # beyond it, RESOURCE_EXHAUSTED (retried by clients)
             options=[
-                ("grpc.max_receive_message_length", max_message_bytes),
+                # a request over it is refused by gRPC before any handler (or the auth check) sees it
+                ("grpc.max_receive_message_length", max_receive_bytes or max_message_bytes),
                 ("grpc.max_send_message_length", max_message_bytes),
                 ("grpc.so_reuseport", 0),
             ],
