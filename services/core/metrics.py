@@ -108,14 +108,15 @@ def _bearer_guarded(app, token: str):
     return guarded
 
 
-def _with_probes(app, ready: Callable[[], bool]):
-    """`app` behind `/healthz` (200) and `/readyz` (200 or 503 from `ready()`), both open to probes."""
+def _with_probes(app, ready: Callable[[], bool], live: Callable[[], bool] | None = None):
+    """`app` behind `/healthz` (200, or 503 when `live()` is False) and `/readyz` (200 or 503 from
+    `ready()`), both open to probes."""
 
     def probed(environ, start_response):
         path = environ.get("PATH_INFO", "")
         if path not in ("/healthz", "/readyz"):
             return app(environ, start_response)
-        ok = path == "/healthz" or bool(ready())
+        ok = bool(live()) if path == "/healthz" and live is not None else path == "/healthz" or bool(ready())
         body = json.dumps({"ok": ok} if path == "/healthz" else {"ready": ok}).encode()
         start_response("200 OK" if ok else "503 Service Unavailable",
                        [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
@@ -125,10 +126,12 @@ def _with_probes(app, ready: Callable[[], bool]):
 
 
 def start_metrics_server(registry: CollectorRegistry, host: str = "127.0.0.1", port: int = 0, *,
-                         token: str | None = None, ready: Callable[[], bool] | None = None) -> MetricsServer:
+                         token: str | None = None, ready: Callable[[], bool] | None = None,
+                         live: Callable[[], bool] | None = None) -> MetricsServer:
     """Serve `registry` at http://host:port/metrics (port 0 picks a free one; see `.port`); with `token`,
     only to requests that carry `Authorization: Bearer <token>` (others get 401). With `ready`, also
-    `/healthz` and `/readyz` (see the module docstring; open without the token, like every health path)."""
+    `/healthz` and `/readyz` (see the module docstring; open without the token, like every health path);
+    with `live` too (`searchr1.core.watchdog`), `/healthz` is 503 while it is False."""
     if not token and ready is None:
         server, thread = start_http_server(port, addr=host, registry=registry)
         return MetricsServer(server, thread)
@@ -136,7 +139,7 @@ def start_metrics_server(registry: CollectorRegistry, host: str = "127.0.0.1", p
     if token:
         app = _bearer_guarded(app, token)
     if ready is not None:
-        app = _with_probes(app, ready)
+        app = _with_probes(app, ready, live)
     server = make_server(host, port, app, ThreadingWSGIServer, handler_class=_QuietHandler)
     thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
     thread.start()

@@ -30,6 +30,7 @@ from searchr1.core.metrics import MetricsServer, start_metrics_server
 from searchr1.core.redis_link import RedisLink
 from searchr1.core.servers import install_shutdown_signals
 from searchr1.core.streams import StreamKeys, connect, tasks_stream, trajectories_stream
+from searchr1.core.watchdog import Watchdog
 from searchr1.rollout.batcher import SearchBatcher
 from searchr1.rollout.engine import Generator, HfCodec, HfGenerator, VllmEngineConfig, VllmGenerator
 from searchr1.rollout.metrics import RolloutMetrics
@@ -103,8 +104,9 @@ async def build_service(settings: RolloutSettings, *, generator: Generator | Non
     """Wire a worker from settings (pass `generator` + `tokenizer` to share an engine)."""
     metrics = RolloutMetrics()
     link = RedisLink("rollout", **metrics.redis.link_callbacks())
+    watchdog = Watchdog("rollout", settings.tasks.stall_timeout_s, excused=lambda: not link.up)
     metrics_server = (start_metrics_server(metrics.registry, settings.metrics_host, settings.metrics_port,
-                                           ready=lambda: link.up,
+                                           ready=lambda: link.up, live=watchdog.alive,
                                            token=None if settings.metrics_open else settings.token)
                       if serve_metrics else None)
     closers: list[Callable[[], Any]] = []
@@ -153,7 +155,7 @@ async def build_service(settings: RolloutSettings, *, generator: Generator | Non
         worker = Worker(sampler, tasks, groups, loader, metrics, worker_id, max_concurrent=t.max_concurrent,
                         block_ms=t.block_ms, reclaim_interval_s=t.reclaim_interval_s,
                         weight_poll_s=settings.weights.poll_interval_s, drain_timeout_s=t.drain_timeout_s,
-                        heartbeat_s=t.visibility_timeout_ms / 4000)
+                        heartbeat_s=t.visibility_timeout_ms / 4000, watchdog=watchdog)
     except BaseException:
         for close in reversed(closers):
             result = close()

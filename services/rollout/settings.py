@@ -134,6 +134,10 @@ class TaskSettings(Section):
     then are cancelled and left unacked (redelivered to another worker after the visibility timeout).
     Keep it below the supervisor's grace period (`[launcher] grace_period_s`, 10 s by default;
     Kubernetes' terminationGracePeriodSeconds), or the worker is killed mid-drain. None: no limit."""
+    stall_timeout_s: float = Field(default=900.0, gt=0, le=86_400)
+    """`/healthz` turns 503 (and the supervisor restarts the worker) when the worker's loop made no
+    progress for this long while Redis answered: a stuck engine call that a drain waits on, a blocked event
+    loop. Keep it above the longest weight load plus drain."""
     trim_acked_every: int = Field(default=64, ge=0, le=1_000_000)
     """Every this many acks (tasks stream) or publishes (trajectories stream), the worker deletes the
     entries every consumer group has acked (never a pending or unread one), so Redis memory stays

@@ -45,6 +45,7 @@ from searchr1.core.faults import fault_point
 from searchr1.core.protocol import render_prompt
 from searchr1.core.schemas import Task, Trajectory, TrajectoryGroup
 from searchr1.core.streams import Entry, TypedStream
+from searchr1.core.watchdog import Watchdog
 from searchr1.rollout.agent import AgentLimits, Sampling, SearchFn, TrajectoryResult, run_trajectory
 from searchr1.rollout.engine import Generator, GeneratorDead, TextCodec
 from searchr1.rollout.metrics import RolloutMetrics, StagedGenerator, staged_search
@@ -221,6 +222,7 @@ class Worker:
     weight_poll_s: float = 2.0
     drain_timeout_s: float | None = None
     heartbeat_s: float | None = None
+    watchdog: Watchdog | None = None
     _inflight: set[asyncio.Task] = field(default_factory=set)
     _inflight_ids: set[str] = field(default_factory=set)
     _seq: int = 0
@@ -251,6 +253,8 @@ class Worker:
 
     async def _step(self) -> None:
         """One pass: new weights? → reclaim idle tasks → read new tasks → start them."""
+        if self.watchdog is not None:
+            self.watchdog.beat()
         now = time.monotonic()
         if now >= self._next_weights:
             await self._move_to_announced_weights()

@@ -75,3 +75,48 @@ async def test_a_slow_live_worker_keeps_its_task(redis, tmp_path):
     await run
     assert stolen == []
     assert [g.value.task.task_id for g in got] == ["slow"] and await st.tasks.pending() == 0
+
+
+class StuckGen(Gen):
+    """An engine whose generate call never returns (a hung engine that did not die)."""
+
+    async def generate(self, request, request_id):
+        await asyncio.Event().wait()
+
+
+async def test_a_worker_stuck_in_a_drain_reports_not_alive(redis, tmp_path):
+    """New weights are announced while the only task hangs in the engine: the worker drains before
+    loading them and the drain never ends. `/healthz` turns 503 once the loop has not passed for the stall
+    bound, while `/readyz` (Redis answers) stays 200 — the supervisor restarts it."""
+    import httpx
+
+    from searchr1.core.metrics import new_registry, start_metrics_server
+    from searchr1.core.schemas import WeightVersion
+    from searchr1.core.watchdog import Watchdog
+    from searchr1.core.weights import announce
+
+    dog = Watchdog("rollout", 0.5)
+    st = await _stack(redis, KEYS, StuckGen(), tmp_path, weight_poll_s=0.05, watchdog=dog)
+    server = start_metrics_server(new_registry(), ready=lambda: True, live=dog.alive)
+    await st.tasks.publish(Task(task_id="hang", question="q?", golden_answers=["a"], group_size=1))
+    stop = asyncio.Event()
+    run = asyncio.create_task(st.worker.run(stop))
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}") as client:
+            async with asyncio.timeout(30):  # guard only
+                while not st.worker._inflight:
+                    await asyncio.sleep(0.02)
+                assert (await client.get("/healthz")).status_code == 200
+                await announce(redis, KEYS, WeightVersion(version=1, uri=str(tmp_path), sha256="0" * 64))
+                while (await client.get("/healthz")).status_code == 200:
+                    await asyncio.sleep(0.05)
+            assert (await client.get("/healthz")).status_code == 503
+            assert (await client.get("/readyz")).status_code == 200
+    finally:
+        st.worker.drain_timeout_s = 0.1
+        stop.set()
+        for t in st.worker._inflight:
+            t.cancel()
+        run.cancel()
+        await asyncio.gather(run, return_exceptions=True)
+        server.close()
