@@ -125,8 +125,10 @@ class Trajectory(_Wire):
             raise ValueError("token ids must be non-negative")
         if not all(math.isfinite(x) and x <= 1e-4 for x in self.behavior_logprobs):
             raise ValueError("behavior_logprobs must be finite log-probabilities (<= 0, not NaN or -inf)")
-        if not math.isfinite(self.reward) or not all(math.isfinite(v) for v in self.reward_components.values()):
-            raise ValueError("reward and reward_components must be finite")
+        if not math.isfinite(self.reward):
+            raise ValueError("reward must be finite")
+        if not all(math.isfinite(v) for v in self.reward_components.values()):
+            raise ValueError("reward_components must be finite")
         return self
 
 

@@ -33,6 +33,7 @@ What the worker does not do: decide how many tasks exist (the learner's dispatch
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -258,10 +259,8 @@ class Worker:
         now = time.monotonic()
         if now >= self._next_weights:
             await self._move_to_announced_weights()
-        if self.heartbeat_s is not None and now >= self._next_heartbeat and self._inflight_ids:
-            # keep our tasks' idle time short, so only a dead worker's tasks pass the visibility timeout
-            self._next_heartbeat = now + self.heartbeat_s
-            await self.tasks.heartbeat(self.worker_id, set(self._inflight_ids))
+        if self.heartbeat_s is not None and now >= self._next_heartbeat:
+            await self._heartbeat()
         slots = self.max_concurrent - len(self._inflight)
         if slots <= 0:
             await asyncio.wait(self._inflight, timeout=self.block_ms / 1000, return_when=asyncio.FIRST_COMPLETED)
@@ -317,13 +316,28 @@ class Worker:
 
         task.add_done_callback(_done)
 
+    async def _heartbeat(self) -> None:
+        """Reset the idle time of the tasks in flight, so only a dead worker's pass the visibility timeout."""
+        self._next_heartbeat = time.monotonic() + (self.heartbeat_s or 0.0)
+        if self._inflight_ids:
+            await self.tasks.heartbeat(self.worker_id, set(self._inflight_ids))
+
     async def _drain(self, timeout: float | None = None) -> None:
-        """Wait for the tasks in flight; those still running after `timeout` seconds are cancelled and
-        stay unacked (redelivered)."""
+        """Wait for the tasks in flight, heartbeating them meanwhile; those still running after `timeout`
+        seconds are cancelled and stay unacked (redelivered)."""
         if not self._inflight:
             return
         running = list(self._inflight)
-        _, late = await asyncio.wait(running, timeout=timeout)
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if end is None else max(0.0, end - time.monotonic())
+            step = left if self.heartbeat_s is None else min(self.heartbeat_s, left if left is not None else 1e9)
+            _, late = await asyncio.wait(running, timeout=step)
+            if not late or (left is not None and left <= step):
+                break
+            with contextlib.suppress(TimeoutError, RedisError, OSError):  # never holds up the drain's bound
+                async with asyncio.timeout(self.heartbeat_s):
+                    await self._heartbeat()
         if late:
             log.warning("%d task(s) still in flight after the %.0f s drain: cancelled, left unacked for "
                         "redelivery", len(late), timeout or 0.0)

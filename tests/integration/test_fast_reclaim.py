@@ -120,3 +120,28 @@ async def test_a_worker_stuck_in_a_drain_reports_not_alive(redis, tmp_path):
         run.cancel()
         await asyncio.gather(run, return_exceptions=True)
         server.close()
+
+
+async def test_a_long_drain_keeps_heartbeating(redis, tmp_path):
+    """New weights are announced while a task four times longer than the visibility timeout runs: the
+    worker drains before loading them and keeps heartbeating the task meanwhile, so a second consumer
+    reclaiming every 50 ms never takes it."""
+    from searchr1.core.schemas import WeightVersion
+    from searchr1.core.weights import announce
+
+    st = await _stack(redis, KEYS, SlowGen(1.2), tmp_path, visibility_timeout_ms=300, reclaim_interval_s=0.05,
+                      heartbeat_s=0.075, weight_poll_s=0.05)
+    await st.tasks.publish(Task(task_id="slow", question="q?", golden_answers=["Paris"], group_size=1))
+    stop = asyncio.Event()
+    run = asyncio.create_task(st.worker.run(stop))
+    thief = tasks_stream(redis, KEYS, visibility_timeout_ms=300)
+    stolen = []
+    async with asyncio.timeout(30):  # guard only
+        while not st.worker._inflight:
+            await asyncio.sleep(0.01)
+        await announce(redis, KEYS, WeightVersion(version=1, uri=str(tmp_path), sha256="0" * 64))
+        while not (got := await st.groups.read("learner", count=1, block_ms=50)):
+            stolen += await thief.reclaim("thief")
+    stop.set()
+    await run
+    assert stolen == [] and [g.value.task.task_id for g in got] == ["slow"]
