@@ -115,7 +115,40 @@ def streams_dead(
     if not letters:
         console.print("no dead letters")
     for d in letters:
-        console.print(f"[bold]{d.id}[/] from {d.source} ({d.source_id}): {d.reason} [{len(d.payload)} bytes]")
+        # reasons quote entry content: printed as plain text, never as markup
+        console.print(f"{d.id} from {d.source} ({d.source_id}): {d.reason} [{len(d.payload)} bytes]",
+                      markup=False, highlight=False)
+
+
+async def _redrive(redis_url: str, run: str, source: str | None, reason: str, count: int, dry_run: bool):
+    from searchr1.core.dead_letters import redrive
+    from searchr1.core.streams import StreamKeys, connect
+
+    keys = StreamKeys(run)
+    source_key = {"tasks": keys.tasks, "trajectories": keys.trajectories}.get(source or "")
+    redis = connect(redis_url)
+    try:
+        return await redrive(redis, keys.dead, source=source_key, reason_contains=reason, count=count,
+                             dry_run=dry_run)
+    finally:
+        await redis.aclose()
+
+
+def streams_redrive(
+    redis_url: RedisOption = "redis://127.0.0.1:6379/0",
+    run: Annotated[str, typer.Option(help="Run name.")] = "default",
+    source: Annotated[str | None, typer.Option(help="Only dead letters from this stream: tasks or trajectories.")] = None,
+    reason: Annotated[str, typer.Option(help="Only dead letters whose reason contains this text.")] = "",
+    count: Annotated[int, typer.Option(min=1, max=100_000, help="At most this many, oldest first.")] = 100,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="List what would be requeued; change nothing.")] = False,
+) -> None:
+    """Requeue dead letters on the stream they came from (after a fix), selected by stream and reason."""
+    if source not in (None, "tasks", "trajectories"):
+        raise typer.BadParameter("--source must be tasks or trajectories")
+    moved = asyncio.run(_redrive(redis_url, run, source, reason, count, dry_run))
+    for d in moved:
+        typer.echo(f"{d.id} -> {d.source}: {d.reason}")
+    typer.echo(f"{len(moved)} dead letter(s) {'would be ' if dry_run else ''}requeued")
 
 
 def version() -> None:
@@ -136,6 +169,7 @@ def build_app() -> typer.Typer:
     groups = Groups(app)
     groups.streams.command("status")(streams_status)
     groups.streams.command("dead")(streams_dead)
+    groups.streams.command("redrive")(streams_redrive)
     for module in SERVICE_COMMAND_MODULES:
         importlib.import_module(module).register(groups)
     app.command("version")(version)

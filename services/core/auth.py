@@ -2,7 +2,8 @@
 client-side helpers. With no token configured, nothing is checked.
 
 Health stays open so probes work without the secret; metrics stay open by default so Prometheus does
-too, and are closed with `open_paths(metrics_open=False)`. Tokens are compared in constant time.
+too, and are closed with `open_paths(metrics_open=False)`. gRPC reflection (the service's schema) needs
+the token like any other call. Tokens are compared in constant time.
 """
 
 from __future__ import annotations
@@ -82,8 +83,8 @@ class BearerAuthMiddleware:
 
 
 class BearerAuthInterceptor(grpc.aio.ServerInterceptor):
-    """gRPC server interceptor: calls other than health and reflection need `authorization: Bearer
-    <token>` metadata, else UNAUTHENTICATED."""
+    """gRPC server interceptor: calls other than health (reflection included) need `authorization:
+    Bearer <token>` metadata, else UNAUTHENTICATED."""
 
     def __init__(self, token: str) -> None:
         if not token:
@@ -93,7 +94,12 @@ class BearerAuthInterceptor(grpc.aio.ServerInterceptor):
         async def deny(request: Any, context: grpc.aio.ServicerContext) -> None:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
 
+        async def deny_stream(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
+            yield  # pragma: no cover - abort raises
+
         self._deny = grpc.unary_unary_rpc_method_handler(deny)
+        self._deny_stream = grpc.stream_stream_rpc_method_handler(deny_stream)
 
     async def intercept_service(
         self,
@@ -101,9 +107,9 @@ class BearerAuthInterceptor(grpc.aio.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         method = handler_call_details.method or ""
-        if method.startswith(HEALTH_GRPC_PREFIX) or method.startswith(REFLECTION_GRPC_PREFIX):
+        if method.startswith(HEALTH_GRPC_PREFIX):
             return await continuation(handler_call_details)
         header = dict(handler_call_details.invocation_metadata or ()).get("authorization")
         if token_matches(header, self.token):
             return await continuation(handler_call_details)
-        return self._deny
+        return self._deny_stream if method.startswith(REFLECTION_GRPC_PREFIX) else self._deny

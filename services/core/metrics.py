@@ -36,12 +36,17 @@ def new_registry() -> CollectorRegistry:
 @dataclass
 class RedisMetrics:
     """`searchr1_<service>_redis_retries_total` (Redis calls retried while it was away),
-    `…_redis_reconnects_total` (times it came back) and `…_redis_up` (1 when the last call or PING
-    was answered)."""
+    `…_redis_reconnects_total` (times it came back), `…_redis_up` (1 when the last call or PING
+    was answered), `…_redis_memory_used_bytes` and `…_redis_memory_max_bytes` (Redis's `used_memory` and
+    `maxmemory`, 0: no limit; sampled by the link's watch) and `…_redis_errors_total{kind}` (Redis
+    refusals that are not outages: `oom`, `misconf`, `readonly`, waited through like an outage)."""
 
     retries: Counter
     reconnects: Counter
     up: Gauge
+    memory_used: Gauge
+    memory_max: Gauge
+    errors: Counter
 
     @classmethod
     def on(cls, registry: CollectorRegistry, service: str) -> RedisMetrics:
@@ -49,12 +54,21 @@ class RedisMetrics:
         return cls(Counter(f"{p}_retries_total", "Redis calls retried while Redis was unavailable.", registry=registry),
                    Counter(f"{p}_reconnects_total", "Times Redis answered again after being unavailable.",
                            registry=registry),
-                   Gauge(f"{p}_up", "1 when Redis answered the last call or PING, else 0.", registry=registry))
+                   Gauge(f"{p}_up", "1 when Redis answered the last call or PING, else 0.", registry=registry),
+                   Gauge(f"{p}_memory_used_bytes", "Redis used_memory, sampled.", registry=registry),
+                   Gauge(f"{p}_memory_max_bytes", "Redis maxmemory (0: no limit), sampled.", registry=registry),
+                   Counter(f"{p}_errors_total", "Redis refusals that are not outages (OOM, MISCONF, READONLY), "
+                           "waited through.", ["kind"], registry=registry))
 
     def link_callbacks(self) -> dict[str, Any]:
         """The `on_retry`, `on_reconnect` and `on_state` callbacks of a `searchr1.core.streams.RedisLink`."""
         return {"on_retry": lambda exc: self.retries.inc(), "on_reconnect": self.reconnects.inc,
-                "on_state": lambda up: self.up.set(1 if up else 0)}
+                "on_state": lambda up: self.up.set(1 if up else 0), "on_memory": self._memory,
+                "on_refusal": lambda kind: self.errors.labels(kind).inc()}
+
+    def _memory(self, used: int, limit: int) -> None:
+        self.memory_used.set(used)
+        self.memory_max.set(limit)
 
 
 @dataclass
@@ -94,14 +108,15 @@ def _bearer_guarded(app, token: str):
     return guarded
 
 
-def _with_probes(app, ready: Callable[[], bool]):
-    """`app` behind `/healthz` (200) and `/readyz` (200 or 503 from `ready()`), both open to probes."""
+def _with_probes(app, ready: Callable[[], bool], live: Callable[[], bool] | None = None):
+    """`app` behind `/healthz` (200, or 503 when `live()` is False) and `/readyz` (200 or 503 from
+    `ready()`), both open to probes."""
 
     def probed(environ, start_response):
         path = environ.get("PATH_INFO", "")
         if path not in HEALTH_PATHS:
             return app(environ, start_response)
-        ok = path == LIVE_PATH or bool(ready())
+        ok = bool(live()) if path == LIVE_PATH and live is not None else path == LIVE_PATH or bool(ready())
         body = json.dumps({"ok": ok} if path == LIVE_PATH else {"ready": ok}).encode()
         start_response("200 OK" if ok else "503 Service Unavailable",
                        [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
@@ -111,10 +126,12 @@ def _with_probes(app, ready: Callable[[], bool]):
 
 
 def start_metrics_server(registry: CollectorRegistry, host: str = "127.0.0.1", port: int = 0, *,
-                         token: str | None = None, ready: Callable[[], bool] | None = None) -> MetricsServer:
+                         token: str | None = None, ready: Callable[[], bool] | None = None,
+                         live: Callable[[], bool] | None = None) -> MetricsServer:
     """Serve `registry` at http://host:port/metrics (port 0 picks a free one; see `.port`); with `token`,
     only to requests that carry `Authorization: Bearer <token>` (others get 401). With `ready`, also
-    `/healthz` and `/readyz` (see the module docstring; open without the token, like every health path)."""
+    `/healthz` and `/readyz` (see the module docstring; open without the token, like every health path);
+    with `live` too (`searchr1.core.watchdog`), `/healthz` is 503 while it is False."""
     if not token and ready is None:
         server, thread = start_http_server(port, addr=host, registry=registry)
         return MetricsServer(server, thread)
@@ -122,7 +139,7 @@ def start_metrics_server(registry: CollectorRegistry, host: str = "127.0.0.1", p
     if token:
         app = _bearer_guarded(app, token)
     if ready is not None:
-        app = _with_probes(app, ready)
+        app = _with_probes(app, ready, live)
     server = make_server(host, port, app, ThreadingWSGIServer, handler_class=_QuietHandler)
     thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
     thread.start()

@@ -28,6 +28,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from searchr1.core.tag_scan import contents, iter_blocks
+
 SEARCH_R1_TEMPLATE = (
     "Answer the given question. "
     "You must conduct reasoning inside <think> and </think> first every time you get new information. "
@@ -65,14 +67,9 @@ DEFAULT_END_MARKERS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_te
                        "<end_of_turn>", "<|end|>")
 """End-of-turn / end-of-text markers of common chat templates, ignored at the end of a response."""
 
-_ACTION_RE = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
-_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_INFORMATION_RE = re.compile(r"<information>(.*?)</information>", re.DOTALL)
-_SEARCH_RE = re.compile(r"<search>(.*?)</search>", re.DOTALL)
 _ASSISTANT_RE = re.compile(r"<\|im_start\|>assistant\s*")
 _TAG_ALTERNATION = "|".join(TAGS)
 _TAG_SPLIT_RE = re.compile(rf"(</?(?:{_TAG_ALTERNATION})>)")
-_TAG_BLOCK_RE = re.compile(rf"<({_TAG_ALTERNATION})>(.*?)</\1>", re.DOTALL)
 _TAG_RE = re.compile(rf"</?(?:{_TAG_ALTERNATION})>")
 _DROP_PUNCTUATION = str.maketrans("", "", string.punctuation)
 _ARTICLES_RE = re.compile(r"\b(a|an|the)\b")
@@ -123,10 +120,10 @@ class Action:
 def parse_action(turn_text: str) -> Action:
     """First `<search>…</search>` or `<answer>…</answer>` in the turn (DOTALL, non-greedy), content
     stripped; no match is an invalid action. An empty query is still a (valid) search, as in Search-R1."""
-    m = _ACTION_RE.search(turn_text)
+    m = next(iter_blocks(turn_text, ("search", "answer")), None)
     if m is None:
         return Action(None, "")
-    return Action(m.group(1), m.group(2).strip())  # type: ignore[arg-type]
+    return Action(m.tag, m.content.strip())  # type: ignore[arg-type]
 
 
 def split_contents(contents: str) -> tuple[str, str]:
@@ -179,7 +176,7 @@ def searchr1_extract_solution(solution_str: str) -> str | None:
     """Search-R1's `extract_solution`: all non-greedy `<answer>(.*?)</answer>` matches (DOTALL); fewer
     than two → None; otherwise the last one, stripped. On prompt + response the Search-R1 prompt holds
     two matches itself, so an answer-less response extracts `Beijing`."""
-    matches = _ANSWER_RE.findall(solution_str)
+    matches = contents(solution_str, "answer")
     if len(matches) <= 1:
         return None
     return matches[-1].strip()
@@ -187,7 +184,7 @@ def searchr1_extract_solution(solution_str: str) -> str | None:
 
 def extract_answer(response: str) -> str | None:
     """The response's answer: the last `<answer>…</answer>`, stripped; None when there is none."""
-    matches = _ANSWER_RE.findall(response)
+    matches = contents(response, "answer")
     return matches[-1].strip() if matches else None
 
 
@@ -196,11 +193,11 @@ def tag_segments(text: str) -> list[tuple[str, str | None]]:
     with its tag name, the text between blocks with None (for displaying a trajectory)."""
     out: list[tuple[str, str | None]] = []
     pos = 0
-    for m in _TAG_BLOCK_RE.finditer(text):
-        if m.start() > pos:
-            out.append((text[pos:m.start()], None))
-        out.append((m.group(0), m.group(1)))
-        pos = m.end()
+    for m in iter_blocks(text, TAGS):
+        if m.start > pos:
+            out.append((text[pos:m.start], None))
+        out.append((text[m.start:m.end], m.tag))
+        pos = m.end
     if pos < len(text):
         out.append((text[pos:], None))
     return out
@@ -208,12 +205,12 @@ def tag_segments(text: str) -> list[tuple[str, str | None]]:
 
 def information_blocks(text: str) -> list[str]:
     """Contents of every `<information>…</information>` block, stripped."""
-    return [m.strip() for m in _INFORMATION_RE.findall(text)]
+    return [m.strip() for m in contents(text, "information")]
 
 
 def count_searches(response: str) -> int:
     """Number of complete `<search>…</search>` calls in a response."""
-    return len(_SEARCH_RE.findall(response))
+    return len(contents(response, "search"))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -124,10 +124,12 @@ class Trajectory(_Wire):
             raise ValueError(f"behavior_logprobs has {len(self.behavior_logprobs)} entries, response_ids has {n}")
         if any(i < 0 for i in self.prompt_ids) or any(i < 0 for i in self.response_ids):
             raise ValueError("token ids must be non-negative")
-        if any(math.isnan(x) or x > 1e-4 for x in self.behavior_logprobs):
-            raise ValueError("behavior_logprobs must be log-probabilities (<= 0, not NaN)")
+        if not all(math.isfinite(x) and x <= 1e-4 for x in self.behavior_logprobs):
+            raise ValueError("behavior_logprobs must be finite log-probabilities (<= 0, not NaN or -inf)")
         if not math.isfinite(self.reward):
             raise ValueError("reward must be finite")
+        if not all(math.isfinite(v) for v in self.reward_components.values()):
+            raise ValueError("reward_components must be finite")
         return self
 
 

@@ -25,8 +25,12 @@ from grpc_reflection.v1alpha import reflection
 
 from searchr1.core.aio import stop_task
 from searchr1.core.auth import BearerAuthInterceptor
+from searchr1.core.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+DEFAULT_MAX_CONCURRENT_RPCS = 1024
+"""Calls one gRPC server runs at once; more are refused with RESOURCE_EXHAUSTED (a transient code the
+clients retry), so a flood of calls cannot queue without bound in one process."""
 
 
 class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
@@ -72,6 +76,8 @@ class GrpcServer:
         *,
         token: str | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        max_receive_bytes: int | None = None,
+        max_concurrent_rpcs: int | None = DEFAULT_MAX_CONCURRENT_RPCS,
         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
         reflection_enabled: bool = True,
     ) -> None:
@@ -80,8 +86,10 @@ class GrpcServer:
             chain.insert(0, BearerAuthInterceptor(token))
         self._server = grpc.aio.server(
             interceptors=chain,
+            maximum_concurrent_rpcs=max_concurrent_rpcs,  # beyond it, RESOURCE_EXHAUSTED (retried by clients)
             options=[
-                ("grpc.max_receive_message_length", max_message_bytes),
+                # a request over it is refused by gRPC before any handler (or the auth check) sees it
+                ("grpc.max_receive_message_length", max_receive_bytes or max_message_bytes),
                 ("grpc.max_send_message_length", max_message_bytes),
                 ("grpc.so_reuseport", 0),
             ],
@@ -127,9 +135,11 @@ class GrpcServer:
 
 class HttpServer:
     """uvicorn serving an ASGI app inside the current event loop, on a socket bound up front so port 0
-    works and the real port is known before the first request."""
+    works and the real port is known before the first request; request bodies over `max_body_bytes` are
+    answered 413 unread (`searchr1.core.body_limit`)."""
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning") -> None:
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning",
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets whose proto is TCP, and accepted
         # sockets inherit proto 0 otherwise (Nagle + delayed ACK then add ~40 ms to every small response)
@@ -142,7 +152,8 @@ class HttpServer:
             raise OSError(f"cannot bind HTTP server to {host}:{port}: {exc.strerror}") from exc
         self.host = host
         self.port: int = self._sock.getsockname()[1]
-        config = uvicorn.Config(app, log_level=log_level, lifespan="on", access_log=False)
+        # bodies over max_body_bytes get 413 before the app reads (or parses) them
+        config = uvicorn.Config(BodyLimit(app, max_body_bytes), log_level=log_level, lifespan="on", access_log=False)
         self._server = uvicorn.Server(config)
         setattr(self._server, "install_signal_handlers", lambda: None)  # noqa: B010 - we own the signals
         self._task: asyncio.Task | None = None

@@ -3,19 +3,28 @@ and their groups: docs/architecture.md, "Streams").
 
 `TypedStream[T]` publishes and reads one pydantic wire model per entry (field `m`, versioned msgpack):
 
-- `publish(item)` → XADD (optionally MAXLEN-trimmed);
+- `publish(item)` → XADD;
 - `read(consumer, count, block_ms)` → XREADGROUP of new entries; a malformed entry is moved to the
   dead stream with its reason and acked, never returned and never crashing the reader;
 - `ack(*ids)` → XACK (the caller acks only after the work the entry stands for is safe);
+- trimming (`trim_every`): every `trim_every` acks or publishes through this object, the entries every
+  consumer group of the stream has acked are deleted (`searchr1.core.stream_trim`: XTRIM MINID below
+  the oldest entry some group still needs, never a pending or unread one); the dead stream is capped
+  at about `dead_maxlen` entries (XADD MAXLEN ~, oldest first);
 - `dead_letter(id, reason)` → a valid entry the consumer refuses goes to the dead stream, acked;
 - `reclaim(consumer, count)` → entries pending longer than the visibility timeout are claimed by this
   consumer (XPENDING to see delivery counts, then XCLAIM); past `max_deliveries` they go to the dead
   stream instead with the reason. XAUTOCLAIM would claim in one call but does not report delivery
   counts, which the dead-letter rule needs;
 - `length()`, `pending()` and `lag()` for backpressure and metrics;
-- `reread_own(consumer, held, count)` → after Redis came back, the entries still pending for `consumer`
-  (XREADGROUP from id 0) that the caller does not hold: a read whose reply was lost to the outage left
-  them delivered but never seen.
+- `reread_own(consumer, held, count)` → on the first call, and after each time Redis came back, the
+  entries still pending for `consumer` (XREADGROUP from id 0) that the caller does not hold: a restarted
+  consumer under the same name gets its own unfinished entries at once (not after the visibility
+  timeout), and a read whose reply was lost to an outage left them delivered but never seen;
+- `heartbeat(consumer, ids)` → the entries of `ids` still pending for `consumer` have their idle time
+  reset (XCLAIM … JUSTID to itself, delivery count unchanged): a live consumer heartbeating its entries
+  more often than the visibility timeout never has them reclaimed, so the timeout can be short enough
+  to reclaim a dead consumer's entries within seconds.
 
 Redis going away: with a `RedisLink` (`searchr1.core.redis_link`), every command waits for Redis to come back (the retry policy of
 `searchr1.core.retry`, no bound on the attempts, backoff capped, each retry logged and counted) and the
@@ -37,14 +46,18 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence, Sized
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from pydantic import BaseModel
 from redis import asyncio as aioredis
 from redis.exceptions import ResponseError
 
+from searchr1.core.dead_letters import DeadLetter as DeadLetter
+from searchr1.core.dead_letters import read_dead as read_dead
 from searchr1.core.redis_link import RedisLink
+from searchr1.core.redis_link import connect as connect
 from searchr1.core.schemas import SchemaError, Task, TrajectoryGroup, decode, encode
+from searchr1.core.stream_trim import trim_acked
 
 T = TypeVar("T", bound=BaseModel)
 R = TypeVar("R")
@@ -57,6 +70,9 @@ TASKS_GROUP = "rollout"
 """Consumer group of the tasks stream: the rollout workers (the learner's dispatcher only publishes)."""
 TRAJECTORIES_GROUP = "learner"
 """Consumer group of the trajectories stream: the learner (rank 0)."""
+DEAD_MAXLEN = 10_000
+"""About how many dead letters the dead stream keeps (the oldest go first; the reason of each is also
+logged by the process that buried it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,24 +111,13 @@ class Entry(Generic[T]):
     deliveries: int = 1
 
 
-@dataclass(frozen=True, slots=True)
-class DeadLetter:
-    """An entry moved to the dead stream."""
-
-    id: str
-    source: str
-    source_id: str
-    reason: str
-    payload: bytes
-
-
-def connect(url: str) -> aioredis.Redis:
-    """An asyncio Redis client (bytes responses)."""
-    return aioredis.Redis.from_url(url, decode_responses=False)
-
-
 def _sid(raw: bytes | str) -> str:
     return raw.decode() if isinstance(raw, bytes) else raw
+
+
+def _id_order(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
 
 
 async def _direct(fn: Callable[[], Awaitable[R]], what: str = "") -> R:
@@ -132,11 +137,14 @@ class TypedStream(Generic[T]):
         dead_key: str,
         visibility_timeout_ms: int = 60_000,
         max_deliveries: int = 3,
-        maxlen: int | None = None,
+        trim_every: int = 0,
+        dead_maxlen: int = DEAD_MAXLEN,
         link: RedisLink | None = None,
     ) -> None:
-        if visibility_timeout_ms <= 0 or max_deliveries <= 0:
-            raise ValueError("visibility_timeout_ms and max_deliveries must be positive")
+        if visibility_timeout_ms <= 0 or max_deliveries <= 0 or dead_maxlen <= 0:
+            raise ValueError("visibility_timeout_ms, max_deliveries and dead_maxlen must be positive")
+        if trim_every < 0:
+            raise ValueError("trim_every must be >= 0 (0: never trim)")
         self.redis = redis
         self.key = key
         self.model = model
@@ -144,10 +152,12 @@ class TypedStream(Generic[T]):
         self.dead_key = dead_key
         self.visibility_timeout_ms = visibility_timeout_ms
         self.max_deliveries = max_deliveries
-        self.maxlen = maxlen
+        self.trim_every = trim_every
+        self.dead_maxlen = dead_maxlen
+        self._since_trim = 0
         self.link = link
         self._call = link.call if link is not None else _direct
-        self._reread_at = 0  # the link's reconnect count when this stream last re-read its own entries
+        self._reread_at = -1  # the link's reconnect count when this stream last re-read its own entries
 
     async def ensure_group(self) -> None:
         """Create the consumer group (and the stream) if missing; idempotent."""
@@ -162,11 +172,10 @@ class TypedStream(Generic[T]):
         """Append one entry; returns its id."""
         if not isinstance(item, self.model):
             raise TypeError(f"{self.key} carries {self.model.__name__}, not {type(item).__name__}")
-        kwargs: dict[str, Any] = {}
-        if self.maxlen is not None:
-            kwargs = {"maxlen": self.maxlen, "approximate": True}
         fields = {PAYLOAD_FIELD: encode(item)}
-        return _sid(await self._call(lambda: self.redis.xadd(self.key, fields, **kwargs), "xadd"))
+        mid = _sid(await self._call(lambda: self.redis.xadd(self.key, fields), "xadd"))
+        await self._count_towards_trim(1)
+        return mid
 
     async def publish_many(self, items: Sequence[T]) -> list[str]:
         """Append several entries in one round trip."""
@@ -178,7 +187,9 @@ class TypedStream(Generic[T]):
                     pipe.xadd(self.key, {PAYLOAD_FIELD: payload})
                 return [_sid(r) for r in await pipe.execute()]
 
-        return await self._call(send, "xadd")
+        ids = await self._call(send, "xadd")
+        await self._count_towards_trim(len(ids))
+        return ids
 
     async def read(self, consumer: str, count: int = 1, block_ms: int | None = None) -> list[Entry[T]]:
         """Read up to `count` new entries for `consumer`. Blocks up to `block_ms` when given.
@@ -197,12 +208,27 @@ class TypedStream(Generic[T]):
         """Acknowledge processed entries; returns how many were pending."""
         if not ids:
             return 0
-        return int(await self._call(lambda: self.redis.xack(self.key, self.group, *ids), "xack"))
+        acked = int(await self._call(lambda: self.redis.xack(self.key, self.group, *ids), "xack"))
+        await self._count_towards_trim(len(ids))
+        return acked
+
+    async def trim(self) -> int:
+        """Delete the entries every consumer group of the stream has acked; returns how many went."""
+        self._since_trim = 0
+        return await trim_acked(self.redis, self.key, self._call)
+
+    async def _count_towards_trim(self, n: int) -> None:
+        if self.trim_every:
+            self._since_trim += n
+            if self._since_trim >= self.trim_every:
+                await self.trim()
 
     async def reread_own(self, consumer: str, held: Collection[str], count: int = 16) -> list[Entry[T]]:
-        """Once after each time the link saw Redis come back: the entries pending for `consumer` that it
-        does not hold (`held`: ids read and not yet acked), oldest first, at most `count`. Otherwise []."""
-        if self.link is None or self.link.reconnects == self._reread_at:
+        """On the first call and once after each time the link saw Redis come back: the entries pending for
+        `consumer` that it does not hold (`held`: ids read and not yet acked), oldest first, at most
+        `count`. Otherwise []."""
+        reconnects = self.link.reconnects if self.link is not None else 0
+        if reconnects == self._reread_at:
             return []
         resp = await self._call(lambda: self.redis.xreadgroup(self.group, consumer, {self.key: "0"},
                                                               count=count + len(held)), "xreadgroup 0")
@@ -220,11 +246,26 @@ class TypedStream(Generic[T]):
                 entry = await self._decode_or_bury(mid, fields, deliveries=1)
                 if entry is not None:
                     out.append(entry)
-        self._reread_at = self.link.reconnects
+        first, self._reread_at = self._reread_at < 0, reconnects
         if out:
-            log.warning("%s: re-read %d entries still pending for %s after redis came back", self.key,
-                        len(out), consumer)
+            log.warning("%s: re-read %d entries still pending for %s %s", self.key, len(out), consumer,
+                        "from before this process started" if first else "after redis came back")
         return out
+
+    async def heartbeat(self, consumer: str, ids: Collection[str]) -> int:
+        """Reset the idle time of those of `ids` still pending for `consumer` (never taking one another
+        consumer has reclaimed meanwhile); returns how many."""
+        if not ids:
+            return 0
+        lo, hi = min(ids, key=_id_order), max(ids, key=_id_order)
+        rows = await self._call(lambda: self.redis.xpending_range(
+            self.key, self.group, min=lo, max=hi, count=len(ids) * 4 + 16, consumername=consumer), "xpending")
+        mine = [_sid(r["message_id"]) for r in rows if _sid(r["message_id"]) in ids]
+        if not mine:
+            return 0
+        await self._call(lambda: self.redis.xclaim(self.key, self.group, consumer, min_idle_time=0,
+                                                   message_ids=mine, justid=True), "xclaim justid")
+        return len(mine)
 
     async def reclaim(self, consumer: str, count: int = 16) -> list[Entry[T]]:
         """Claim entries idle past the visibility timeout for `consumer`; bury those delivered
@@ -316,7 +357,7 @@ class TypedStream(Generic[T]):
 
         async def send() -> None:
             async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.xadd(self.dead_key, record)
+                pipe.xadd(self.dead_key, record, maxlen=self.dead_maxlen, approximate=True)
                 pipe.xack(self.key, self.group, mid)
                 await pipe.execute()
 
@@ -324,32 +365,20 @@ class TypedStream(Generic[T]):
 
 
 def tasks_stream(redis: aioredis.Redis, keys: StreamKeys, *, visibility_timeout_ms: int = 60_000,
-                 max_deliveries: int = 3, link: RedisLink | None = None) -> TypedStream[Task]:
-    """The run's tasks stream (dispatcher → rollout workers), consumed by `TASKS_GROUP`."""
+                 max_deliveries: int = 3, trim_every: int = 0, link: RedisLink | None = None) -> TypedStream[Task]:
+    """The run's tasks stream (dispatcher → rollout workers), consumed by `TASKS_GROUP`; with
+    `trim_every`, acked entries are deleted every `trim_every` acks or publishes through it."""
     return TypedStream(redis, keys.tasks, Task, TASKS_GROUP, dead_key=keys.dead,
-                       visibility_timeout_ms=visibility_timeout_ms, max_deliveries=max_deliveries, link=link)
+                       visibility_timeout_ms=visibility_timeout_ms, max_deliveries=max_deliveries,
+                       trim_every=trim_every, link=link)
 
 
 def trajectories_stream(redis: aioredis.Redis, keys: StreamKeys, *, visibility_timeout_ms: int = 60_000,
-                        max_deliveries: int = 3, maxlen: int | None = None,
+                        max_deliveries: int = 3, trim_every: int = 0,
                         link: RedisLink | None = None) -> TypedStream[TrajectoryGroup]:
-    """The run's trajectories stream (rollout workers → learner), consumed by `TRAJECTORIES_GROUP`;
-    `maxlen` trims it approximately on publish."""
+    """The run's trajectories stream (rollout workers → learner), consumed by `TRAJECTORIES_GROUP`; with
+    `trim_every`, entries the learner has acked are deleted every `trim_every` acks or publishes through
+    it (a worker publishing groups keeps the stream bounded without the learner's help)."""
     return TypedStream(redis, keys.trajectories, TrajectoryGroup, TRAJECTORIES_GROUP, dead_key=keys.dead,
-                       visibility_timeout_ms=visibility_timeout_ms, max_deliveries=max_deliveries, maxlen=maxlen,
-                       link=link)
-
-
-async def read_dead(redis: aioredis.Redis, dead_key: str, count: int = 100) -> list[DeadLetter]:
-    """The oldest `count` dead letters (for tests, the CLI and operators)."""
-    rows = await redis.xrange(dead_key, min="-", max="+", count=count)
-    return [
-        DeadLetter(
-            id=_sid(rid),
-            source=_sid(f[b"source"]),
-            source_id=_sid(f[b"source_id"]),
-            reason=_sid(f[b"reason"]),
-            payload=f[b"payload"],
-        )
-        for rid, f in rows
-    ]
+                       visibility_timeout_ms=visibility_timeout_ms, max_deliveries=max_deliveries,
+                       trim_every=trim_every, link=link)

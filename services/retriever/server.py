@@ -176,14 +176,15 @@ async def start_servers(settings: RetrieverSettings, service: RetrieverService):
     """The gRPC server, the HTTP server (unless `http_port` is None) and the metrics server (when
     `metrics_port` is set) over `service`, started; on failure those already started are stopped."""
     grpc_server = GrpcServer(settings.host, settings.grpc_port, token=settings.token,
-                             max_message_bytes=settings.max_message_bytes)
+                             max_message_bytes=settings.max_message_bytes,
+                             max_receive_bytes=min(settings.max_message_bytes, settings.limits.request_bytes()))
     grpc_server.add(retriever_pb2_grpc.add_RetrieverServicer_to_server, RetrieverServicer(service), SERVICE_NAME)
     http = metrics_server = None
     try:
         await grpc_server.start()
         if settings.http_port is not None:
             http = HttpServer(create_app(service, token=settings.token, metrics_open=settings.metrics_open),
-                              settings.host, settings.http_port)
+                              settings.host, settings.http_port, max_body_bytes=settings.limits.request_bytes())
             await http.start()
         if settings.metrics_port is not None:
             closed = settings.token if not settings.metrics_open else None

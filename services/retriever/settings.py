@@ -31,6 +31,11 @@ class LimitSettings(Section):
     max_queue_queries: int = Field(default=8192, ge=1, le=10_000_000)
     """Queries allowed to wait for a batch; beyond it requests get RESOURCE_EXHAUSTED / HTTP 503."""
 
+    def request_bytes(self) -> int:
+        """The most bytes a request within these bounds can take, JSON-escaped (6 bytes a character at
+        worst, `\\uXXXX`), plus room for the envelope: the gRPC receive limit and the HTTP body limit."""
+        return self.max_queries * (self.max_query_chars * 6 + 16) + 64 * 1024
+
 
 class BatchSettings(Section):
     """Micro-batching: concurrent requests are merged into one encode + one index search."""

@@ -2,8 +2,9 @@
 formats the grading prompt, asks, parses a yes/no (or a number in [0, 1]) verdict, with per-attempt
 timeouts, retries with backoff and jitter on connection errors, timeouts, 429 and 5xx (the shared policy
 of `searchr1.core.retry`; any other 4xx fails at once), a bound on concurrent calls,
-and an in-memory LRU cache of verdicts (same model + prompt + sampling → same verdict; temperature 0 is
-the default so this is sound).
+and an in-memory LRU cache of verdicts keyed by the SHA-256 of the request (at most `cache_size` entries of
+fixed size; same model + prompt + sampling → same verdict; temperature 0 is the default so this is sound).
+The prompt template holds only plain named fields (`params.template_parts`), rendered by concatenation.
 
 Owns the HTTP exchange only; verdict parsing is `scoring.parse_judge_verdict`. The endpoint URL and key
 are server configuration, never request parameters (a request must not make the service call out to an
@@ -13,6 +14,7 @@ arbitrary address).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -21,6 +23,7 @@ import httpx
 
 from searchr1.core.retry import TransientHTTPStatus, is_transient_http_status, retrying
 from searchr1.reward import scoring
+from searchr1.reward.params import render_template
 from searchr1.reward.registry import JudgeParams
 
 
@@ -55,10 +58,11 @@ class LLMJudge:
 
     async def judge(self, question: str, prediction: str, golds: Sequence[str], params: JudgeParams) -> float:
         """The verdict in [0, 1] for one answer (an unparseable verdict counts as 0)."""
-        content = params.prompt.format(question=question, golds="; ".join(golds), prediction=prediction)
+        content = render_template(params.prompt, {"question": question, "golds": "; ".join(golds),
+                                                  "prediction": prediction})
         body = {"model": params.model or self.model, "messages": [{"role": "user", "content": content}],
                 "max_tokens": params.max_tokens, "temperature": params.temperature}
-        key = json.dumps(body, sort_keys=True)
+        key = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()  # 64 bytes per entry
         if key in self._cache:
             self._cache.move_to_end(key)
             self._on_event("cache_hit")

@@ -3,6 +3,7 @@ is a 422, not a silently ignored setting). `searchr1.reward.scorers` binds each 
 
 from __future__ import annotations
 
+import string
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -86,11 +87,35 @@ class JudgeParams(Params):
 
     @model_validator(mode="after")
     def _template_fields(self) -> JudgeParams:
-        try:
-            self.prompt.format(question="", golds="", prediction="")
-        except (KeyError, IndexError, ValueError) as exc:
-            raise ValueError(f"prompt must use only {{question}}, {{golds}}, {{prediction}}: {exc!r}") from None
+        template_parts(self.prompt)  # raises ValueError naming what is not a plain field
         return self
+
+
+JUDGE_FIELDS = frozenset({"question", "golds", "prediction"})
+
+
+def template_parts(template: str) -> list[tuple[str, str | None]]:
+    """The judge prompt template as (literal text, field name or None) pairs. Only the plain named fields
+    `{question}`, `{golds}` and `{prediction}` are allowed (and `{{`/`}}` for braces): no attribute or
+    index (`{question.x}`), no conversion, no format spec (`{question:>9999999999}` would allocate
+    gigabytes), so rendering is a concatenation and cannot fail or blow up."""
+    parts: list[tuple[str, str | None]] = []
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise ValueError(f"prompt template is malformed: {exc}") from None
+    for literal, name, spec, conversion in parsed:
+        if name is not None and (name not in JUDGE_FIELDS or spec or conversion):
+            shown = "{" + name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
+            raise ValueError(f"prompt may use only {{question}}, {{golds}} and {{prediction}} as plain fields, "
+                             f"not {shown[:80]}")
+        parts.append((literal, name))
+    return parts
+
+
+def render_template(template: str, fields: dict[str, str]) -> str:
+    """`template` (checked by `template_parts`) with its fields replaced by `fields`' values."""
+    return "".join(literal + (fields[name] if name is not None else "") for literal, name in template_parts(template))
 
 
 class Component(Params):

@@ -31,6 +31,7 @@ from searchr1.core.metrics import MetricsServer, start_metrics_server
 from searchr1.core.redis_link import RedisLink
 from searchr1.core.servers import install_shutdown_signals
 from searchr1.core.streams import StreamKeys, connect, tasks_stream, trajectories_stream
+from searchr1.core.watchdog import Watchdog
 from searchr1.rollout.batcher import SearchBatcher
 from searchr1.rollout.engine import (
     Generator,
@@ -112,8 +113,9 @@ async def build_service(settings: RolloutSettings, *, generator: Generator | Non
     """Wire a worker from settings (pass `generator` + `tokenizer` to share an engine)."""
     metrics = RolloutMetrics()
     link = RedisLink("rollout", **metrics.redis.link_callbacks())
+    watchdog = Watchdog("rollout", settings.tasks.stall_timeout_s, excused=lambda: not link.up)
     metrics_server = (start_metrics_server(metrics.registry, settings.metrics_host, settings.metrics_port,
-                                           ready=lambda: link.up,
+                                           ready=lambda: link.up, live=watchdog.alive,
                                            token=None if settings.metrics_open else settings.token)
                       if serve_metrics else None)
     closers: list[Callable[[], Any]] = []
@@ -143,8 +145,8 @@ async def build_service(settings: RolloutSettings, *, generator: Generator | Non
         keys = StreamKeys(settings.redis.run)
         t = settings.tasks
         tasks = tasks_stream(redis, keys, visibility_timeout_ms=t.visibility_timeout_ms,
-                             max_deliveries=t.max_deliveries, link=link)
-        groups = trajectories_stream(redis, keys, maxlen=t.trajectories_maxlen, link=link)
+                             max_deliveries=t.max_deliveries, trim_every=t.trim_acked_every, link=link)
+        groups = trajectories_stream(redis, keys, trim_every=t.trim_acked_every, link=link)
         loader = WeightLoader(redis, keys, generator, metrics, Path(settings.weights.download_dir),
                               version=settings.initial_version, token=settings.weights.token, link=link)
         metrics.weight_version.set(loader.version)
@@ -154,7 +156,8 @@ async def build_service(settings: RolloutSettings, *, generator: Generator | Non
                                settings.reward, metrics, max_context_tokens=settings.engine.max_model_len)
         worker = Worker(sampler, tasks, groups, loader, metrics, worker_id, max_concurrent=t.max_concurrent,
                         block_ms=t.block_ms, reclaim_interval_s=t.reclaim_interval_s,
-                        weight_poll_s=settings.weights.poll_interval_s, drain_timeout_s=t.drain_timeout_s)
+                        weight_poll_s=settings.weights.poll_interval_s, drain_timeout_s=t.drain_timeout_s,
+                        heartbeat_s=t.visibility_timeout_ms / 4000, watchdog=watchdog)
     except BaseException:
         for close in reversed(closers):
             result = close()

@@ -131,19 +131,28 @@ class TaskSettings(Section):
     """Tasks (groups) this worker rolls out at once; trajectories of all of them share the engine."""
     block_ms: int = Field(default=500, ge=1)
     """How long one read of the tasks stream blocks."""
-    visibility_timeout_ms: int = Field(default=300_000, ge=1)
-    """A task unacked this long is reclaimed by another worker (a killed worker's task is redone)."""
+    visibility_timeout_ms: int = Field(default=30_000, ge=1)
+    """A task idle this long is reclaimed by another worker (a killed worker's task is redone). Live
+    workers reset the idle time of the tasks they hold every quarter of it (a heartbeat), so a slow
+    task is never taken from a live worker and a dead one's tasks are redone within about this long."""
     max_deliveries: int = Field(default=3, ge=1)
     """After this many deliveries without ack a task goes to the dead stream."""
-    reclaim_interval_s: float = Field(default=10.0, gt=0)
+    reclaim_interval_s: float = Field(default=5.0, gt=0)
     """How often idle tasks are looked for."""
     drain_timeout_s: float | None = Field(default=8.0, ge=0)
     """On SIGTERM, how long the tasks in flight may take to finish, publish and ack; those still running
     then are cancelled and left unacked (redelivered to another worker after the visibility timeout).
     Keep it below the supervisor's grace period (`[launcher] grace_period_s`, 10 s by default;
     Kubernetes' terminationGracePeriodSeconds), or the worker is killed mid-drain. None: no limit."""
-    trajectories_maxlen: int | None = Field(default=None, ge=1)
-    """Approximate MAXLEN for the trajectories stream (None: never trimmed by workers)."""
+    stall_timeout_s: float = Field(default=900.0, gt=0, le=86_400)
+    """`/healthz` turns 503 (and the supervisor restarts the worker) when the worker's loop made no
+    progress for this long while Redis answered: a stuck engine call that a drain waits on, a blocked event
+    loop. Keep it above the longest weight load plus drain."""
+    trim_acked_every: int = Field(default=64, ge=0, le=1_000_000)
+    """Every this many acks (tasks stream) or publishes (trajectories stream), the worker deletes the
+    entries every consumer group has acked (never a pending or unread one), so Redis memory stays
+    bounded over a run of days. 0 keeps every entry: the delivery audit (`searchr1 audit`) reads the
+    whole history of both streams, so a run to be audited sets 0."""
 
 
 class WeightSettings(Section):

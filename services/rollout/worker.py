@@ -34,6 +34,7 @@ What the worker does not do: decide how many tasks exist (the learner's dispatch
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -46,6 +47,7 @@ from searchr1.core.faults import fault_point
 from searchr1.core.protocol import render_prompt
 from searchr1.core.schemas import Task, Trajectory, TrajectoryGroup
 from searchr1.core.streams import Entry, TypedStream
+from searchr1.core.watchdog import Watchdog
 from searchr1.rollout.agent import AgentLimits, Sampling, SearchFn, TrajectoryResult, run_trajectory
 from searchr1.rollout.engine import Generator, GeneratorDead, TextCodec
 from searchr1.rollout.metrics import RolloutMetrics, StagedGenerator, staged_search
@@ -206,12 +208,15 @@ class Worker:
     reclaim_interval_s: float = 10.0
     weight_poll_s: float = 2.0
     drain_timeout_s: float | None = None
+    heartbeat_s: float | None = None
+    watchdog: Watchdog | None = None
     _inflight: set[asyncio.Task] = field(default_factory=set)
     _inflight_ids: set[str] = field(default_factory=set)
     _seq: int = 0
     _next_reclaim: float = 0.0
     _next_weights: float = 0.0
     _next_lag: float = 0.0
+    _next_heartbeat: float = 0.0
     _fatal: GeneratorDead | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -235,9 +240,13 @@ class Worker:
 
     async def _step(self) -> None:
         """One pass: new weights? → reclaim idle tasks → read new tasks → start them."""
+        if self.watchdog is not None:
+            self.watchdog.beat()
         now = time.monotonic()
         if now >= self._next_weights:
             await self._move_to_announced_weights()
+        if self.heartbeat_s is not None and now >= self._next_heartbeat:
+            await self._heartbeat()
         slots = self.max_concurrent - len(self._inflight)
         if slots <= 0:
             await asyncio.wait(self._inflight, timeout=self.block_ms / 1000, return_when=asyncio.FIRST_COMPLETED)
@@ -293,13 +302,28 @@ class Worker:
 
         task.add_done_callback(_done)
 
+    async def _heartbeat(self) -> None:
+        """Reset the idle time of the tasks in flight, so only a dead worker's pass the visibility timeout."""
+        self._next_heartbeat = time.monotonic() + (self.heartbeat_s or 0.0)
+        if self._inflight_ids:
+            await self.tasks.heartbeat(self.worker_id, set(self._inflight_ids))
+
     async def _drain(self, timeout: float | None = None) -> None:
-        """Wait for the tasks in flight; those still running after `timeout` seconds are cancelled and
-        stay unacked (redelivered)."""
+        """Wait for the tasks in flight, heartbeating them meanwhile; those still running after `timeout`
+        seconds are cancelled and stay unacked (redelivered)."""
         if not self._inflight:
             return
         running = list(self._inflight)
-        _, late = await asyncio.wait(running, timeout=timeout)
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if end is None else max(0.0, end - time.monotonic())
+            step = left if self.heartbeat_s is None else min(self.heartbeat_s, left if left is not None else 1e9)
+            _, late = await asyncio.wait(running, timeout=step)
+            if not late or (left is not None and left <= step):
+                break
+            with contextlib.suppress(TimeoutError, RedisError, OSError):  # never holds up the drain's bound
+                async with asyncio.timeout(self.heartbeat_s):
+                    await self._heartbeat()
         if late:
             log.warning("%d task(s) still in flight after the %.0f s drain: cancelled, left unacked for "
                         "redelivery", len(late), timeout or 0.0)

@@ -118,6 +118,7 @@ def run_config(root: Path, world: Path, *, steps: int = STEPS, learner_env: dict
         max_concurrent = 4
         visibility_timeout_ms = 15000
         reclaim_interval_s = 1.0
+        trim_acked_every = 0
 
         [rollout.weights]
         poll_interval_s = 0.5

@@ -111,3 +111,23 @@ async def test_http_non_utf8_and_empty_bodies_are_422(running):
         for body in (b"", b'{"queries": ["caf\xe9"]}', b"\xff\xfe\x00"):
             r = await http.post("/retrieve", content=body)
             assert r.status_code == 422 and r.json()["detail"], (body, r.text)
+
+
+async def test_requests_past_what_the_limits_allow_are_refused_unparsed(bm25_index):
+    """The receive limits follow the request bounds: with 2 queries of 10 characters at most, a 100 KB
+    request is refused by gRPC (RESOURCE_EXHAUSTED) and by HTTP (413) before any parsing, though it is
+    far under `max_message_bytes`."""
+    settings = RetrieverSettings(grpc_port=0, http_port=0, index=bm25_index,
+                                 limits={"max_queries": 2, "max_query_chars": 10})
+    assert settings.limits.request_bytes() < 100_000 < settings.max_message_bytes
+    running = await start_retriever(settings, load_index(bm25_index, encoder_factory=None))
+    try:
+        big = retriever_pb2.SearchRequest(queries=["x" * 100_000], top_k=1).SerializeToString()
+        err = await call_raw(running.grpc_address, big)
+        assert isinstance(err, grpc.aio.AioRpcError) and err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        async with httpx.AsyncClient(base_url=running.http.url) as client:
+            r = await client.post("/retrieve", json={"queries": ["x" * 100_000], "topk": 1})
+            assert r.status_code == 413
+        await assert_still_serving(running.grpc_address)
+    finally:
+        await running.stop()

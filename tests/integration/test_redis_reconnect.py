@@ -54,6 +54,7 @@ async def test_calls_wait_through_a_restart_and_own_pending_entries_are_reread(a
         stream = tasks_stream(redis, StreamKeys("rc"), link=link)
         await stream.ensure_group()
         assert link.up and m.up._value.get() == 1
+        assert await stream.reread_own("c1", set()) == []  # the first call: nothing left from before
         await stream.publish_many([_task(i) for i in range(4)])
         held = await stream.read("c1", count=2)
         assert [e.value.task_id for e in held] == ["t0", "t1"]

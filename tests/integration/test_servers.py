@@ -99,3 +99,24 @@ def test_http_server_refuses_taken_port():
         s.listen()
         with pytest.raises(OSError, match="cannot bind"):
             HttpServer(app, port=s.getsockname()[1])
+
+
+async def test_grpc_reflection_needs_the_token():
+    """The service's schema is not handed to whoever asks: reflection is behind the token like any call."""
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    server = await _start(token="s3cret")
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = reflection_pb2_grpc.ServerReflectionStub(ch)
+            ask = [reflection_pb2.ServerReflectionRequest(list_services="")]
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                async for _ in stub.ServerReflectionInfo(iter(ask)):
+                    pass
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            names = []
+            async for reply in stub.ServerReflectionInfo(iter(ask), metadata=grpc_metadata("s3cret")):
+                names += [s.name for s in reply.list_services_response.service]
+            assert "searchr1.retriever.v1.Retriever" in names
+    finally:
+        await server.stop(0)

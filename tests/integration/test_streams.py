@@ -145,7 +145,7 @@ async def test_run_streams_share_keys_groups_and_models(redis):
     their own wire model only."""
     from tests.support.synthetic import synthetic_group
 
-    tasks, trajectories = streams.tasks_stream(redis, KEYS), streams.trajectories_stream(redis, KEYS, maxlen=5)
+    tasks, trajectories = streams.tasks_stream(redis, KEYS), streams.trajectories_stream(redis, KEYS, trim_every=5)
     assert (tasks.key, tasks.group, tasks.model, tasks.dead_key) == (
         KEYS.tasks, streams.TASKS_GROUP, Task, KEYS.dead)
     assert (trajectories.key, trajectories.group, trajectories.model, trajectories.dead_key) == (

