@@ -137,10 +137,16 @@ def build_prometheus(env: dict, log: Path) -> None:
 
 
 def build_alertmanager(env: dict, log: Path) -> None:
-    """Alertmanager from the host's binary (Debian's `prometheus-alertmanager`, a static Go binary)."""
+    """Alertmanager from the host's binary (Debian's `prometheus-alertmanager`, a static Go binary) and the
+    notification templates Debian's build reads from /usr/share/prometheus/alertmanager."""
+    templates = Path("/usr/share/prometheus/alertmanager")
     with tempfile.TemporaryDirectory() as tmp:
         shutil.copy2(shutil.which("prometheus-alertmanager"), Path(tmp) / "alertmanager")
+        if templates.is_dir():
+            shutil.copytree(templates, Path(tmp) / "templates")
+        else:
+            (Path(tmp) / "templates").mkdir()
         (Path(tmp) / "Dockerfile").write_text(
-            f"FROM {BASE_IMAGE}\nCOPY alertmanager /bin/alertmanager\nRUN mkdir -p /alertmanager\n"
-            'ENTRYPOINT ["/bin/alertmanager"]\n')
+            f"FROM {BASE_IMAGE}\nCOPY alertmanager /bin/alertmanager\nCOPY templates {templates}\n"
+            'RUN mkdir -p /alertmanager\nENTRYPOINT ["/bin/alertmanager"]\n')
         run([DOCKER, "build", "-t", ALERTMANAGER_IMAGE, tmp], env={**env, "DOCKER_BUILDKIT": "1"}, log=log)
