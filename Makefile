@@ -77,7 +77,8 @@ test-faults: $(STAMP)
 test-load: $(STAMP)
 	$(BIN)/python -m pytest tests/load -m load -s $(PYTEST_ARGS)
 
-# Needs root (it starts dockerd) and Debian's docker.io, docker-compose and mmdebstrap (see docs/deploy.md).
+# Needs root (it starts dockerd) and Debian's docker.io, docker-compose, mmdebstrap, prometheus and
+# prometheus-alertmanager (see docs/deploy.md).
 test-deploy: $(STAMP)
 	$(BIN)/python -m pytest tests/deploy -m deploy $(PYTEST_ARGS)
 
