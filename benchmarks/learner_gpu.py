@@ -11,7 +11,9 @@ One step: policy forward over a batch of `--fsdp-batch` sequences of `--fsdp-len
 plus the KL term, backward, AdamW. Prints for each shape and each KL variant (top-k at `--kl-topk`, full
 vocabulary): tokens/s (median of `--fsdp-repeats` steps after one warm-up), model FLOPs utilisation
 against `--peak-tflops` (the device's dense bf16 peak; 989 is an H100 SXM's), peak device memory of the
-step, and the memory of the KL term alone (reference forward + KL, measured on its own).
+step, and the memory of the KL term alone (reference forward + KL, measured on its own). On CUDA memory
+is the allocator's peak above its level before; on CPU it is the growth of the process's peak resident set
+(VmHWM), which reads 0 when the allocator reuses memory it already holds.
 
 Model FLOPs per token (PaLM's convention, recomputation not counted): 6·N for the policy's forward and
 backward plus 2·N for the reference's forward, N = non-embedding parameters + the LM head
@@ -138,7 +140,7 @@ class _Memory:
             torch.cuda.synchronize()
             self.peak = torch.cuda.max_memory_allocated() - self.start
         else:
-            self.peak = _rss_mib("VmHWM") * 2**20 - self.start
+            self.peak = max(0.0, _rss_mib("VmHWM") * 2**20 - self.start)
         self.mib = self.peak / 2**20
 
 

@@ -35,4 +35,4 @@ def test_gpu_path_runs_on_cpu_at_a_tiny_shape():
     rows = [line.split() for line in out.splitlines() if line.startswith("tiny")]
     assert [r[1] for r in rows] == ["top-8", "full"], out
     for r in rows:
-        assert float(r[-4]) > 0 and float(r[-2]) > 0, out  # tokens/s, peak MiB
+        assert float(r[-4]) > 0 and float(r[-2]) >= 0 and float(r[-1]) >= 0, out  # tokens/s, memory MiB
