@@ -61,6 +61,8 @@ ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 HF_HUB
 COPY --from=build /opt/venv /opt/venv
 WORKDIR /app
 COPY configs ./configs
+# The committed tiny-world warm start (3 MB): compose's `init` copies it instead of training one.
+COPY assets ./assets
 # Writable state lives under /app/runs (a volume); everything else can be mounted read-only.
 RUN mkdir -p /app/runs && chown 10001:10001 /app/runs /app
 USER 10001:10001

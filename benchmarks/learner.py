@@ -20,6 +20,10 @@ without KL (baseline), with the full-vocabulary reverse KL to a reference (both 
 with the top-k reverse KL (`--kl-topk`, EMA-PG's 32: the reference's logits gathered at the policy's top k,
 tail correction on). Peak memory is the process's peak resident set above its level before the step
 (Linux VmHWM, reset per measurement). `--kl-only` runs just this part; `--no-kl` skips it.
+
+`--device cuda` (or `--fsdp` on CPU) runs benchmarks/learner_gpu.py instead: the learner's step in bf16
+under FSDP2 with gradient checkpointing at the Qwen2.5-3B and 0.5B shapes (`--shapes`), tokens/s, model
+FLOPs utilisation against `--peak-tflops`, peak memory, and the KL term's memory top-k vs full vocabulary.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `tests.support` when run as a script
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import learner_gpu  # noqa: E402  (the --device cuda / --fsdp path)
 
 
 def main() -> None:
@@ -56,7 +62,11 @@ def main() -> None:
     p.add_argument("--kl-repeats", type=int, default=1)
     p.add_argument("--kl-only", action="store_true")
     p.add_argument("--no-kl", action="store_true")
+    learner_gpu.add_arguments(p)
     args = p.parse_args()
+    if args.device == "cuda" or args.fsdp:
+        learner_gpu.main(args)
+        return
     if args.kl_only:
         import torch
 

@@ -2,7 +2,7 @@
 250 steps × 50 groups × 8, Search-R1 shaped responses of two searches with three retrieved documents each,
 ~300 response tokens) written in the learner's layout and schema, then, each in a fresh process:
 
-- baseline: reading the archive whole, every column (`searchr1.learner.archive.read`, what
+- baseline: reading the archive whole, every column (`searchr1.learner.tools.archive.read`, what
   `searchr1 archive show` starts with);
 - the viewer, cold (empty summary cache) then warm (the per-part summaries it cached on disk): `create_app`
   and the first run page (the per-part summary: scalar columns plus the response text one part at a time,

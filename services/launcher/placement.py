@@ -18,9 +18,11 @@ rest to FSDP). What it does not do: start processes or pick free ports (`searchr
 
 `k8s_placement_patch` writes the same placement as a kustomize patch (deploy/k8s/overlays/gpu/placement.yaml:
 `python -m searchr1.launcher.placement configs/searchr1-3b-grpo.toml`): one rollout replica per vLLM worker
-with `nvidia.com/gpu` = its tensor-parallel size, the learner with one GPU per rank under the same torchrun
-prefix, the retriever on one GPU or none. `CUDA_VISIBLE_DEVICES` is left out there: the device plugin
-gives each container its GPUs, numbered from 0.
+with `nvidia.com/gpu` = its tensor-parallel size (the KEDA ScaledObject's ceiling), the learner Job with one
+GPU per rank under the same torchrun prefix, the retriever on one GPU or none. `CUDA_VISIBLE_DEVICES` is
+left out there: the device plugin gives each container its GPUs, numbered from 0. GPU pods select no node
+label: asking for `nvidia.com/gpu` already confines them to nodes whose device plugin offers GPUs (with
+or without the GPU Operator's `nvidia.com/gpu.present` label); they tolerate the `nvidia.com/gpu` taint.
 """
 
 from __future__ import annotations
@@ -201,7 +203,6 @@ def plan_placement(s: PlacementSettings) -> Placement:
 
 
 _GPU_NODE: dict[str, Any] = {
-    "nodeSelector": {"nvidia.com/gpu.present": "true"},
     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
 }
 LEARNER_SHM = "8Gi"
@@ -216,12 +217,13 @@ def _k8s_workload(kind: str, name: str, replicas: int | None, container: dict[st
                   pod: dict[str, Any]) -> dict[str, Any]:
     spec: dict[str, Any] = {} if replicas is None else {"replicas": replicas}
     spec["template"] = {"spec": {**pod, "containers": [{"name": name, **container}]}}
-    return {"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": name}, "spec": spec}
+    api = "batch/v1" if kind == "Job" else "apps/v1"
+    return {"apiVersion": api, "kind": kind, "metadata": {"name": name}, "spec": spec}
 
 
 def k8s_placement_patch(s: PlacementSettings, source: str = "") -> str:
     """The kustomize strategic-merge patch (multi-document YAML) that places the rollout Deployment, its
-    autoscaler, the learner StatefulSet and the retriever Deployment as `plan_placement(s)` does on one node.
+    autoscaler, the learner Job and the retriever Deployment as `plan_placement(s)` does on one node.
     `source`: the config named in the header comment."""
     p = plan_placement(s)
     workers, tp = len(p.rollout), s.rollout.tensor_parallel_size
@@ -247,9 +249,9 @@ def k8s_placement_patch(s: PlacementSettings, source: str = "") -> str:
     docs = [
         _k8s_workload("Deployment", "rollout", workers,
                       {"env": rollout_env, "resources": {"limits": {"nvidia.com/gpu": tp}}}, dict(_GPU_NODE)),
-        {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": {"name": "rollout"},
-         "spec": {"minReplicas": workers, "maxReplicas": workers}},
-        _k8s_workload("StatefulSet", "learner", None, learner, learner_pod),
+        {"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "metadata": {"name": "rollout"},
+         "spec": {"maxReplicaCount": workers}},
+        _k8s_workload("Job", "learner", None, learner, learner_pod),
         _k8s_workload("Deployment", "retriever", 1, retriever, retriever_pod),
     ]
     rgpus = " | ".join(w.cuda_visible_devices for w in p.rollout)

@@ -1,6 +1,7 @@
 """A real Docker daemon for the deploy test, with no container registry: start `dockerd` (or use one
 that answers), build a Debian bookworm base image with mmdebstrap from the mirror apt uses, build the
-searchr1 image on it, and a Prometheus image from the host's `prometheus` binary.
+searchr1 image on it, and Prometheus and Alertmanager images from the host's binaries (Debian's
+`prometheus`, `prometheus-alertmanager`).
 
 Everything here is a subprocess call; failures raise with the command's output.
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 BASE_IMAGE = "searchr1-base:bookworm-minbase"
 IMAGE = "searchr1:cpu"
 PROMETHEUS_IMAGE = "searchr1-test-prometheus:latest"
+ALERTMANAGER_IMAGE = "searchr1-test-alertmanager:latest"
 BASE_PACKAGES = "python3,python3-venv,ca-certificates,redis-server,wget"
 """On top of minbase (apt included, like the slim images): Python 3.11, and Redis and wget for the
 Redis and Prometheus containers."""
@@ -42,7 +44,7 @@ def run(argv: list[str], *, env: dict | None = None, timeout: float = 1800, cwd:
 
 
 def missing_tools() -> list[str]:
-    return [t for t in ("dockerd", "docker", "docker-compose", "mmdebstrap", "prometheus")
+    return [t for t in ("dockerd", "docker", "docker-compose", "mmdebstrap", "prometheus", "prometheus-alertmanager")
             if shutil.which(t) is None]
 
 
@@ -132,3 +134,19 @@ def build_prometheus(env: dict, log: Path) -> None:
             f"FROM {BASE_IMAGE}\nCOPY prometheus /bin/prometheus\nRUN mkdir -p /prometheus\n"
             'ENTRYPOINT ["/bin/prometheus"]\n')
         run([DOCKER, "build", "-t", PROMETHEUS_IMAGE, tmp], env={**env, "DOCKER_BUILDKIT": "1"}, log=log)
+
+
+def build_alertmanager(env: dict, log: Path) -> None:
+    """Alertmanager from the host's binary (Debian's `prometheus-alertmanager`, a static Go binary) and the
+    notification templates Debian's build reads from /usr/share/prometheus/alertmanager."""
+    templates = Path("/usr/share/prometheus/alertmanager")
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copy2(shutil.which("prometheus-alertmanager"), Path(tmp) / "alertmanager")
+        if templates.is_dir():
+            shutil.copytree(templates, Path(tmp) / "templates")
+        else:
+            (Path(tmp) / "templates").mkdir()
+        (Path(tmp) / "Dockerfile").write_text(
+            f"FROM {BASE_IMAGE}\nCOPY alertmanager /bin/alertmanager\nCOPY templates {templates}\n"
+            'RUN mkdir -p /alertmanager\nENTRYPOINT ["/bin/alertmanager"]\n')
+        run([DOCKER, "build", "-t", ALERTMANAGER_IMAGE, tmp], env={**env, "DOCKER_BUILDKIT": "1"}, log=log)

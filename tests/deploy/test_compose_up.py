@@ -1,7 +1,9 @@
-"""`docker compose up` of the whole tiny world on a real Docker daemon: Redis, the init service (world,
-warm start, index), retriever, reward, two rollout workers, the learner and Prometheus, from an image
-built on a locally built base. Passes when training reaches N steps, both workers generate with a newer
-policy version, and Prometheus scrapes every target `up`; everything is torn down after.
+"""`docker compose up` of the whole tiny world on a real Docker daemon: Redis, the init service (world
+and index built, the warm start copied from the image), retriever, reward, two rollout workers, the
+learner, Prometheus and Alertmanager, from an image built on a locally built base. Passes when training
+reaches N steps, both workers generate with a newer policy version, Prometheus scrapes every target `up`
+and reaches Alertmanager, every Grafana panel's PromQL returns a series and every alert expression
+evaluates; everything is torn down after (the test's Docker data root included).
 
 The run config is configs/compose.toml shrunk (fewer groups per step, shorter answers) so steps are
 quick on a small CPU machine; ports are published on free loopback ports.
@@ -23,6 +25,7 @@ import pytest
 import yaml
 
 from tests.deploy import docker_env as dk
+from tests.deploy import queries
 
 pytestmark = [pytest.mark.deploy, pytest.mark.timeout(5400)]
 
@@ -63,6 +66,27 @@ def _values(port: int, promql: str) -> dict[str, float]:
         return {}
 
 
+def _check_alertmanager(port: int) -> None:
+    """Prometheus found Alertmanager through compose's DNS and would send it alerts."""
+    deadline = time.monotonic() + 120
+    active: list = []
+    while time.monotonic() < deadline and not active:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/alertmanagers", timeout=10) as r:
+            active = json.load(r)["data"]["activeAlertmanagers"]
+        time.sleep(0 if active else 5)
+    assert active, "Prometheus has no active Alertmanager"
+
+
+def _check_dashboards_and_alerts(port: int) -> None:
+    """Every Grafana panel's PromQL returns at least one series; every alert expression evaluates."""
+    panels = queries.dashboard_panels(ROOT / "deploy/grafana/dashboards/searchr1.json")
+    series = {e: len(_query(port, e)) for exprs in panels.values() for e in exprs}
+    empty = queries.empty_panels(panels, series)
+    assert not empty, f"dashboard panels with no series after training: {empty}\n{series}"
+    for expr in queries.alert_expressions(ROOT / "deploy/prometheus/rules/searchr1.yml").values():
+        _query(port, expr)  # asserts status success; an alert that does not fire returns no series
+
+
 def test_compose_up_trains_and_every_target_is_scraped(tmp_path):
     missing = dk.missing_tools()
     if missing:
@@ -95,21 +119,27 @@ def _deploy_and_train(workdir: Path, log: Path, override: Path, prom_port: int, 
         timings["base"] = time.monotonic() - t0
         dk.build_image(env, ROOT, log)
         dk.build_prometheus(env, log)
+        dk.build_alertmanager(env, log)
         timings["images"] = time.monotonic() - t0 - timings["base"]
         env = {**env, "REDIS_PASSWORD": secrets.token_hex(16), "RETRIEVER_TOKEN": secrets.token_hex(16),
                "REWARD_TOKEN": secrets.token_hex(16), "REDIS_IMAGE": dk.BASE_IMAGE,
                "PROMETHEUS_IMAGE": dk.PROMETHEUS_IMAGE, "SEARCHR1_IMAGE": dk.IMAGE,
-               "SEARCHR1_WARMSTART_ARGS": "--steps 20 --copy-steps 20", "REDIS_PORT": str(_free_port()),
-               "RETRIEVER_PORT": str(_free_port()), "PROMETHEUS_PORT": str(prom_port)}
+               "ALERTMANAGER_IMAGE": dk.ALERTMANAGER_IMAGE, "REDIS_PORT": str(_free_port()),
+               "RETRIEVER_PORT": str(_free_port()), "PROMETHEUS_PORT": str(prom_port),
+               "ALERTMANAGER_PORT": str(_free_port())}
         compose = ["docker-compose", "-p", project, "-f", str(ROOT / "docker-compose.yml"), "-f", str(override)]
         try:
+            t_up = time.monotonic()
             dk.run([*compose, "up", "-d", "--no-build", "--scale", f"rollout={WORKERS}", "redis", "init",
-                    "retriever", "reward", "rollout", "learner", "prometheus"], env=env, log=log, timeout=3600)
-            timings["up"] = time.monotonic() - t0 - timings["base"] - timings["images"]
+                    "retriever", "reward", "rollout", "learner", "prometheus", "alertmanager"],
+                   env=env, log=log, timeout=3600)
+            timings["up"] = time.monotonic() - t_up
             deadline = time.monotonic() + 3600
             steps, versions, up = {}, {}, {}
             while time.monotonic() < deadline:
                 steps = _values(prom_port, "searchr1_learner_steps_total")
+                if steps and max(steps.values()) >= 1 and "first_step" not in timings:
+                    timings["first_step"] = time.monotonic() - t_up  # `up` started -> first step scraped
                 versions = _values(prom_port, "searchr1_rollout_weight_version")
                 up = _values(prom_port, "up")
                 if (steps and max(steps.values()) >= STEPS and len(versions) == WORKERS
@@ -117,7 +147,7 @@ def _deploy_and_train(workdir: Path, log: Path, override: Path, prom_port: int, 
                         and min(up.values()) == 1):
                     break
                 time.sleep(10)
-            timings["train"] = time.monotonic() - t0 - sum(timings.values())
+            timings["train"] = time.monotonic() - t_up - timings["up"]
             status = dk.run([*compose, "ps"], env=env, log=log)
             assert steps and max(steps.values()) >= STEPS, f"learner steps {steps}\n{status}"
             assert len(versions) == WORKERS and min(versions.values()) >= 1, f"worker versions {versions}"
@@ -128,6 +158,8 @@ def _deploy_and_train(workdir: Path, log: Path, override: Path, prom_port: int, 
             assert jobs == TARGETS, jobs
             rules = json.load(urllib.request.urlopen(f"http://127.0.0.1:{prom_port}/api/v1/rules", timeout=10))
             assert sum(len(g["rules"]) for g in rules["data"]["groups"]) >= 9
+            _check_alertmanager(prom_port)
+            _check_dashboards_and_alerts(prom_port)
         finally:
             try:
                 dk.run([*compose, "logs", "--no-color", "--tail", "200"], env=env, log=log, timeout=300)

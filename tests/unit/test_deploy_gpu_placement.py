@@ -2,7 +2,7 @@
 
 The overlay's placement.yaml is the output of `k8s_placement_patch` for that config's `[placement]` table
 (byte for byte), and the rendered overlay (`kubectl kustomize`) agrees with `plan_placement`: rollout
-replicas and the autoscaler's bounds = vLLM workers, GPUs per worker = tensor-parallel size, the vLLM
+replicas and the ScaledObject's ceiling = vLLM workers, GPUs per worker = tensor-parallel size, the vLLM
 memory fraction, the learner's GPU count and torchrun command, the retriever's device. Strict schema
 validation of the overlay is tests/unit/test_deploy.py's.
 """
@@ -73,8 +73,8 @@ def test_rollout_matches_the_placement(settings, rendered):
     assert workers == 3
     deploy = rendered[("Deployment", "rollout")]
     assert deploy["spec"]["replicas"] == workers
-    hpa = rendered[("HorizontalPodAutoscaler", "rollout")]["spec"]
-    assert hpa["minReplicas"] == hpa["maxReplicas"] == workers
+    scaled = rendered[("ScaledObject", "rollout")]["spec"]
+    assert scaled["minReplicaCount"] == 0 and scaled["maxReplicaCount"] == workers  # zero once the run ends
     c = _container(deploy)
     assert c["resources"]["limits"]["nvidia.com/gpu"] == settings.rollout.tensor_parallel_size
     assert all(len(w.gpus) == settings.rollout.tensor_parallel_size for w in plan.rollout)
@@ -88,7 +88,7 @@ def test_rollout_matches_the_placement(settings, rendered):
 
 def test_learner_runs_its_ranks_under_torchrun(settings, rendered):
     learner = plan_placement(settings).learner
-    doc = rendered[("StatefulSet", "learner")]
+    doc = rendered[("Job", "learner")]
     c = _container(doc)
     assert c["resources"]["limits"]["nvidia.com/gpu"] == len(learner.gpus) == 4
     assert c["command"] == [*learner.command_prefix, "-m", "searchr1.cli"]
@@ -119,13 +119,13 @@ def test_retriever_sits_where_the_placement_says(settings, rendered):
 def test_gpus_add_up_to_the_node(settings, rendered):
     """Every GPU of the placement is asked for once: the pods fit one node of `placement.gpus` GPUs."""
     asked = 0
-    for key in (("Deployment", "rollout"), ("StatefulSet", "learner"), ("Deployment", "retriever")):
+    for key in (("Deployment", "rollout"), ("Job", "learner"), ("Deployment", "retriever")):
         doc = rendered[key]
         gpus = _container(doc)["resources"]["limits"].get("nvidia.com/gpu", 0)
         asked += gpus * doc["spec"].get("replicas", 1)
         if gpus:
             spec = doc["spec"]["template"]["spec"]
-            assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}, key
+            assert "nodeSelector" not in spec, key  # the nvidia.com/gpu request picks GPU nodes
             assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
     plan = plan_placement(settings)
     assert asked == sum(len(p.gpus) for p in plan.by_name().values()) == settings.gpus
@@ -143,13 +143,13 @@ def test_patch_follows_a_different_placement():
     assert c["resources"]["limits"] == {"nvidia.com/gpu": 2}
     assert _env(c) == {"ROLLOUT_ENGINE__TENSOR_PARALLEL_SIZE": "2", "ROLLOUT_ENGINE__GPU_MEMORY_UTILIZATION": "0.7",
                        "VLLM_PORT": "31000"}
-    learner = docs[("StatefulSet", "learner")]
+    learner = docs[("Job", "learner")]
     lc = _container(learner)
     assert lc["command"] == ["torchrun", "--nnodes", "1", "--nproc_per_node", "1", "--master_addr", "127.0.0.1",
                              "--master_port", "29600", "-m", "searchr1.cli"]
     assert "volumes" not in learner["spec"]["template"]["spec"] and "volumeMounts" not in lc
     retriever = docs[("Deployment", "retriever")]
     rc = _container(retriever)
-    assert "resources" not in rc and "nodeSelector" not in retriever["spec"]["template"]["spec"]
+    assert "resources" not in rc and "tolerations" not in retriever["spec"]["template"]["spec"]
     assert _env(rc) == {"RETRIEVER_SEARCH__DEVICE": "cpu", "RETRIEVER_SEARCH__FAISS_GPU": "false"}
     assert "CUDA_VISIBLE_DEVICES" not in _env(rc)

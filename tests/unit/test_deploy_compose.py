@@ -1,0 +1,192 @@
+"""docker-compose.yml as a GPU user and a first-time user meet it: every GPU service on explicit GPUs
+(and the generated docker-compose.gpu.yml placing a run config's workers and learner), GPU services
+scraped under the names Prometheus discovers, the committed warm start shipped in the image and copied
+by `init`, `.env.example` naming every variable, Alertmanager with a runbook for every alert, and
+Grafana's provisioning files valid against their schemas. The docker deploy test is tests/deploy."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from searchr1.core.settings import load_settings
+from searchr1.launcher.placement import PlacementSettings, plan_placement
+from tests.deploy import queries
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "deploy/scripts"))
+
+import compose_gpu  # noqa: E402
+
+SECRETS = {"REDIS_PASSWORD": "p", "RETRIEVER_TOKEN": "r", "REWARD_TOKEN": "w"}
+
+
+def _compose() -> dict:
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+def _devices(service: dict) -> list[dict]:
+    return service["deploy"]["resources"]["reservations"]["devices"]
+
+
+def _tool(name: str) -> str:
+    found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    if not found:
+        pytest.skip(f"{name} is not installed")
+    return found
+
+
+def test_gpu_services_name_their_gpus_and_answer_to_the_cpu_names():
+    services = _compose()["services"]
+    ids = {}
+    for name, alias in (("rollout-gpu", "rollout"), ("learner-gpu", "learner")):
+        (dev,) = _devices(services[name])
+        assert "count" not in dev and dev["capabilities"] == ["gpu"], name  # count: 1 is always GPU 0
+        (ids[name],) = dev["device_ids"]
+        assert services[name]["networks"]["default"]["aliases"] == [alias], name
+    assert ids == {"rollout-gpu": "${ROLLOUT_GPU:-0}", "learner-gpu": "${LEARNER_GPU:-1}"}
+
+
+@pytest.fixture(scope="module")
+def generated() -> tuple[PlacementSettings, dict]:
+    settings = load_settings(PlacementSettings, ROOT / "configs/searchr1-3b-grpo.toml")
+    text = compose_gpu.compose_gpu(settings, _compose(), "configs/searchr1-3b-grpo.toml")
+    return settings, yaml.safe_load(text)
+
+
+def test_generated_override_gives_each_process_its_gpus(generated):
+    settings, override = generated
+    plan = plan_placement(settings)
+    services = override["services"]
+    assert set(services) == {*(f"rollout-gpu-{i}" for i in range(len(plan.rollout))), "learner-gpus"}
+    seen: list[str] = []
+    for i, worker in enumerate(plan.rollout):
+        s = services[f"rollout-gpu-{i}"]
+        (dev,) = _devices(s)
+        assert dev["device_ids"] == [str(g) for g in worker.gpus]
+        assert s["environment"]["ROLLOUT_ENGINE__TENSOR_PARALLEL_SIZE"] == str(settings.rollout.tensor_parallel_size)
+        assert s["networks"]["default"]["aliases"] == ["rollout"] and "profiles" not in s
+        seen += dev["device_ids"]
+    learner = services["learner-gpus"]
+    (dev,) = _devices(learner)
+    assert dev["device_ids"] == [str(g) for g in settings.learner.gpus]
+    assert learner["entrypoint"] == [*plan.learner.command_prefix, "-m", "searchr1.cli"]
+    assert learner["command"][0] == "train" and learner["shm_size"] == "8gb"
+    assert learner["environment"]["LEARNER_DEVICE"] == "cuda"
+    seen += dev["device_ids"]
+    assert len(seen) == len(set(seen))  # no GPU given twice
+
+
+def test_generated_override_validates_as_compose_v1_and_the_spec(generated, tmp_path):
+    _, override = generated
+    path = tmp_path / "docker-compose.gpu.yml"
+    path.write_text(yaml.safe_dump(override))
+    done = subprocess.run([_tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", str(path)],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    env = tmp_path / "env"
+    env.write_text("".join(f"{k}={v}\n" for k, v in SECRETS.items()))
+    done = subprocess.run([_tool("docker-compose"), "--env-file", str(env), "-f", str(ROOT / "docker-compose.yml"),
+                           "-f", str(path), "config"], capture_output=True, text=True, timeout=120, check=False,
+                          cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    merged = yaml.safe_load(done.stdout)["services"]
+    assert merged["rollout-gpu-1"]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["1"]
+
+
+def test_compose_v1_reads_the_gpu_profile(tmp_path):
+    env = tmp_path / "env"
+    env.write_text("".join(f"{k}={v}\n" for k, v in SECRETS.items()) + "ROLLOUT_GPU=2\nLEARNER_GPU=3\n")
+    done = subprocess.run([_tool("docker-compose"), "--env-file", str(env), "-f", str(ROOT / "docker-compose.yml"),
+                           "--profile", "gpu", "config"], capture_output=True, text=True, timeout=120, check=False,
+                          cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    services = yaml.safe_load(done.stdout)["services"]
+    assert _devices(services["rollout-gpu"])[0]["device_ids"] == ["2"]
+    assert _devices(services["learner-gpu"])[0]["device_ids"] == ["3"]
+
+
+def test_env_example_names_every_variable_and_env_is_ignored():
+    text = (ROOT / "docker-compose.yml").read_text()
+    used = set(re.findall(r"\$\{([A-Z0-9_]+)", text))
+    example = {line.split("=", 1)[0] for line in (ROOT / ".env.example").read_text().splitlines()
+               if line and not line.startswith("#")}
+    assert used == example, f"missing: {used - example}; unused: {example - used}"
+    assert ".env" in (ROOT / ".gitignore").read_text().splitlines()
+    for key in SECRETS:  # secrets are left empty in the example
+        assert f"\n{key}=\n" in (ROOT / ".env.example").read_text()
+
+
+def test_first_run_copies_the_committed_warm_start():
+    warm = ROOT / "assets/tiny-world/warmstart"
+    assert list(warm.glob("*.safetensors"))
+    assert "!assets/" in (ROOT / ".dockerignore").read_text().splitlines()
+    assert re.search(r"^COPY assets \./assets$", (ROOT / "Dockerfile").read_text(), re.M)
+    init = _compose()["services"]["init"]
+    script = init["command"][0]
+    assert "cp -r assets/tiny-world/warmstart runs/world/warmstart" in script
+    assert init["environment"]["WARMSTART"] == "${SEARCHR1_WARMSTART:-assets}"
+    # the world `init` builds is the one the warm start was made for (seed 0: its known entities)
+    assert '"world_seed": 0' in (warm / "warmstart.json").read_text()
+
+
+def test_alertmanager_is_in_compose_and_every_alert_has_a_runbook(tmp_path):
+    services = _compose()["services"]
+    am = services["alertmanager"]
+    assert any(p.startswith("127.0.0.1:") for p in am["ports"])
+    prom = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
+    (target,) = prom["alerting"]["alertmanagers"]
+    assert target["dns_sd_configs"][0]["names"] == ["alertmanager"]
+    runbooks = (ROOT / "docs/runbooks.md").read_text()
+    anchors = {h[3:].strip().lower() for h in runbooks.splitlines() if h.startswith("## ")}
+    groups = yaml.safe_load((ROOT / "deploy/prometheus/rules/searchr1.yml").read_text())["groups"]
+    rules = [r for g in groups for r in g["rules"] if "alert" in r]
+    assert rules
+    for rule in rules:
+        url = rule["annotations"]["runbook_url"]
+        assert url == f"docs/runbooks.md#{rule['alert'].lower()}" and rule["alert"].lower() in anchors, rule["alert"]
+    amtool = shutil.which("amtool")
+    if amtool:
+        done = subprocess.run([amtool, "check-config", str(ROOT / "deploy/alertmanager/alertmanager.yml")],
+                              capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("schema,path", [
+    ("grafana-datasources", "deploy/grafana/provisioning/datasources/prometheus.yml"),
+    ("grafana-dashboards", "deploy/grafana/provisioning/dashboards/searchr1.yml"),
+    ("grafana-dashboard", "deploy/grafana/dashboards/searchr1.json"),
+])
+def test_grafana_files_validate_against_their_schema(schema, path):
+    done = subprocess.run([_tool("check-jsonschema"), "--schemafile",
+                           str(ROOT / f"tests/unit/schemas/{schema}.schema.json"), str(ROOT / path)],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_dashboard_panels_use_the_provisioned_datasource():
+    (ds,) = yaml.safe_load((ROOT / "deploy/grafana/provisioning/datasources/prometheus.yml").read_text())["datasources"]
+    import json
+
+    dashboard = json.loads((ROOT / "deploy/grafana/dashboards/searchr1.json").read_text())
+    for panel in dashboard["panels"]:
+        if "datasource" in panel:
+            assert panel["datasource"]["uid"] == ds["uid"], panel["title"]
+
+
+def test_queries_read_every_panel_and_alert(tmp_path):
+    panels = queries.dashboard_panels(ROOT / "deploy/grafana/dashboards/searchr1.json")
+    assert len(panels) >= 15 and all(panels.values())
+    alerts = queries.alert_expressions(ROOT / "deploy/prometheus/rules/searchr1.yml")
+    assert "TargetDown" in alerts and "LearnerStalled" in alerts
+    nested = tmp_path / "d.json"
+    nested.write_text('{"panels": [{"type": "row", "title": "r", "panels": [{"title": "inner", "targets": '
+                      '[{"expr": "up"}, {"expr": "x"}]}]}, {"title": "text"}]}')
+    assert queries.dashboard_panels(nested) == {"inner": ["up", "x"]}
+    assert queries.empty_panels({"a": ["up", "x"], "b": ["y"]}, {"up": 0, "x": 2, "y": 0}) == ["b"]

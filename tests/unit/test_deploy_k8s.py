@@ -1,0 +1,174 @@
+"""Kubernetes runs that complete: the learner is a Job, the rollout workers scale to zero on the tasks
+stream when it ends (KEDA) or run under the HPA component instead; the gpu overlay runs the 3B config
+on the fetched e5 index; storage classes default to the cluster's and are one line to change; a
+monitoring namespace may scrape. Strict schema validation of the overlays is test_deploy.py's."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from searchr1.core.streams import TASKS_GROUP, StreamKeys
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S = ROOT / "deploy/k8s"
+
+
+def _kubectl() -> str:
+    found = shutil.which("kubectl") or shutil.which("kubectl", path=str(Path(sys.executable).parent))
+    if not found:
+        pytest.skip("kubectl is not installed (dev extra)")
+    return found
+
+
+def _render(path: Path) -> dict[tuple[str, str], dict]:
+    done = subprocess.run([_kubectl(), "kustomize", str(path)], capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    return {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(done.stdout) if d}
+
+
+_CACHE: dict[str, dict] = {}
+
+
+def _overlay(name: str) -> dict[tuple[str, str], dict]:
+    if name not in _CACHE:
+        _CACHE[name] = _render(K8S / "overlays" / name)
+    return _CACHE[name]
+
+
+def _container(doc: dict) -> dict:
+    return doc["spec"]["template"]["spec"]["containers"][0]
+
+
+@pytest.mark.parametrize("overlay", ["cpu", "gpu"])
+def test_learner_is_a_job_that_completes(overlay):
+    docs = _overlay(overlay)
+    assert not [k for k in docs if k[0] == "StatefulSet"]
+    job = docs[("Job", "learner")]["spec"]
+    assert job["completions"] == 1 and job["parallelism"] == 1 and job["backoffLimit"] >= 1
+    pod = job["template"]["spec"]
+    assert pod["restartPolicy"] == "OnFailure"  # exit 0 at total_steps completes it; a crash resumes
+    assert job["template"]["metadata"]["labels"]["app"] == "learner"  # its Service and policies select it
+    assert _container(docs[("Job", "learner")])["args"][0] == "train"
+
+
+def test_prometheus_stops_scraping_finished_pods():
+    config = yaml.safe_load((K8S / "base/prometheus-k8s.yml").read_text())
+    (job,) = config["scrape_configs"]
+    drops = [r for r in job["relabel_configs"] if r.get("action") == "drop"
+             and r["source_labels"] == ["__meta_kubernetes_pod_phase"]]
+    assert drops and re.fullmatch(drops[0]["regex"], "Succeeded") and re.fullmatch(drops[0]["regex"], "Failed")
+    assert not re.fullmatch(drops[0]["regex"], "Running")
+
+
+@pytest.mark.parametrize("overlay", ["cpu", "gpu"])
+def test_rollout_scales_on_the_tasks_stream_down_to_zero(overlay):
+    docs = _overlay(overlay)
+    scaled = docs[("ScaledObject", "rollout")]["spec"]
+    assert scaled["scaleTargetRef"]["name"] == "rollout" and scaled["minReplicaCount"] == 0
+    args = _container(docs[("Deployment", "rollout")])["args"]
+    run = args[args.index("--run") + 1]
+    kinds = set()
+    for trigger in scaled["triggers"]:
+        meta = trigger["metadata"]
+        assert trigger["type"] == "redis-streams"
+        assert meta["stream"] == StreamKeys(run).tasks and meta["consumerGroup"] == TASKS_GROUP
+        assert meta["address"].startswith("redis.") and meta["address"].endswith(":6379")
+        auth = docs[("TriggerAuthentication", trigger["authenticationRef"]["name"])]["spec"]
+        assert auth["secretTargetRef"] == [{"parameter": "password", "name": "searchr1-secrets",
+                                            "key": "redis-password"}]
+        kinds |= {k for k in ("lagCount", "pendingEntriesCount") if k in meta}
+    assert kinds == {"lagCount", "pendingEntriesCount"}  # backlog scales out; work in flight keeps one
+    assert ("HorizontalPodAutoscaler", "rollout") not in docs
+
+
+@pytest.mark.parametrize("overlay", ["cpu", "gpu"])
+def test_keda_objects_validate_strictly(overlay, tmp_path):
+    """kubernetes-validate has no schema for KEDA's kinds: tests/unit/schemas/keda.schema.json (the fields
+    of KEDA's CRDs this project uses, no others) checks them."""
+    checker = shutil.which("check-jsonschema") or shutil.which("check-jsonschema", path=str(Path(sys.executable).parent))
+    if not checker:
+        pytest.skip("check-jsonschema is not installed (dev extra)")
+    docs = [d for k, d in _overlay(overlay).items() if d["apiVersion"].startswith("keda.sh/")]
+    assert len(docs) == 2
+    for i, doc in enumerate(docs):
+        path = tmp_path / f"{i}.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        done = subprocess.run([checker, "--schemafile", str(ROOT / "tests/unit/schemas/keda.schema.json"), str(path)],
+                              capture_output=True, text=True, timeout=120, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_hpa_component_replaces_keda(tmp_path):
+    overlay = tmp_path / "k8s/overlays/laptop-hpa"
+    shutil.copytree(K8S, tmp_path / "k8s")
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [../cpu]\n"
+        "components: [../../components/hpa]\n")
+    docs = _render(overlay)
+    assert ("HorizontalPodAutoscaler", "rollout") in docs
+    assert not [k for k in docs if k[0] in ("ScaledObject", "TriggerAuthentication")]
+
+
+@pytest.mark.parametrize("overlay,klass", [("cpu", "standard"), ("gpu", "nfs-client")])
+def test_storage_class_is_one_line_per_overlay(overlay, klass, tmp_path):
+    """Unset: every PVC takes the cluster's default class. Uncommenting the marked line sets all of them."""
+    assert all("storageClassName" not in d["spec"] for k, d in _overlay(overlay).items()
+               if k[0] == "PersistentVolumeClaim")
+    shutil.copytree(K8S, tmp_path / "k8s")
+    path = tmp_path / "k8s/overlays" / overlay / "kustomization.yaml"
+    lines = path.read_text().splitlines()
+    marked = [i for i, line in enumerate(lines) if line.strip().startswith("# storage class: ")]
+    assert len(marked) == 1
+    lines[marked[0]] = lines[marked[0]].replace("# storage class: ", "", 1)
+    path.write_text("\n".join(lines) + "\n")
+    pvcs = [d for k, d in _render(path.parent).items() if k[0] == "PersistentVolumeClaim"]
+    assert len(pvcs) == 2 and all(p["spec"]["storageClassName"] == klass for p in pvcs)
+
+
+def test_gpu_configmap_is_the_3b_config():
+    copy = K8S / "overlays/gpu/searchr1-3b-grpo.toml"
+    assert copy.read_text() == (ROOT / "configs/searchr1-3b-grpo.toml").read_text(), \
+        f"cp configs/searchr1-3b-grpo.toml {copy.relative_to(ROOT)}"
+    (cm,) = [d for k, d in _overlay("gpu").items() if k[0] == "ConfigMap" and k[1].startswith("searchr1-config")]
+    assert cm["data"] == {"compose.toml": copy.read_text()}
+    for key in (("Deployment", "rollout"), ("Job", "learner"), ("Deployment", "retriever"), ("Deployment", "reward")):
+        args = _container(_overlay("gpu")[key])["args"]
+        assert args[args.index("--config") + 1] == "configs/compose.toml", key  # the ConfigMap's key
+
+
+def test_gpu_retriever_serves_the_fetched_e5_index():
+    import tomllib
+
+    docs = _overlay("gpu")
+    config = tomllib.loads((ROOT / "configs/searchr1-3b-grpo.toml").read_text())
+    index = config["launcher"]["retriever"]["index_dir"]
+    args = _container(docs[("Deployment", "retriever")])["args"]
+    assert args[args.index("--index") + 1] == index and "--corpus" not in args
+    script = _container(docs[("Job", "searchr1-data")])["args"][0]
+    out = index.rsplit("/index", 1)[0]
+    assert f"searchr1 index fetch --out {out} --encoder" in script
+    assert "searchr1 data fetch data/nq_hotpotqa_train" in script
+    assert f"--local-dir {config['learner']['model']['path']}" in script
+    assert script.rstrip().endswith("touch runs/world/.ready")  # what the init containers wait for
+    for key in (("Deployment", "rollout"), ("Job", "learner"), ("Deployment", "retriever"), ("Job", "searchr1-data")):
+        mounts = {m["mountPath"]: m for m in _container(docs[key])["volumeMounts"]}
+        for sub in ("data", "models"):
+            assert mounts[f"/app/{sub}"] == {"name": "data", "mountPath": f"/app/{sub}", "subPath": sub}, key
+
+
+def test_monitoring_and_keda_namespaces_are_let_in():
+    policies = {d["metadata"]["name"]: d for d in yaml.safe_load_all((K8S / "base/network-policies.yaml").read_text())}
+    monitoring = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    for name in ("metrics-from-prometheus", "retriever-from-rollout", "reward-from-rollout"):
+        assert any(monitoring in rule["from"] for rule in policies[name]["spec"]["ingress"]), name
+    keda = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "keda"}}}
+    assert any(keda in rule["from"] for rule in policies["redis-from-rollout-and-learner"]["spec"]["ingress"])
