@@ -53,6 +53,7 @@ from searchr1.learner.losses import (
 from searchr1.learner.model import DistInfo, forward_logprobs, forward_values
 from searchr1.learner.reference import ema_update_
 from searchr1.learner.settings import LearnerSettings
+from searchr1.learner.tis import apply_tis
 
 
 @dataclass
@@ -315,6 +316,8 @@ class Trainer:
                 w = truncated_importance_weights(old, mb.behavior_logprobs, mask, a.is_cap)
                 weights = torch.where(mb_stale.unsqueeze(-1), w, weights)
                 adv = (adv.unsqueeze(-1) if adv.dim() == 1 else adv) * weights
+            if not dummy and a.tis_cap is not None:  # train–inference mismatch on the on-policy rows
+                adv, weights = apply_tis(adv, weights, old, mb.behavior_logprobs, mask, a.tis_cap, ~stale[r])
             pl = self.policy_loss(logp, old, adv, mask, a.clip_low, a.clip_high, a.loss_agg)
             loss = pl.loss
             ent_v = torch.zeros(())
