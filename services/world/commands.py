@@ -70,6 +70,8 @@ def register(groups: Groups) -> None:
             min=0, help="Test questions for the greedy self-check at the end (0 skips it).")] = None,
         init: Annotated[Path | None, typer.Option(
             help="Continue from this model directory instead of a fresh initialisation.")] = None,
+        tokenizer: Annotated[Path | None, typer.Option(
+            help="Use this tokenizer folder instead of the world's (a real model: --init DIR --tokenizer DIR).")] = None,
         config: ConfigOpt = None,
     ) -> None:
         """Copy pre-training, then a supervised warm start on synthetic protocol traces (environment tokens
@@ -84,7 +86,7 @@ def register(groups: Groups) -> None:
         overrides = {"steps": steps, "copy_steps": copy_steps, "seed": seed, "batch_size": batch_size, "threads": threads,
                      "eval_questions": eval_questions}
         ws = WarmstartSettings.model_validate({**base, **{k: v for k, v in overrides.items() if v is not None}})
-        run_warmstart(world, out, ws, init=init)
+        run_warmstart(world, out, ws, init=init, tokenizer_dir=tokenizer)
 
     @groups.world.command("check")
     def check(

@@ -27,9 +27,10 @@ from searchr1.world.training import CopyResult, copy_pretrain, train
 
 def run_warmstart(world_dir: str | Path, out: str | Path, ws: WarmstartSettings, *,
                   model_settings: ModelSettings | None = None, show_progress: bool = True,
-                  init: str | Path | None = None) -> dict[str, Any]:
+                  init: str | Path | None = None, tokenizer_dir: str | Path | None = None) -> dict[str, Any]:
     """Warm-start a fresh model (or continue the one in `init`) for the world in `world_dir`; save it
-    (with tokenizer) into `out` and write `out/warmstart.json`. Returns that report."""
+    (with tokenizer) into `out` and write `out/warmstart.json`. Returns that report. `tokenizer_dir`: a
+    real model's own tokenizer (its chat template renders the prompts) instead of the world's."""
     import torch
 
     from searchr1.core.weights import snapshot_digest
@@ -46,7 +47,12 @@ def run_warmstart(world_dir: str | Path, out: str | Path, ws: WarmstartSettings,
     world, doc = load_world(world_dir)
     gen = GeneratorSettings.model_validate(doc["settings"]["generator"])
     ms = model_settings or ModelSettings.model_validate(doc["settings"]["model"])
-    tokenizer = load_tokenizer(world_dir / "tokenizer")
+    if tokenizer_dir is not None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    else:
+        tokenizer = load_tokenizer(world_dir / "tokenizer")
     if init is None:
         model = init_model(ms, tokenizer)
     else:
