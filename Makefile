@@ -24,7 +24,7 @@ help:
 	@echo "make test-faults  kill -9 each service mid-run under searchr1 up, then audit: nothing lost, nothing trained twice"
 	@echo "make test-load    load tests (tests/load: the retriever under 256 clients for 60 s; prints RSS)"
 	@echo "make demo      the tiny world end to end (searchr1 demo; see README)"
-	@echo "make demo-real  a real pretrained LM (SmolLM2-135M) on the tiny world: warm start, eval, GRPO, eval (about an hour)"
+	@echo "make demo-real  a real pretrained LM (SmolLM2-135M) on the tiny world: warm start, eval, GRPO, eval (hours on 2 cores)"
 	@echo "make bench     run benchmarks/ (prints figures against in-run baselines)"
 	@echo "make bench-weights  weight sync (write, hash, announce, transfer, verify, reload) against model size"
 	@echo "make bench-system  lockstep vs asynchronous training, end to end, and where the time goes (BENCH_ARGS=...)"
