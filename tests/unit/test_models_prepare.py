@@ -91,3 +91,30 @@ def test_smollm2_folder_is_a_plain_llama():
     assert (folder / "model.safetensors").is_file()
     assert "<|im_start|>" in (folder / "chat_template.jinja").read_text()
 
+
+
+def test_cli_errors_exit_2_with_the_reason(tmp_path):
+    from typer.testing import CliRunner
+
+    from searchr1.cli import build_app
+
+    runner = CliRunner()
+    app = build_app()
+    r = runner.invoke(app, ["models", "prepare", "nope"])
+    assert r.exit_code == 2 and "unknown model 'nope'" in r.output
+    r = runner.invoke(app, ["models", "prepare", "--gguf", str(tmp_path / "missing.gguf"), str(tmp_path / "out")])
+    assert r.exit_code == 2 and "no GGUF file" in r.output
+    r = runner.invoke(app, ["models", "prepare", "--gguf", str(tmp_path / "m.gguf")])
+    assert r.exit_code == 2 and "output folder" in r.output
+    r = runner.invoke(app, ["models", "prepare", "smollm2-135m", "--dtype", "int8"])
+    assert r.exit_code == 2 and "dtype" in r.output
+
+
+def test_cli_prints_the_prepared_folder():
+    from typer.testing import CliRunner
+
+    from searchr1.cli import build_app
+
+    folder = prepared("smollm2-135m")  # prepared already: the command reuses it
+    r = CliRunner().invoke(build_app(), ["models", "prepare", "smollm2-135m"])
+    assert r.exit_code == 0 and r.stdout.strip().splitlines()[-1] == str(folder)
