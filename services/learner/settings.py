@@ -86,6 +86,9 @@ class AlgorithmSettings(Section):
     """Drop groups generated more than this many versions ago; 0 = fully on-policy."""
     is_cap: float = Field(default=2.0, ge=1.0)
     """Truncation of the importance weights of off-policy groups."""
+    tis_cap: float | None = Field(default=None, ge=1.0, le=100.0)
+    """Truncated importance sampling against the train–inference mismatch (veRL's `tis_imp_ratio_cap`):
+    on-policy tokens' advantages × min(π_learner / π_engine, tis_cap) (`algo/tis.py`); None = off. veRL: 2."""
     ref_ema_tau: float = Field(default=1.0, gt=0.0, le=1.0)
     """EMA anchor (EMA-PG's `ref_policy_ema_tau`): every `ref_ema_period` steps, after the optimizer step,
     θ_ref ← τ·θ_ref + (1 − τ)·θ. 1 = a frozen reference (off); EMA-PG uses 0.9. Saved in checkpoints

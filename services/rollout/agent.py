@@ -136,8 +136,11 @@ async def run_trajectory(
     limits: AgentLimits,
     sampling: Sampling = Sampling(),
     request_id: str = "traj",
+    opened: str = "",
 ) -> TrajectoryResult:
-    """Roll out one trajectory from `prompt_ids` (see the module docstring for the state machine)."""
+    """Roll out one trajectory from `prompt_ids` (see the module docstring for the state machine).
+    `opened`: assistant text the prompt already ends with (a prefilled `<think>` or `<search>`); the first
+    turn's action is parsed on it plus the sampled text, so a tag opened by the prompt counts."""
     res = TrajectoryResult(prompt_ids=list(prompt_ids))
     close_ids = codec.encode(OBS_CLOSE)
     turn = 0
@@ -169,7 +172,7 @@ async def run_trajectory(
         res.add_sampled(out.token_ids, out.logprobs)
         turn += 1
         res.num_turns = turn
-        action = parse_action(out.text)
+        action = parse_action((opened if turn == 1 else "") + out.text)
 
         if action.kind == "answer":
             res.finish_reason, res.answer = "answer", action.content

@@ -67,6 +67,8 @@ def warmstart(
     eval_questions: Annotated[int | None, typer.Option(min=0, help=_ws_help("eval_questions"))] = None,
     init: Annotated[Path | None, typer.Option(
         help="Continue from this model directory instead of a fresh initialisation.")] = None,
+    tokenizer: Annotated[Path | None, typer.Option(
+        help="Use this tokenizer folder instead of the world's (a real model: --init DIR --tokenizer DIR).")] = None,
     config: ConfigOpt = None,
 ) -> None:
     """Copy pre-training, then a supervised warm start on synthetic protocol traces (environment tokens
@@ -81,7 +83,7 @@ def warmstart(
     settings = settings_or_exit(
         WorldSettings, config, warmstart__steps=steps, warmstart__copy_steps=copy_steps, warmstart__seed=seed,
         warmstart__batch_size=batch_size, warmstart__threads=threads, warmstart__eval_questions=eval_questions)
-    run_warmstart(world, out, settings.warmstart, init=init)
+    run_warmstart(world, out, settings.warmstart, init=init, tokenizer_dir=tokenizer)
 
 
 def check(

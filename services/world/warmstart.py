@@ -40,8 +40,10 @@ class _Start:
     """The reading check's world (`checks.reading_world`)."""
 
 
-def _start(world_dir: Path, model_settings: ModelSettings | None, init: str | Path | None) -> _Start:
-    """Load the world and its tokenizer; build a fresh model, or load the one in `init`."""
+def _start(world_dir: Path, model_settings: ModelSettings | None, init: str | Path | None,
+           tokenizer_dir: str | Path | None = None) -> _Start:
+    """Load the world and its tokenizer (or a real model's own, `tokenizer_dir`: its chat template renders
+    the prompts); build a fresh model, or load the one in `init`."""
     import torch
 
     from searchr1.world.build import load_world
@@ -51,7 +53,12 @@ def _start(world_dir: Path, model_settings: ModelSettings | None, init: str | Pa
     world, doc = load_world(world_dir)
     gen = GeneratorSettings.model_validate(doc["settings"]["generator"])
     ms = model_settings or ModelSettings.model_validate(doc["settings"]["model"])
-    tokenizer = load_tokenizer(world_dir / "tokenizer")
+    if tokenizer_dir is not None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    else:
+        tokenizer = load_tokenizer(world_dir / "tokenizer")
     if init is None:
         model = init_model(ms, tokenizer)
     else:
@@ -140,9 +147,10 @@ def _final_checks(st: _Start, ws: WarmstartSettings, test: list[Any],
 
 def run_warmstart(world_dir: str | Path, out: str | Path, ws: WarmstartSettings, *,
                   model_settings: ModelSettings | None = None, show_progress: bool = True,
-                  init: str | Path | None = None) -> dict[str, Any]:
+                  init: str | Path | None = None, tokenizer_dir: str | Path | None = None) -> dict[str, Any]:
     """Warm-start a fresh model (or continue the one in `init`) for the world in `world_dir`; save it
-    (with tokenizer) into `out` and write `out/warmstart.json`. Returns that report."""
+    (with tokenizer) into `out` and write `out/warmstart.json`. Returns that report. `tokenizer_dir`: a
+    real model's own tokenizer (its chat template renders the prompts) instead of the world's."""
     import torch
     from rich.console import Console
 
@@ -155,7 +163,7 @@ def run_warmstart(world_dir: str | Path, out: str | Path, ws: WarmstartSettings,
     except RuntimeError:  # already set in this process
         pass
     world_dir, out = Path(world_dir), Path(out)
-    st = _start(world_dir, model_settings, init)
+    st = _start(world_dir, model_settings, init, tokenizer_dir)
     console = Console(stderr=True)
     console.print(f"[bold]warm start[/]: {count_parameters(st.model):,} parameters, {ws.steps} steps × "
                   f"{ws.batch_size} traces, lr {ws.lr}, {ws.threads} torch threads, world {world_dir}")

@@ -234,3 +234,15 @@ async def test_context_length_bounds_every_turn():
     assert res.finish_reason == "length"
     assert len(res.prompt_ids) + len(res.response_ids) <= 60
     assert all(len(r.prompt_ids) + r.max_tokens <= 60 for r in gen.requests)
+
+
+def test_a_tag_opened_by_the_prompt_counts_for_the_first_turn():
+    gen = ScriptedGenerator([(" capital of france </search>", "stop"), ANSWER])
+    search = FakeSearch()
+    res = asyncio.run(run_trajectory(PROMPT, gen, CharCodec(), search, AgentLimits(max_turns=3),
+                                     opened="<think>x</think><search>"))
+    assert search.queries == ["capital of france"] and res.num_searches == 1 and res.answer == "Paris"
+    # without it the same turn is an invalid action
+    gen = ScriptedGenerator([(" capital of france </search>", "stop"), ANSWER])
+    res = asyncio.run(run_trajectory(PROMPT, gen, CharCodec(), FakeSearch(), AgentLimits(max_turns=3)))
+    assert res.num_searches == 0 and res.answer == "Paris"

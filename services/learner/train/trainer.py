@@ -54,6 +54,7 @@ from searchr1.learner.algo.losses import (
     value_loss,
 )
 from searchr1.learner.algo.reference import ema_due, ema_update_
+from searchr1.learner.algo.tis import apply_tis
 from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.train.kl_term import KLTerm, MicroBatch, PolicyForward
 from searchr1.learner.train.model import DistInfo, forward_values
@@ -326,14 +327,18 @@ class Trainer:
 
     def _off_policy_weights(self, mb: Batch, r: list[int], stale: Tensor, old: Tensor,
                             mask: Tensor) -> tuple[Tensor, Tensor]:
-        """Per-token truncated importance weights (1 on rows sampled with the current weights) and the
-        advantages they multiply."""
+        """Per-token truncated importance weights (1 on rows sampled with the current weights; with
+        `algorithm.tis_cap`, those rows get TIS weights against the engine's log-probs) and the advantages
+        they multiply."""
         adv = torch.zeros(mb.size, device=self.device) if not r or mb.advantages is None else mb.advantages
         weights = torch.ones_like(mask)
         if r and bool(stale[r].any()):
             w = truncated_importance_weights(old, mb.behavior_logprobs, mask, self.s.algorithm.is_cap)
             weights = torch.where(stale[r].unsqueeze(-1), w, weights)
             adv = (adv.unsqueeze(-1) if adv.dim() == 1 else adv) * weights
+        if r and self.s.algorithm.tis_cap is not None:  # train–inference mismatch on the on-policy rows
+            adv, weights = apply_tis(adv, weights, old, mb.behavior_logprobs, mask, self.s.algorithm.tis_cap,
+                                     ~stale[r])
         return weights, adv
 
     def _policy_terms(self, fwd: PolicyForward, old: Tensor, adv: Tensor, mask: Tensor) -> PolicyTerms:
