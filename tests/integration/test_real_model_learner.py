@@ -22,7 +22,7 @@ torch.set_num_threads(2)
 
 
 def _batch():
-    from searchr1.learner.batch import build_batch
+    from searchr1.learner.algo.batch import build_batch
 
     tok = tokenizer("smollm2-135m")
     enc = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
@@ -45,8 +45,8 @@ def _batch():
 
 
 def _training(**model):
-    from searchr1.learner.model import DistInfo
-    from searchr1.learner.service import build_training
+    from searchr1.learner.train.model import DistInfo
+    from searchr1.learner.train.build import build_training
     from searchr1.learner.settings import LearnerSettings
 
     s = LearnerSettings(model={"path": str(prepared("smollm2-135m")), **model}, device="cpu", seed=0,
@@ -71,7 +71,7 @@ def test_gradient_checkpointing_step_matches_the_plain_step():
 def test_lora_step_trains_adapters_only_and_exports_merged_llama_weights():
     from safetensors.torch import load_file
 
-    from searchr1.learner.model import DistInfo, export_weights
+    from searchr1.learner.train.model import DistInfo, export_weights
 
     training = _training(lora={"enabled": True, "r": 8, "alpha": 16})
     policy = training.trainer.policy

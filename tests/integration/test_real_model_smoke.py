@@ -66,7 +66,7 @@ def _trajectory(prompt_ids, r, reward):
 
 
 def _batch_of(prompt_ids, trajs):
-    from searchr1.learner.batch import build_batch
+    from searchr1.learner.algo.batch import build_batch
 
     group = TrajectoryGroup(task=Task(task_id="q", question=QUESTION, golden_answers=[GOLD], group_size=len(trajs)),
                             policy_version=0, sampling_temperature=1.0, worker_id="w", trajectories=trajs)
@@ -74,7 +74,7 @@ def _batch_of(prompt_ids, trajs):
 
 
 def _learner_logprobs(policy, batch):
-    from searchr1.learner.model import forward_logprobs
+    from searchr1.learner.train.model import forward_logprobs
 
     with torch.no_grad():
         return forward_logprobs(policy, batch.input_ids, batch.attention_mask, mask=batch.loss_mask)[0]
@@ -82,11 +82,11 @@ def _learner_logprobs(policy, batch):
 
 @pytest.mark.timeout(1500)
 async def test_real_model_rollout_step_reload_and_logprob_gap(tmp_path):
-    from searchr1.learner.model import DistInfo, export_weights
-    from searchr1.learner.publisher import WeightPublisher
-    from searchr1.learner.service import build_training
-    from searchr1.learner.settings import LearnerSettings
     from searchr1.learner.algo.tis import mismatch_figures
+    from searchr1.learner.train.model import DistInfo, export_weights
+    from searchr1.learner.publisher import WeightPublisher
+    from searchr1.learner.train.build import build_training
+    from searchr1.learner.settings import LearnerSettings
 
     model = prepared("smollm2-135m")
     figures: dict[str, float] = {}
