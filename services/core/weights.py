@@ -96,17 +96,41 @@ def snapshot_digest(directory: str | Path) -> str:
     return d.hexdigest()
 
 
-async def announce(redis: aioredis.Redis, keys: StreamKeys, version: WeightVersion) -> None:
-    """Record `version` as the latest and notify subscribers. Versions never go backwards: an older
-    announcement than the one stored is ignored (a restarted learner resumes from its checkpoint)."""
-    current = await latest(redis, keys)
-    if current is not None and current.version > version.version:
-        return
-    payload = encode(version)
-    async with redis.pipeline(transaction=True) as pipe:
-        pipe.hset(keys.weights, mapping={b"latest": payload, b"version": str(version.version)})
-        pipe.publish(keys.weights_channel, payload)
-        await pipe.execute()
+_ANNOUNCE = """
+local fence = tonumber(redis.call('HGET', KEYS[1], 'fence') or '0')
+local version = tonumber(redis.call('HGET', KEYS[1], 'version') or '-1')
+if tonumber(ARGV[2]) < fence then return -1 end
+if ARGV[4] ~= '1' and tonumber(ARGV[3]) < version then return 0 end
+redis.call('HSET', KEYS[1], 'latest', ARGV[1], 'version', ARGV[3], 'fence', ARGV[2])
+redis.call('PUBLISH', KEYS[2], ARGV[1])
+return 1
+"""
+
+
+class FencedOff(RuntimeError):
+    """An announcement by a writer whose fencing token is older than the one stored: another learner
+    has taken the run over."""
+
+
+async def announce(redis: aioredis.Redis, keys: StreamKeys, version: WeightVersion, *, fence: int = 0,
+                   force: bool = False) -> bool:
+    """Record `version` as the latest and notify subscribers, atomically (one Lua script). Versions never
+    go backwards: an older announcement than the one stored is ignored (a restarted learner resumes from
+    its checkpoint) unless `force` (a rollback). `fence` is the writer's fencing token (core/lease.py),
+    stored beside the announcement in the hash's `fence` field; a writer with an older token than the
+    stored one raises `FencedOff`. Returns True when announced, False when ignored."""
+    done = await redis.eval(_ANNOUNCE, 2, keys.weights, keys.weights_channel, encode(version), int(fence),
+                            int(version.version), "1" if force else "0")
+    if int(done) < 0:
+        raise FencedOff(f"weight version {version.version} announced with fencing token {fence}, older than "
+                        f"the stored one: another learner holds the run")
+    return bool(int(done))
+
+
+async def announced_fence(redis: aioredis.Redis, keys: StreamKeys) -> int:
+    """The fencing token of the writer of the latest announcement (0: none, or a writer without a lease)."""
+    raw = await redis.hget(keys.weights, b"fence")
+    return int(raw) if raw is not None else 0
 
 
 async def latest(redis: aioredis.Redis, keys: StreamKeys) -> WeightVersion | None:

@@ -41,6 +41,7 @@ from typing import Any
 
 from searchr1.core.aio import stop_task
 from searchr1.core.faults import fault_point
+from searchr1.core.lease import Lease
 from searchr1.core.metrics import in_stage
 from searchr1.core.redis_link import RedisLink
 from searchr1.core.schemas import TrajectoryGroup
@@ -92,6 +93,7 @@ class Learner:
         archive: ArchiveWriter | None = None,
         link: RedisLink | None = None,
         source: GroupSource | None = None,
+        lease: Lease | None = None,
     ) -> None:
         self.s = settings
         self.training = training
@@ -121,11 +123,18 @@ class Learner:
                                                    max_deliveries=settings.max_deliveries)
                 source = StreamSource(settings, trajectories, self.tasks, self.staleness, metrics)
         self.source: GroupSource | None = source
+        self.lease = lease
+        """The run's lease (rank 0 of a learner on Redis): checked before every checkpoint, snapshot,
+        announcement and ack; its fencing token goes into each of them."""
+        if lease is not None:
+            checkpointer.guard = publisher.guard = lease.check
 
     # ------------------------------------------------------------------ start-up
 
     async def start(self) -> TrainState:
         """Resume from the latest checkpoint, prepare the group source and announce the current version."""
+        if self.lease is not None:
+            self.checkpointer.fence = self.publisher.fence = self.lease.token
         restored = await asyncio.to_thread(self.checkpointer.load, self.training.components)
         if restored is not None:
             self.state = restored
@@ -154,6 +163,19 @@ class Learner:
         self.stages.append("archive")
         fault_point("learner.after_archive")  # test hook (core/faults.py): off unless its env var is set
 
+    async def hold_lease(self) -> None:
+        """Before a write: make sure the run's lease is still this learner's. Renewed through the Redis
+        link when its last renewal is too old (waiting for Redis through an outage); raises `LeaseLost`
+        when another learner took it or it expired meanwhile (the process stops; a restart resumes from
+        the checkpoint)."""
+        if self.lease is None or self.lease.valid():
+            return
+        if self.link is not None:
+            await self.link.call(self.lease.renew, "renew lease")
+        else:
+            await self.lease.renew()
+        self.lease.check()
+
     @in_stage("checkpoint", _stages)
     def checkpoint(self) -> None:
         """Save a resumable checkpoint (collective)."""
@@ -163,6 +185,7 @@ class Learner:
 
     async def ack(self) -> None:
         """Ack every group whose step is checkpointed (and archived), and those set aside."""
+        await self.hold_lease()
         if self.source is not None:
             await self.source.ack()
         self.stages.append("ack")
@@ -170,6 +193,7 @@ class Learner:
     @in_stage("weight_publish", _stages)
     async def publish_weights(self, force_write: bool = True) -> None:
         """Snapshot (collective gather), announce and prune."""
+        await self.hold_lease()
         if force_write:
             model, state = await asyncio.to_thread(export_weights, self.training.trainer.policy, self.info)
             if self.info.is_main:
@@ -220,6 +244,7 @@ class Learner:
         if self.state.step % self.s.checkpoint.every == 0:
             if self.dispatcher is not None:  # read on the loop thread, where the dispatcher runs
                 self.state.dispatcher = self.dispatcher.position()
+            await self.hold_lease()
             await asyncio.to_thread(self.checkpoint)
             await self.ack()
         await self.publish_weights()
@@ -259,9 +284,11 @@ class Learner:
         halt = asyncio.Event()  # ends the dispatcher when this loop ends (a cancel alone can be lost: core.aio)
         if dispatcher is not None:
             disp_task = asyncio.create_task(dispatcher.run(halt))
-        watch_task = None
+        watch_task = lease_task = None
         if self.link is not None and self.redis is not None:
             watch_task = asyncio.create_task(self.link.watch(self.redis, halt))
+        if self.lease is not None:
+            lease_task = asyncio.create_task(self.lease.keep(halt))
         try:
             while self.state.step < limit and not stop.is_set():
                 await self.step_once(stop)
@@ -274,8 +301,9 @@ class Learner:
             halt.set()
             if disp_task is not None:
                 await stop_task(disp_task, timeout=10.0)
-            if watch_task is not None:
-                await stop_task(watch_task, timeout=5.0)
+            for task in (watch_task, lease_task):
+                if task is not None:
+                    await stop_task(task, timeout=5.0)
         return self.state
 
 
@@ -307,25 +335,46 @@ async def run_replay(settings: LearnerSettings, stop: asyncio.Event | None = Non
 
 async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = None,
                       max_steps: int | None = None) -> TrainState:
-    """Everything `searchr1 train` does: models, Redis, dispatcher, weight server, metrics, loop."""
-    from searchr1.core.metrics import start_metrics_server
-    from searchr1.core.redis_link import RedisLink
-    from searchr1.core.servers import HttpServer, install_shutdown_signals
+    """Everything `searchr1 train` does: the run's lease (rank 0; `LeaseHeld` when another learner holds
+    it past one TTL), models, Redis, dispatcher, weight server, metrics, loop."""
+    from searchr1.core.lease import default_holder
+    from searchr1.core.servers import install_shutdown_signals
     from searchr1.core.streams import connect
-    from searchr1.learner.dispatcher import Dispatcher
-    from searchr1.learner.publisher import weights_app
-    from searchr1.learner.tools.data import load_tasks, oversample
 
     if settings.archive.replay_from is not None:
         return await run_replay(settings, stop, max_steps)
     info = init_distributed()
     stop = stop or asyncio.Event()
     install_shutdown_signals(stop)
+    if not info.is_main:
+        return await _run(settings, info, stop, max_steps, None, None)
+    # one learner per run: a second one refuses here, before it loads a model
+    redis = connect(settings.redis.url)
+    lease = Lease(redis, settings.redis.run, ttl_ms=settings.lease_ttl_ms,
+                  holder=f"{default_holder()}/{settings.consumer}")
+    try:
+        await lease.acquire(wait_s=settings.lease_ttl_ms / 1000)
+        return await _run(settings, info, stop, max_steps, redis, lease)
+    finally:
+        await _release(lease)
+        await redis.aclose()
+
+
+async def _run(settings: LearnerSettings, info: DistInfo, stop: asyncio.Event, max_steps: int | None,
+               redis, lease: Lease | None) -> TrainState:
+    """`run_learner` once the run's lease is held (rank 0) or on the other ranks (no Redis)."""
+    from searchr1.core.metrics import start_metrics_server
+    from searchr1.core.redis_link import RedisLink
+    from searchr1.core.servers import HttpServer
+    from searchr1.learner.dispatcher import Dispatcher
+    from searchr1.learner.publisher import weights_app
+    from searchr1.learner.tools.data import load_tasks, oversample
+
     training = await asyncio.to_thread(build_training, settings, info)
     publisher = WeightPublisher(settings.weights.dir, keep=settings.weights.keep)
     metrics = LearnerMetrics()
     step_log = None
-    http = metrics_server = redis = link = None
+    http = metrics_server = link = None
     if info.is_main:
         wandb_run = None
         if settings.wandb_project:
@@ -334,7 +383,6 @@ async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = No
             wandb_run = wandb.init(project=settings.wandb_project, name=settings.redis.run,
                                    config=settings.model_dump(mode="json"))
         step_log = StepLog(settings.log_dir / f"{settings.redis.run}.jsonl", wandb_run)
-        redis = connect(settings.redis.url)
         link = RedisLink("learner", **metrics.redis.link_callbacks())
         if settings.weights.http:
             http = HttpServer(weights_app(publisher, token=settings.weights.token), settings.weights.host,
@@ -349,7 +397,8 @@ async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = No
     if info.is_main and settings.archive.enabled:
         archive = await asyncio.to_thread(ArchiveWriter, settings.archive_dir, settings.archive.every_steps)
     learner = Learner(settings, training, Checkpointer(settings.checkpoint.dir, settings.checkpoint.keep, info),
-                      publisher, metrics, step_log, redis=redis, info=info, archive=archive, link=link)
+                      publisher, metrics, step_log, redis=redis, info=info, archive=archive, link=link,
+                      lease=lease)
     try:
         state = await learner.start()
         dispatcher = None
@@ -366,5 +415,13 @@ async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = No
             await http.stop()
         if metrics_server is not None:
             metrics_server.close()
-        if redis is not None:
-            await redis.aclose()
+
+
+async def _release(lease: Lease) -> None:
+    """Give the lease back on the way out (a successor need not wait for its TTL); Redis away: it expires."""
+    if lease.token == 0:
+        return
+    try:
+        await asyncio.wait_for(lease.release(), timeout=5.0)
+    except Exception as exc:  # noqa: BLE001
+        log.warning("could not release the lease (it expires by itself): %s", exc)
