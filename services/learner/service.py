@@ -183,11 +183,12 @@ class Learner:
         self.stages.append("checkpoint")
         fault_point("learner.after_checkpoint")  # test hook (core/faults.py): off unless its env var is set
 
-    async def ack(self) -> None:
-        """Ack every group whose step is checkpointed (and archived), and those set aside."""
+    async def ack(self, checkpointed: bool = True) -> None:
+        """Ack the groups set aside and, when `checkpointed`, every group whose step is checkpointed (and
+        archived)."""
         await self.hold_lease()
         if self.source is not None:
-            await self.source.ack()
+            await self.source.ack(checkpointed)
         self.stages.append("ack")
 
     @in_stage("weight_publish", _stages)
@@ -209,8 +210,8 @@ class Learner:
         step = await self.source.next_step(stop, self.state)
         if step is None:
             return False
-        if not step.groups:  # every group read was set aside
-            await self.ack()
+        if not step.groups:  # every group read was set aside: ack those, not the uncheckpointed steps' groups
+            await self.ack(checkpointed=False)
             return not stop.is_set()
         await asyncio.to_thread(broadcast_groups, step.groups, self.info)
         await self.train_and_commit(step)

@@ -16,7 +16,14 @@ Stages of `next_step`:
    informative groups.
 
 Every entry read is held until it is acked or dead-lettered (`holding`); `ack` acks the committed and
-set-aside ones together, after the loop's checkpoint.
+set-aside ones together, after the loop's checkpoint (`ack(checkpointed=False)`, for a read that held only
+groups set aside, acks those and leaves the committed ones for their checkpoint).
+
+A group is trained at most once: the entries held are heartbeaten before each read (XCLAIM JUSTID to this
+consumer: idle time reset, delivery count unchanged), so a visibility timeout shorter than a step (or
+than `checkpoint.every` steps) does not make them look abandoned, and a reclaim skips any entry held
+anyway; the replay filter checks each read against the task ids of the checkpoint *and* of every read
+before it in the same step.
 """
 
 from __future__ import annotations
@@ -94,7 +101,11 @@ class StreamSource:
         self.dispatcher: Any = None
         """The dispatcher granted replacement tasks (`grant(n, version)`); set by the loop on rank 0."""
         self.unacked: list[str] = []
-        """Ids of the entries to ack with the next `ack` (committed, replayed or stale)."""
+        """Ids of the entries set aside (replayed, stale, flat): acked with the next `ack`."""
+        self.committed: list[str] = []
+        """Ids of the entries trained on: acked with the next `ack` after a checkpoint."""
+        self._step_tasks: set[str] = set()
+        """Task ids of the groups kept by the reads of the step in hand (reset by `next_step`)."""
         self.holding: set[str] = set()
         """Ids of the entries read and not yet acked or dead-lettered."""
         self._state = TrainState()
@@ -108,6 +119,7 @@ class StreamSource:
     async def next_step(self, stop: asyncio.Event, state: TrainState) -> StepGroups | None:
         """Read, filter, refill and (DAPO) sample one step; None when stopped short of a full step."""
         self._state = state
+        self._step_tasks = set()
         want = self.s.batch.groups_per_step
         got = await self.read_groups(stop)
         if stop.is_set() and len(got.entries) < want:
@@ -132,7 +144,9 @@ class StreamSource:
         (`groups_per_step`, or `want`) is in hand or `stop` is set."""
         want = self.s.batch.groups_per_step if want is None else want
         got = StepInput()
-        got.entries.extend(await self.trajectories.reclaim(self.s.consumer, count=want))
+        await self.heartbeat()
+        reclaimed = await self.trajectories.reclaim(self.s.consumer, count=want)
+        got.entries.extend(e for e in reclaimed if e.id not in self.holding)  # held: in a step already
         while len(got.entries) < want and not stop.is_set():
             self.holding.update(e.id for e in got.entries)
             got.entries.extend(await self.trajectories.reread_own(self.s.consumer, self.holding,
@@ -150,10 +164,10 @@ class StreamSource:
         """Set aside replays of task ids already trained on, groups sampled at another temperature than
         the learner's, and groups too stale under the staleness policy."""
         fresh = []
-        seen = set(self._state.consumed)
+        seen = self._step_tasks
         for e in got.entries:
             tid = e.value.task.task_id
-            if tid in seen:
+            if tid in seen or tid in self._state.consumed:
                 got.replays.append(e)
             elif (reason := temperature_mismatch(e.value)) is not None:
                 got.wrong_temperature.append(Dropped(e, reason))
@@ -224,13 +238,28 @@ class StreamSource:
         return acc
 
     def commit(self, entry_ids: Sequence[str]) -> None:
-        self.unacked.extend(e for e in entry_ids if e)
+        self.committed.extend(e for e in entry_ids if e)
 
-    async def ack(self) -> None:
-        if self.unacked:
-            await self.trajectories.ack(*self.unacked)
-        self.holding.difference_update(self.unacked)
+    async def ack(self, checkpointed: bool = True) -> None:
+        """Ack the entries set aside, and (`checkpointed`) those trained on."""
+        ids = self.unacked + (self.committed if checkpointed else [])
+        if ids:
+            await self.trajectories.ack(*ids)
+        self.holding.difference_update(ids)
         self.unacked.clear()
+        if checkpointed:
+            self.committed.clear()
+
+    async def heartbeat(self) -> None:
+        """Reset the idle time of every entry held (XCLAIM JUSTID to this consumer: the delivery count
+        stays), so a reclaim never mistakes them for a dead learner's."""
+        if not self.holding:
+            return
+        t = self.trajectories
+        held = sorted(self.holding)
+        call = t.link.call if t.link is not None else (lambda fn, what="": fn())
+        await call(lambda: t.redis.xclaim(t.key, t.group, self.s.consumer, min_idle_time=0,
+                                          message_ids=held, justid=True), "xclaim justid")
 
     def grant(self, trained: int, version: int) -> None:
         """Let the dispatcher publish the tasks the staleness policy grants for `trained` groups (or
