@@ -122,6 +122,7 @@ class Learner:
                                                    visibility_timeout_ms=settings.visibility_timeout_ms,
                                                    max_deliveries=settings.max_deliveries)
                 source = StreamSource(settings, trajectories, self.tasks, self.staleness, metrics)
+                source.vocab_size = _vocab_size(training)
         self.source: GroupSource | None = source
         self.lease = lease
         """The run's lease (rank 0 of a learner on Redis): checked before every checkpoint, snapshot,
@@ -152,8 +153,13 @@ class Learner:
 
     @in_stage("forward_backward", _stages)
     def train(self, batch: Batch) -> dict[str, float]:
-        """Advantages and one training step (every rank)."""
-        return self.training.trainer.train_step(batch, self.state.version)
+        """Advantages and one training step (every rank); `nonfinite_grad_skips` counts the optimizer
+        updates skipped for a NaN/inf gradient norm."""
+        trainer = self.training.trainer
+        before = trainer.nonfinite_skips
+        figures = trainer.train_step(batch, self.state.version)
+        figures["nonfinite_grad_skips"] = float(trainer.nonfinite_skips - before)
+        return figures
 
     @in_stage("archive", _stages)
     async def archive_step(self, groups: list[TrajectoryGroup], entry_ids: list[str]) -> None:
@@ -257,6 +263,10 @@ class Learner:
     async def log_step(self, figures: dict[str, Any], batch: Batch, groups: int) -> None:
         """Count the step in the metrics, write the step log and the log line (rank 0)."""
         self.metrics.groups.inc(groups)
+        if figures.get("nonfinite_grad_skips"):
+            self.metrics.nonfinite_grad.inc(figures["nonfinite_grad_skips"])
+            log.error("step %d: %d optimizer update(s) skipped: NaN/inf gradient norm",
+                      self.state.step, int(figures["nonfinite_grad_skips"]))
         self.metrics.trajectories.inc(figures["trajectories"])
         self.metrics.tokens.inc(batch.num_tokens)
         self.metrics.observe_step(figures)
@@ -426,3 +436,14 @@ async def _release(lease: Lease) -> None:
         await asyncio.wait_for(lease.release(), timeout=5.0)
     except Exception as exc:  # noqa: BLE001
         log.warning("could not release the lease (it expires by itself): %s", exc)
+
+
+def _vocab_size(training: Training) -> int | None:
+    """The policy's input vocabulary (the embedding's rows), None when it cannot be told."""
+    policy = getattr(training.trainer, "policy", None)
+    try:
+        return int(policy.get_input_embeddings().num_embeddings)
+    except (AttributeError, TypeError, ValueError):
+        config = getattr(policy, "config", None)
+        size = getattr(config, "vocab_size", None)
+        return int(size) if size is not None else None

@@ -7,7 +7,8 @@ Stages of `next_step`:
    timeout, re-read entries still pending for this consumer that it does not hold (a read whose reply a
    Redis outage lost), then read new ones until a step's worth is in hand or the data is exhausted.
 2. **filter** (`filter_groups`) — set aside replays (task ids the checkpoint already holds: acked, not
-   trained), groups sampled at another temperature (`algo/temperature.py`: dead-lettered) and groups too
+   trained), groups sampled at another temperature (`algo/temperature.py`: dead-lettered), schema-valid
+   poison (`algo/poison.py`: dead-lettered alone, its batch-mates train) and groups too
    stale (`algo/staleness.py`: acked, not trained); the dispatcher is granted a replacement for each
    group whose task will not be trained on.
 3. **refill** — a step short of the groups it set aside reads their replacements before it trains.
@@ -38,6 +39,7 @@ from searchr1.core.metrics import in_stage
 from searchr1.core.schemas import TrajectoryGroup
 from searchr1.core.streams import Entry, TypedStream
 from searchr1.learner.algo.group_filters import split_flat_groups
+from searchr1.learner.algo.poison import group_problem
 from searchr1.learner.algo.staleness import Dropped, StalenessPolicy
 from searchr1.learner.algo.temperature import temperature_mismatch
 from searchr1.learner.metrics import LearnerMetrics
@@ -62,17 +64,19 @@ class StepInput:
     """Too stale under the staleness policy (acked, not trained)."""
     wrong_temperature: list[Dropped[Entry[TrajectoryGroup]]] = field(default_factory=list)
     """Sampled at another temperature than the learner's (dead-lettered)."""
+    poison: list[Dropped[Entry[TrajectoryGroup]]] = field(default_factory=list)
+    """Schema-valid and untrainable (`algo/poison.py`: dead-lettered alone, with the reason)."""
 
     @property
     def skipped(self) -> int:
         """Entries read and not trained on."""
-        return len(self.replays) + len(self.stale) + len(self.wrong_temperature)
+        return len(self.replays) + len(self.stale) + len(self.wrong_temperature) + len(self.poison)
 
     @property
     def untrained_tasks(self) -> int:
         """Entries whose task is not trained on: stale or at the wrong temperature. A replay is not one:
         its task was trained, and granted its replacement, when its first group was."""
-        return len(self.stale) + len(self.wrong_temperature)
+        return len(self.stale) + len(self.wrong_temperature) + len(self.poison)
 
     def merge(self, more: StepInput) -> None:
         """Add another read's entries and decisions to this one."""
@@ -81,6 +85,7 @@ class StepInput:
         self.replays += more.replays
         self.stale += more.stale
         self.wrong_temperature += more.wrong_temperature
+        self.poison += more.poison
 
     def group_entry_ids(self) -> list[str]:
         """The stream entry id of each group to train on, in the order of `groups`."""
@@ -104,6 +109,8 @@ class StreamSource:
         """Ids of the entries set aside (replayed, stale, flat): acked with the next `ack`."""
         self.committed: list[str] = []
         """Ids of the entries trained on: acked with the next `ack` after a checkpoint."""
+        self.vocab_size: int | None = None
+        """The policy's vocabulary size: token ids at or past it are poison (set by the loop)."""
         self._step_tasks: set[str] = set()
         """Task ids of the groups kept by the reads of the step in hand (reset by `next_step`)."""
         self.holding: set[str] = set()
@@ -171,6 +178,8 @@ class StreamSource:
                 got.replays.append(e)
             elif (reason := temperature_mismatch(e.value)) is not None:
                 got.wrong_temperature.append(Dropped(e, reason))
+            elif (reason := group_problem(e.value, self.vocab_size)) is not None:
+                got.poison.append(Dropped(e, reason))
             else:
                 seen.add(tid)
                 fresh.append(e)
@@ -179,6 +188,7 @@ class StreamSource:
         self.metrics.dropped.labels("replay").inc(len(got.replays))
         self.metrics.dropped.labels("stale").inc(len(got.stale))
         self.metrics.dropped.labels("temperature").inc(len(got.wrong_temperature))
+        self.metrics.dropped.labels("poison").inc(len(got.poison))
         for d in got.stale:
             log.info("dropping group of task %s: %s", d.item.value.task.task_id, d.reason)
         # replace the tasks that will not be trained on; a replay's task was trained (and replaced) already:
@@ -197,7 +207,7 @@ class StreamSource:
 
     async def dead_letter(self, got: StepInput) -> None:
         """Move the groups that can never be trained on to the dead stream, with the reason."""
-        for d in got.wrong_temperature:
+        for d in got.wrong_temperature + got.poison:
             log.warning("dead-lettering group of task %s: %s", d.item.value.task.task_id, d.reason)
             await self.trajectories.dead_letter(d.item.id, d.reason)
             self.holding.discard(d.item.id)

@@ -161,6 +161,9 @@ class Trainer:
         self.critic_optimizer = critic_optimizer
         self.critic_scheduler = critic_scheduler
         self.stage_clock: StageClock | None = None
+        self.nonfinite_skips = 0
+        """Optimizer updates skipped because the gradient norm was NaN or infinite (every rank agrees:
+        the norm is reduced over all of them)."""
         """Set by the learner: each optimizer step (clip + step) runs in its `optimizer` stage."""
         a = settings.algorithm
         self.is_ppo = a.advantage == "gae"
@@ -377,8 +380,14 @@ class Trainer:
 
     @in_stage("optimizer", lambda self: self.stage_clock)
     def _optimizer_step(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> float:
-        """Clip `model`'s gradients and apply `optimizer`; returns the norm before clipping."""
+        """Clip `model`'s gradients and apply `optimizer`; returns the norm before clipping. A NaN or
+        infinite norm skips the update (gradients dropped, optimizer state untouched) and is counted in
+        `nonfinite_skips`: one poisoned batch does not turn every weight into NaN."""
         grad_norm = self._clip(model)
+        if not math.isfinite(grad_norm):
+            optimizer.zero_grad(set_to_none=True)
+            self.nonfinite_skips += 1
+            return grad_norm
         optimizer.step()
         return grad_norm
 
