@@ -26,6 +26,7 @@ import hashlib
 import os
 import shutil
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import BinaryIO
@@ -112,6 +113,7 @@ local version = tonumber(redis.call('HGET', KEYS[1], 'version') or '-1')
 if tonumber(ARGV[2]) < fence then return -1 end
 if ARGV[4] ~= '1' and tonumber(ARGV[3]) < version then return 0 end
 redis.call('HSET', KEYS[1], 'latest', ARGV[1], 'version', ARGV[3], 'fence', ARGV[2])
+redis.call('HSET', KEYS[3], ARGV[3], ARGV[1])
 redis.call('PUBLISH', KEYS[2], ARGV[1])
 return 1
 """
@@ -128,13 +130,47 @@ async def announce(redis: aioredis.Redis, keys: StreamKeys, version: WeightVersi
     go backwards: an older announcement than the one stored is ignored (a restarted learner resumes from
     its checkpoint) unless `force` (a rollback). `fence` is the writer's fencing token (core/lease.py),
     stored beside the announcement in the hash's `fence` field; a writer with an older token than the
-    stored one raises `FencedOff`. Returns True when announced, False when ignored."""
-    done = await redis.eval(_ANNOUNCE, 2, keys.weights, keys.weights_channel, encode(version), int(fence),
+    stored one raises `FencedOff`. Every announcement is also recorded by version in
+    `searchr1:{run}:weights:published` (what `rollback` may re-announce). Returns True when announced,
+    False when ignored."""
+    done = await redis.eval(_ANNOUNCE, 3, keys.weights, keys.weights_channel, published_key(keys),
+                            encode(version), int(fence),
                             int(version.version), "1" if force else "0")
     if int(done) < 0:
         raise FencedOff(f"weight version {version.version} announced with fencing token {fence}, older than "
                         f"the stored one: another learner holds the run")
     return bool(int(done))
+
+
+def published_key(keys: StreamKeys) -> str:
+    """Hash {version: announcement} of every version the learner announced."""
+    return keys.key("weights:published")
+
+
+async def published(redis: aioredis.Redis, keys: StreamKeys, version: int) -> WeightVersion | None:
+    """The announcement the learner made for `version`, or None if it never announced it."""
+    raw = await redis.hget(published_key(keys), str(version))
+    if raw is None:
+        return None
+    try:
+        return decode(WeightVersion, raw)
+    except SchemaError:
+        return None
+
+
+async def rollback(redis: aioredis.Redis, keys: StreamKeys, version: int) -> WeightVersion:
+    """Announce again the learner's own announcement of `version` (its uri and digest, unchanged), so
+    workers go back to it; the stored fencing token is kept. Raises `LookupError` for a version the
+    learner never announced: a worker can only be sent to weights the learner published. A running
+    learner announces its next version over it: stop it first to stay on `version`."""
+    wv = await published(redis, keys, version)
+    if wv is None:
+        known = sorted(int(v) for v in await redis.hkeys(published_key(keys)))
+        raise LookupError(f"weight version {version} was never announced by the learner of this run "
+                          f"(announced: {known[-10:] if known else 'none'})")
+    wv = wv.model_copy(update={"created_at": time.time()})
+    await announce(redis, keys, wv, fence=await announced_fence(redis, keys), force=True)
+    return wv
 
 
 async def announced_fence(redis: aioredis.Redis, keys: StreamKeys) -> int:

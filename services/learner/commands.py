@@ -1,7 +1,7 @@
 """CLI commands of the learner service, registered into `searchr1` by `searchr1.cli`:
 `searchr1 train --config …` (`--replay ARCHIVE_DIR` trains from an archive), `searchr1 data prepare`,
-`searchr1 data fetch`, the `searchr1 archive` group (`tools/archive_commands.py`) and `searchr1 audit`
-(`tools/audit_commands.py`).
+`searchr1 data fetch`, the `searchr1 archive` group (`tools/archive_commands.py`), `searchr1 audit`
+(`tools/audit_commands.py`) and `searchr1 weights rollback VERSION`.
 
 Keep this module light: Typer at import time only; heavy imports go inside the commands.
 """
@@ -24,6 +24,7 @@ def register(groups: Groups) -> None:
 
     register_archive(groups.archive)
     register_audit(groups.app)
+    groups.app.add_typer(_weights_app(), name="weights")
 
     @groups.app.command("train")
     def train(
@@ -121,3 +122,38 @@ def register(groups: Groups) -> None:
             if path is not None:
                 detail = ", ".join(f"{k} {v}" for k, v in counts.items())
                 typer.echo(f"wrote {sum(counts.values())} rows to {path} ({detail})")
+
+
+def _weights_app() -> typer.Typer:
+    app = typer.Typer(help="A run's announced policy weights: roll workers back to a version the learner "
+                           "published.", no_args_is_help=True)
+
+    @app.command("rollback")
+    def rollback(
+        version: Annotated[int, typer.Argument(min=0, help="A version the learner announced.")],
+        redis_url: Annotated[str, typer.Option("--redis", help="Redis URL.")] = "redis://127.0.0.1:6379/0",
+        run: Annotated[str, typer.Option(help="Run name (keys are searchr1:{run}:…).")] = "default",
+    ) -> None:
+        """Announce again the learner's own announcement of VERSION (same uri and digest), so rollout
+        workers reload it. Only versions the learner announced can be chosen, and the snapshot must still
+        exist (weights.keep). A running learner announces its next version over it: stop it first."""
+        import asyncio
+
+        from searchr1.core.streams import StreamKeys, connect
+        from searchr1.core.weights import rollback as do_rollback
+
+        async def _run():
+            redis = connect(redis_url)
+            try:
+                return await do_rollback(redis, StreamKeys(run), version)
+            finally:
+                await redis.aclose()
+
+        try:
+            wv = asyncio.run(_run())
+        except LookupError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1) from None
+        typer.echo(f"announced version {wv.version} again: {wv.uri} (sha256 {wv.sha256})")
+
+    return app
