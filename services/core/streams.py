@@ -204,6 +204,12 @@ class TypedStream(Generic[T]):
             return 0
         return int(await self._call(lambda: self.redis.xack(self.key, self.group, *ids), "xack"))
 
+    def reread_own_next(self) -> None:
+        """Make the next `reread_own` run even if Redis never went away: a consumer restarted under its
+        old name (the learner, whose lease makes it the only one) takes its pending entries back at once
+        instead of after the visibility timeout."""
+        self._reread_at = -1
+
     async def reread_own(self, consumer: str, held: Collection[str], count: int = 16) -> list[Entry[T]]:
         """Once after each time the link saw Redis come back: the entries pending for `consumer` that it
         does not hold (`held`: ids read and not yet acked), oldest first, at most `count`. Otherwise []."""

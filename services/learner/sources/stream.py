@@ -118,8 +118,12 @@ class StreamSource:
         self._state = TrainState()
 
     async def start(self) -> None:
+        """Create the consumer groups; the first read re-reads the entries still pending for this
+        consumer (a learner restarted after a crash trains them at once, not after the visibility
+        timeout: the run's lease makes this consumer name its own)."""
         await self.trajectories.ensure_group()
         await self.tasks.ensure_group()
+        self.trajectories.reread_own_next()
 
     # ------------------------------------------------------------------ stages
 
