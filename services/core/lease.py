@@ -3,7 +3,9 @@
 `Lease.acquire` sets `searchr1:{run}:{name}:lease` with SET NX PX and, in the same Lua script, takes
 the next fencing token from `searchr1:{run}:{name}:fence` (INCR: strictly increasing over the run's
 life, never reused). The lease value is `"{token} {holder}"`. A second process finds the key set and
-`acquire` raises `LeaseHeld` naming the holder and how long its lease still runs.
+`acquire` raises `LeaseHeld` naming the holder and how long its lease still runs, unless the holder
+(`host:pid/…`) is a process of this host that no longer runs, or this very process id (a container
+restarted under the same hostname): its lease is taken over at once instead of after its TTL.
 
 The holder renews the lease (`renew`: PEXPIRE only while the value is still its own) every
 `ttl / 3`. `valid()` is the holder's local view: the lease is valid while the last successful renewal
@@ -65,6 +67,25 @@ def default_holder() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+def _dead_here(holder: str) -> bool:
+    """True when `holder` (`host:pid[/…]`) names this host and a process that is gone, or this very
+    process (a container restarted with the same hostname and pid: its previous run held it)."""
+    host, _, rest = holder.partition(":")
+    pid_text = rest.split("/", 1)[0]
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return False
+    pid = int(pid_text)
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
 class Lease:
     """One holder's lease `name` of run `run` (see the module docstring)."""
 
@@ -105,9 +126,18 @@ class Lease:
     async def _acquire_once(self) -> int:
         sent = time.monotonic()
         token, current = await self.redis.eval(_ACQUIRE, 2, self.key, self.fence_key, self.holder, self.ttl_ms)
+        current = current.decode() if isinstance(current, bytes) else str(current)
+        if not int(token) and _dead_here(current.partition(" ")[2]):
+            # this host's previous incarnation (a restarted process or container) died holding it
+            log.warning("lease %s is held by %r, which no longer runs on this host: taking it over",
+                        self.key, current)
+            await self.redis.eval(_RELEASE, 1, self.key, current)
+            sent = time.monotonic()
+            token, current = await self.redis.eval(_ACQUIRE, 2, self.key, self.fence_key, self.holder,
+                                                   self.ttl_ms)
+            current = current.decode() if isinstance(current, bytes) else str(current)
         if not int(token):
             left = await self.redis.pttl(self.key)
-            current = current.decode() if isinstance(current, bytes) else str(current)
             tok, _, who = current.partition(" ")
             raise LeaseHeld(
                 f"another learner holds run's lease {self.key!r}: {who or current} (fencing token {tok}), "

@@ -98,7 +98,7 @@ class DigestBuilder:
 
 
 def snapshot_digest(directory: str | Path) -> str:
-    """sha256 over each file's relative path and bytes, in sorted order: equal digests mean equal
+    """sha256 over each file's framed relative path, size and sha256, in sorted order: equal digests mean equal
     snapshots, whatever directory they were copied to."""
     root = Path(directory)
     d = DigestBuilder()

@@ -10,10 +10,14 @@ source's (`sources/`: the trajectories stream, or an archive for `train --replay
 
 Delivery guarantees: a trajectory-stream entry is acked only after the step that consumed it is
 checkpointed, and the checkpoint records the consumed task ids; a learner killed before acking re-reads
-its groups after restart (reclaimed once idle past the visibility timeout) and acks without retraining
+its groups at once after restart (the entries pending for its consumer) and acks without retraining
 those whose task ids the checkpoint already holds. Every trained group is in the trajectory archive
 (`tools/archive.py`), fsynced before its entries are acked. On start the learner resumes from the latest
 checkpoint and (re)announces its current version (version 0 = the initial weights).
+
+One learner per run: rank 0 holds the run's lease (`core/lease.py`) from before the models load until it
+exits, and makes sure it is still its own before every checkpoint, snapshot, announcement and ack
+(`hold_lease`); its fencing token goes into each of them. A second learner refuses to start.
 
 Redis away: every Redis call of rank 0 (reads, acks, the dispatcher's publishes, weight announcements)
 goes through one `RedisLink` and waits for Redis to come back, so an ack waits behind its checkpoint

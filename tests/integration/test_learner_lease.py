@@ -112,3 +112,20 @@ async def test_a_second_learner_refuses_to_start_before_loading_a_model(redis, r
     with pytest.raises(LeaseHeld, match="gpu-node-3:4242/learner-0"):
         await run_learner(settings)
     assert not (tmp_path / "ck").exists() and not (tmp_path / "w").exists()
+
+
+async def test_a_dead_process_of_this_host_is_taken_over_at_once_a_live_one_is_not(redis):
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    host = socket.gethostname()
+    await Lease(redis, "r", holder=f"{host}:{gone.stdout.strip()}/learner-0").acquire()
+    assert await Lease(redis, "r", holder="next").acquire() == 2  # no TTL to wait out
+    await redis.delete("searchr1:r:learner:lease")
+    await Lease(redis, "r", holder=f"{host}:{os.getppid()}/learner-0").acquire()
+    with pytest.raises(LeaseHeld):
+        await Lease(redis, "r", holder="other").acquire()
