@@ -197,3 +197,12 @@ class Lease:
         if self.token > 0 and self.lost is None:
             await self.redis.eval(_RELEASE, 1, self.key, self.value)
         self.lost = "released"
+
+    async def release_quietly(self, timeout_s: float = 5.0) -> None:
+        """`release` on the way out, never raising: with Redis away the lease expires by itself."""
+        if self.token == 0:
+            return
+        try:
+            await asyncio.wait_for(self.release(), timeout=timeout_s)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("could not release lease %s (it expires by itself): %s", self.key, exc)

@@ -126,7 +126,7 @@ class Learner:
                                                    visibility_timeout_ms=settings.visibility_timeout_ms,
                                                    max_deliveries=settings.max_deliveries)
                 source = StreamSource(settings, trajectories, self.tasks, self.staleness, metrics)
-                source.vocab_size = _vocab_size(training)
+                source.vocab_size = training.vocab_size()
         self.source: GroupSource | None = source
         self.lease = lease
         """The run's lease (rank 0 of a learner on Redis): checked before every checkpoint, snapshot,
@@ -371,7 +371,7 @@ async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = No
         await lease.acquire(wait_s=settings.lease_ttl_ms / 1000)
         return await _run(settings, info, stop, max_steps, redis, lease)
     finally:
-        await _release(lease)
+        await lease.release_quietly()
         await redis.aclose()
 
 
@@ -430,24 +430,3 @@ async def _run(settings: LearnerSettings, info: DistInfo, stop: asyncio.Event, m
             await http.stop()
         if metrics_server is not None:
             metrics_server.close()
-
-
-async def _release(lease: Lease) -> None:
-    """Give the lease back on the way out (a successor need not wait for its TTL); Redis away: it expires."""
-    if lease.token == 0:
-        return
-    try:
-        await asyncio.wait_for(lease.release(), timeout=5.0)
-    except Exception as exc:  # noqa: BLE001
-        log.warning("could not release the lease (it expires by itself): %s", exc)
-
-
-def _vocab_size(training: Training) -> int | None:
-    """The policy's input vocabulary (the embedding's rows), None when it cannot be told."""
-    policy = getattr(training.trainer, "policy", None)
-    try:
-        return int(policy.get_input_embeddings().num_embeddings)
-    except (AttributeError, TypeError, ValueError):
-        config = getattr(policy, "config", None)
-        size = getattr(config, "vocab_size", None)
-        return int(size) if size is not None else None
