@@ -299,11 +299,9 @@ class Learner:
         halt = asyncio.Event()  # ends the dispatcher when this loop ends (a cancel alone can be lost: core.aio)
         if dispatcher is not None:
             disp_task = asyncio.create_task(dispatcher.run(halt))
-        watch_task = lease_task = None
+        watch_task = None
         if self.link is not None and self.redis is not None:
             watch_task = asyncio.create_task(self.link.watch(self.redis, halt))
-        if self.lease is not None:
-            lease_task = asyncio.create_task(self.lease.keep(halt))
         try:
             while self.state.step < limit and not stop.is_set():
                 await self.step_once(stop)
@@ -316,9 +314,8 @@ class Learner:
             halt.set()
             if disp_task is not None:
                 await stop_task(disp_task, timeout=10.0)
-            for task in (watch_task, lease_task):
-                if task is not None:
-                    await stop_task(task, timeout=5.0)
+            if watch_task is not None:
+                await stop_task(watch_task, timeout=5.0)
         return self.state
 
 
@@ -367,10 +364,16 @@ async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = No
     redis = connect(settings.redis.url)
     lease = Lease(redis, settings.redis.run, ttl_ms=settings.lease_ttl_ms,
                   holder=f"{default_holder()}/{settings.consumer}")
+    done = asyncio.Event()
+    keeper = None
     try:
         await lease.acquire(wait_s=settings.lease_ttl_ms / 1000)
+        keeper = asyncio.create_task(lease.keep(done))  # renewed from here on, through the model's loading
         return await _run(settings, info, stop, max_steps, redis, lease)
     finally:
+        done.set()
+        if keeper is not None:
+            await stop_task(keeper, timeout=5.0)
         await lease.release_quietly()
         await redis.aclose()
 
