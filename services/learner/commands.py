@@ -70,9 +70,14 @@ def register(groups: Groups) -> None:
             settings = settings.model_copy(update=overrides)
         waits = set_openmp_waits(settings.openmp_wait_policy())  # before torch loads
         logging.getLogger("searchr1.learner").info("OpenMP waits: %s", waits)
+        from searchr1.core.lease import LeaseHeld, LeaseLost
         from searchr1.learner.service import run_learner
 
-        state = asyncio.run(run_learner(settings, max_steps=max_steps))
+        try:
+            state = asyncio.run(run_learner(settings, max_steps=max_steps))
+        except (LeaseHeld, LeaseLost) as exc:  # another learner runs this run: nothing was written
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(3) from None
         typer.echo(f"stopped at step {state.step} (policy version {state.version})")
 
     @groups.data.command("prepare")
