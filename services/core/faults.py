@@ -7,7 +7,8 @@ processes: the first to get there creates the file (exclusively, with the point 
 process that finds it already there carries on — a restarted process does not kill itself again.
 
 The points: `learner.after_archive` (a step trained and archived, not yet checkpointed nor acked),
-`learner.after_checkpoint` (checkpointed, its groups not yet acked) and `rollout.after_publish` (a group published to the trajectories stream, its task not yet acked): the worst
+`learner.after_checkpoint` (checkpointed, its groups not yet acked), `checkpoint.before_seal` (a
+checkpoint's files written, not yet fsynced, manifested nor renamed: a torn checkpoint) and `rollout.after_publish` (a group published to the trajectories stream, its task not yet acked): the worst
 moments to die, which a kill from outside hits only by chance. For tests only; never set in production.
 """
 

@@ -223,6 +223,12 @@ class TypedStream(Generic[T]):
             if self._since_trim >= self.trim_every:
                 await self.trim()
 
+    def reread_own_next(self) -> None:
+        """Make the next `reread_own` run even if Redis never went away: a consumer restarted under its
+        old name (the learner, whose lease makes it the only one) takes its pending entries back at once
+        instead of after the visibility timeout."""
+        self._reread_at = -1
+
     async def reread_own(self, consumer: str, held: Collection[str], count: int = 16) -> list[Entry[T]]:
         """On the first call and once after each time the link saw Redis come back: the entries pending for
         `consumer` that it does not hold (`held`: ids read and not yet acked), oldest first, at most

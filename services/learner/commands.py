@@ -1,7 +1,7 @@
 """CLI commands of the learner service, registered into `searchr1` by `searchr1.cli`:
 `searchr1 train --config …` (`--replay ARCHIVE_DIR` trains from an archive), `searchr1 data prepare`,
-`searchr1 data fetch`, the `searchr1 archive` group (`tools/archive_commands.py`) and `searchr1 audit`
-(`tools/audit_commands.py`).
+`searchr1 data fetch`, the `searchr1 archive` group (`tools/archive_commands.py`), `searchr1 audit`
+(`tools/audit_commands.py`) and `searchr1 weights rollback VERSION`.
 
 Each command parses its flags and calls the learner's own functions; `train` loads `LearnerSettings`
 through the one validated override path (`core.commandline.settings_or_exit`), its flags' help texts are
@@ -35,9 +35,14 @@ def run_train(settings: LearnerSettings, max_steps: int | None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     waits = set_openmp_waits(settings.openmp_wait_policy())  # before torch loads
     logging.getLogger("searchr1.learner").info("OpenMP waits: %s", waits)
-    from searchr1.learner.service import run_learner
+    from searchr1.core.lease import LeaseHeld, LeaseLost
+    from searchr1.learner.process import run_learner
 
-    state = asyncio.run(run_learner(settings, max_steps=max_steps))
+    try:
+        state = asyncio.run(run_learner(settings, max_steps=max_steps))
+    except (LeaseHeld, LeaseLost) as exc:  # another learner runs this run: nothing was written
+        typer.echo(f"error: {exc}", err=True)
+        return 3
     typer.echo(f"stopped at step {state.step} (policy version {state.version})")
     return 0
 
@@ -113,6 +118,43 @@ def fetch(
             typer.echo(f"wrote {sum(counts.values())} rows to {path} ({detail})")
 
 
+async def _rollback(redis_url: str, run: str, version: int):
+    from searchr1.core.streams import StreamKeys, connect
+    from searchr1.core.weights import rollback
+
+    redis = connect(redis_url)
+    try:
+        return await rollback(redis, StreamKeys(run), version)
+    finally:
+        await redis.aclose()
+
+
+def weights_rollback(
+    version: Annotated[int, typer.Argument(min=0, help="A version the learner announced.")],
+    redis_url: Annotated[str, typer.Option("--redis", help="Redis URL.")] = "redis://127.0.0.1:6379/0",
+    run: Annotated[str, typer.Option(help="Run name (keys are searchr1:{run}:…).")] = "default",
+) -> None:
+    """Announce again the learner's own announcement of VERSION (same uri and digest), so rollout workers
+    reload it. Only versions the learner announced can be chosen, and the snapshot must still exist
+    (weights.keep). A running learner announces its next version over it: stop it first."""
+    import asyncio
+
+    try:
+        wv = asyncio.run(_rollback(redis_url, run, version))
+    except LookupError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"announced version {wv.version} again: {wv.uri} (sha256 {wv.sha256})")
+
+
+def weights_app() -> typer.Typer:
+    """The `searchr1 weights` group."""
+    app = typer.Typer(help="A run's announced policy weights: roll workers back to a version the learner "
+                           "published.", no_args_is_help=True)
+    app.command("rollback")(weights_rollback)
+    return app
+
+
 def register(groups: Groups) -> None:
     """Add this service's commands to the CLI groups."""
     from searchr1.learner.tools.archive_commands import register_archive
@@ -123,3 +165,4 @@ def register(groups: Groups) -> None:
     groups.app.command("train")(train)
     groups.data.command("prepare")(prepare)
     groups.data.command("fetch")(fetch)
+    groups.app.add_typer(weights_app(), name="weights")

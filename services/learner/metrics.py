@@ -52,6 +52,9 @@ class LearnerMetrics:
         self.dropped = Counter("searchr1_learner_groups_dropped_total",
                                "Groups not trained on, by reason (replay, stale, temperature, flat).",
                                ["reason"], registry=r)
+        self.nonfinite_grad = Counter("searchr1_learner_nonfinite_grad_skips_total",
+                                      "Optimizer updates skipped because the gradient norm was NaN or infinite.",
+                                      registry=r)
         self.trajectories = Counter("searchr1_learner_trajectories_total", "Trajectories trained on.", registry=r)
         self.tokens = Counter("searchr1_learner_tokens_total", "Tokens (prompt + response) trained on.",
                               registry=r)

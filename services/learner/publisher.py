@@ -56,11 +56,11 @@ def _flat_bytes(tensor: Any) -> memoryview:
     return memoryview(t.contiguous().reshape(-1).view(torch.uint8).numpy())
 
 
-def safetensors_header(tensors: dict[str, Any]) -> tuple[bytes, list[str]]:
+def safetensors_header(tensors: dict[str, Any], metadata: dict[str, str] | None = None) -> tuple[bytes, list[str]]:
     """(the safetensors header: 8-byte little-endian length + JSON, padded to 8 bytes; tensor names in
     data order: widest element first, then by name, as the safetensors library lays them out, so every
     tensor is aligned to its element size). Raises `ValueError` for a dtype safetensors cannot hold."""
-    meta: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    meta: dict[str, Any] = {"__metadata__": {"format": "pt", **(metadata or {})}}
     order = sorted(tensors, key=lambda n: (-tensors[n].element_size(), n))
     offset = 0
     for name in order:
@@ -76,11 +76,13 @@ def safetensors_header(tensors: dict[str, Any]) -> tuple[bytes, list[str]]:
     return struct.pack("<Q", len(header)) + header, order
 
 
-def write_safetensors(f: BinaryIO, tensors: dict[str, Any], digest: DigestBuilder | None = None) -> int:
+def write_safetensors(f: BinaryIO, tensors: dict[str, Any], digest: DigestBuilder | None = None,
+                      metadata: dict[str, str] | None = None) -> int:
     """Stream `tensors` into `f` in the safetensors format (what `safetensors.torch.save_file` writes),
     feeding every byte to `digest` too, in a second thread so hashing one tensor
-    overlaps writing it. Returns the bytes written. Blocking: run it in a thread."""
-    header, order = safetensors_header(tensors)
+    overlaps writing it; `metadata` goes into the header's `__metadata__`. Returns the bytes written.
+    Blocking: run it in a thread."""
+    header, order = safetensors_header(tensors, metadata)
     written = 0
     with ThreadPoolExecutor(1, thread_name_prefix="snapshot-hash") as hasher:
         for i in range(len(order) + 1):
@@ -134,6 +136,11 @@ class WeightPublisher:
         self.keep = keep
         self.base_url = base_url.rstrip("/") if base_url else None
         self._digests: dict[int, tuple[str, tuple]] = {}
+        self.fence = 0
+        """The writer's fencing token (core/lease.py): in each snapshot's safetensors metadata
+        (`searchr1_fence`) and stored with each announcement."""
+        self.guard: Any = None
+        """Called with no argument before every snapshot write and announcement; raises to stop it."""
 
     def path(self, version: int) -> Path:
         return self.root / f"v{version:08d}"
@@ -149,12 +156,14 @@ class WeightPublisher:
     def write(self, version: int, hf_model: Any, state_dict: dict) -> Path:
         """Save a full snapshot atomically (replacing an existing one of the same version), digesting it
         as it is written: `hf_model` gives the config files, `state_dict` the tensors."""
+        if self.guard is not None:
+            self.guard()
         final = self.path(version)
         tmp = self.root / f".tmp-{final.name}"
         shutil.rmtree(tmp, ignore_errors=True)
         self.root.mkdir(parents=True, exist_ok=True)
         tmp.mkdir()
-        digest = self._write_files(tmp, hf_model, state_dict)
+        digest = self._write_files(tmp, hf_model, state_dict, {"searchr1_fence": str(self.fence)})
         self._digests.pop(version, None)
         if final.exists():
             old = self.root / f".old-{final.name}"
@@ -168,7 +177,7 @@ class WeightPublisher:
         return final
 
     @staticmethod
-    def _write_files(directory: Path, hf_model: Any, state_dict: dict) -> str:
+    def _write_files(directory: Path, hf_model: Any, state_dict: dict, metadata: dict[str, str]) -> str:
         """Config files (as `save_pretrained` writes them), then the tensors; returns the digest."""
         config = hf_model.config
         config.architectures = [type(hf_model).__name__]
@@ -188,7 +197,7 @@ class WeightPublisher:
             d.add_file(n, directory / n)
         d.begin(WEIGHTS_FILE)
         with (directory / WEIGHTS_FILE).open("wb") as f:
-            write_safetensors(f, drop_shared(hf_model, state_dict), d)
+            write_safetensors(f, drop_shared(hf_model, state_dict), d, metadata)
         d.end()
         for n in names[len(before):]:
             d.add_file(n, directory / n)
@@ -204,14 +213,17 @@ class WeightPublisher:
         return snapshot_digest(path)
 
     async def announce(self, redis, keys: StreamKeys, version: int, *, link: RedisLink | None = None) -> WeightVersion:
-        """Digest the snapshot of `version` (see `digest`), announce it (through `link`: waiting for Redis
-        while it is away), then prune older snapshots."""
+        """Digest the snapshot of `version` (see `digest`), announce it with the fencing token (through
+        `link`: waiting for Redis while it is away), then prune older snapshots. Raises
+        `core.weights.FencedOff` when a learner with a newer token has announced."""
         digest = await asyncio.to_thread(self.digest, version)
         wv = WeightVersion(version=version, uri=self.uri(version), sha256=digest)
+        if self.guard is not None:
+            self.guard()
         if link is not None:
-            await link.call(lambda: announce(redis, keys, wv), "announce weights")
+            await link.call(lambda: announce(redis, keys, wv, fence=self.fence), "announce weights")
         else:
-            await announce(redis, keys, wv)
+            await announce(redis, keys, wv, fence=self.fence)
         await asyncio.to_thread(self.prune, version)
         return wv
 

@@ -3,17 +3,22 @@
     next step's groups (the group source) → batch → advantages + train step → archive → checkpoint →
     ack → publish weights → grant tasks → log
 
-plus the dispatcher task feeding the tasks stream and (optionally) the HTTP server for snapshots.
+plus the dispatcher task feeding the tasks stream (the process around it — lease, models, Redis, weight
+server, metrics server — is `process.py`'s).
 Where each step's groups come from, and how they are read, filtered, set aside and acked, is the group
 source's (`sources/`: the trajectories stream, or an archive for `train --replay`); the training step is
 `train/`'s; the math is `algo/`'s; figures are computed in `algo/figures.py`.
 
 Delivery guarantees: a trajectory-stream entry is acked only after the step that consumed it is
 checkpointed, and the checkpoint records the consumed task ids; a learner killed before acking re-reads
-its groups after restart (reclaimed once idle past the visibility timeout) and acks without retraining
+its groups at once after restart (the entries pending for its consumer) and acks without retraining
 those whose task ids the checkpoint already holds. Every trained group is in the trajectory archive
 (`tools/archive.py`), fsynced before its entries are acked. On start the learner resumes from the latest
 checkpoint and (re)announces its current version (version 0 = the initial weights).
+
+One learner per run: rank 0 holds the run's lease (`core/lease.py`) from before the models load until it
+exits, and makes sure it is still its own before every checkpoint, snapshot, announcement and ack
+(`hold_lease`); its fencing token goes into each of them. A second learner refuses to start.
 
 Redis away: every Redis call of rank 0 (reads, acks, the dispatcher's publishes, weight announcements)
 goes through one `RedisLink` and waits for Redis to come back, so an ack waits behind its checkpoint
@@ -34,13 +39,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections import deque
 from typing import Any
 
 from searchr1.core.aio import stop_task
 from searchr1.core.faults import fault_point
+from searchr1.core.lease import Lease
 from searchr1.core.metrics import in_stage
 from searchr1.core.redis_link import RedisLink
 from searchr1.core.schemas import TrajectoryGroup
@@ -54,16 +59,15 @@ from searchr1.learner.guard import CollapseGuard
 from searchr1.learner.metrics import LearnerMetrics, StepLog
 from searchr1.learner.publisher import WeightPublisher
 from searchr1.learner.settings import LearnerSettings
-from searchr1.learner.sources.archive import ArchiveSource
 from searchr1.learner.sources.base import GroupSource, StepGroups
 from searchr1.learner.sources.stream import StreamSource
 from searchr1.learner.tools.archive import ArchiveWriter
-from searchr1.learner.train.build import Training, build_training
+from searchr1.learner.train.build import Training
 from searchr1.learner.train.checkpoint import Checkpointer, TrainState
-from searchr1.learner.train.distributed import broadcast_groups, init_distributed
+from searchr1.learner.train.distributed import broadcast_groups
 from searchr1.learner.train.model import DistInfo, export_weights
 
-__all__ = ["Learner", "run_learner"]
+__all__ = ["Learner"]
 
 log = logging.getLogger("searchr1.learner")
 
@@ -94,6 +98,7 @@ class Learner:
         archive: ArchiveWriter | None = None,
         link: RedisLink | None = None,
         source: GroupSource | None = None,
+        lease: Lease | None = None,
     ) -> None:
         self.s = settings
         self.training = training
@@ -123,12 +128,20 @@ class Learner:
                                                    visibility_timeout_ms=settings.visibility_timeout_ms,
                                                    max_deliveries=settings.max_deliveries)
                 source = StreamSource(settings, trajectories, self.tasks, self.staleness, metrics)
+                source.vocab_size = training.vocab_size()
         self.source: GroupSource | None = source
+        self.lease = lease
+        """The run's lease (rank 0 of a learner on Redis): checked before every checkpoint, snapshot,
+        announcement and ack; its fencing token goes into each of them."""
+        if lease is not None:
+            checkpointer.guard = publisher.guard = lease.check
 
     # ------------------------------------------------------------------ start-up
 
     async def start(self) -> TrainState:
         """Resume from the latest checkpoint, prepare the group source and announce the current version."""
+        if self.lease is not None:
+            self.checkpointer.fence = self.publisher.fence = self.lease.token
         restored = await asyncio.to_thread(self.checkpointer.load, self.training.components)
         if restored is not None:
             self.state = restored
@@ -146,8 +159,13 @@ class Learner:
 
     @in_stage("forward_backward", _stages)
     def train(self, batch: Batch) -> dict[str, float]:
-        """Advantages and one training step (every rank)."""
-        return self.training.trainer.train_step(batch, self.state.version)
+        """Advantages and one training step (every rank); `nonfinite_grad_skips` counts the optimizer
+        updates skipped for a NaN/inf gradient norm."""
+        trainer = self.training.trainer
+        before = trainer.nonfinite_skips
+        figures = trainer.train_step(batch, self.state.version)
+        figures["nonfinite_grad_skips"] = float(trainer.nonfinite_skips - before)
+        return figures
 
     @in_stage("archive", _stages)
     async def archive_step(self, groups: list[TrajectoryGroup], entry_ids: list[str]) -> None:
@@ -157,6 +175,19 @@ class Learner:
         self.stages.append("archive")
         fault_point("learner.after_archive")  # test hook (core/faults.py): off unless its env var is set
 
+    async def hold_lease(self) -> None:
+        """Before a write: make sure the run's lease is still this learner's. Renewed through the Redis
+        link when its last renewal is too old (waiting for Redis through an outage); raises `LeaseLost`
+        when another learner took it or it expired meanwhile (the process stops; a restart resumes from
+        the checkpoint)."""
+        if self.lease is None or self.lease.valid():
+            return
+        if self.link is not None:
+            await self.link.call(self.lease.renew, "renew lease")
+        else:
+            await self.lease.renew()
+        self.lease.check()
+
     @in_stage("checkpoint", _stages)
     def checkpoint(self) -> None:
         """Save a resumable checkpoint (collective)."""
@@ -164,15 +195,18 @@ class Learner:
         self.stages.append("checkpoint")
         fault_point("learner.after_checkpoint")  # test hook (core/faults.py): off unless its env var is set
 
-    async def ack(self) -> None:
-        """Ack every group whose step is checkpointed (and archived), and those set aside."""
+    async def ack(self, checkpointed: bool = True) -> None:
+        """Ack the groups set aside and, when `checkpointed`, every group whose step is checkpointed (and
+        archived)."""
+        await self.hold_lease()
         if self.source is not None:
-            await self.source.ack()
+            await self.source.ack(checkpointed)
         self.stages.append("ack")
 
     @in_stage("weight_publish", _stages)
     async def publish_weights(self, force_write: bool = True) -> None:
         """Snapshot (collective gather), announce and prune."""
+        await self.hold_lease()
         if force_write:
             model, state = await asyncio.to_thread(export_weights, self.training.trainer.policy, self.info)
             if self.info.is_main:
@@ -188,8 +222,8 @@ class Learner:
         step = await self.source.next_step(stop, self.state)
         if step is None:
             return False
-        if not step.groups:  # every group read was set aside
-            await self.ack()
+        if not step.groups:  # every group read was set aside: ack those, not the uncheckpointed steps' groups
+            await self.ack(checkpointed=False)
             return not stop.is_set()
         await asyncio.to_thread(broadcast_groups, step.groups, self.info)
         await self.train_and_commit(step)
@@ -224,6 +258,7 @@ class Learner:
         if self.state.step % self.s.checkpoint.every == 0:
             if self.dispatcher is not None:  # read on the loop thread, where the dispatcher runs
                 self.state.dispatcher = self.dispatcher.position()
+            await self.hold_lease()
             await asyncio.to_thread(self.checkpoint)
             await self.ack()
         await self.publish_weights()
@@ -235,6 +270,10 @@ class Learner:
     async def log_step(self, figures: dict[str, Any], batch: Batch, groups: int) -> None:
         """Count the step in the metrics, write the step log and the log line (rank 0)."""
         self.metrics.groups.inc(groups)
+        if figures.get("nonfinite_grad_skips"):
+            self.metrics.nonfinite_grad.inc(figures["nonfinite_grad_skips"])
+            log.error("step %d: %d optimizer update(s) skipped: NaN/inf gradient norm",
+                      self.state.step, int(figures["nonfinite_grad_skips"]))
         self.metrics.trajectories.inc(figures["trajectories"])
         self.metrics.tokens.inc(batch.num_tokens)
         self.metrics.observe_step(figures)
@@ -283,94 +322,3 @@ class Learner:
             if watch_task is not None:
                 await stop_task(watch_task, timeout=5.0)
         return self.state
-
-
-# ---------------------------------------------------------------------------- process entry points
-
-
-async def run_replay(settings: LearnerSettings, stop: asyncio.Event | None = None,
-                     max_steps: int | None = None) -> TrainState:
-    """`searchr1 train --replay`: the loop over `settings.archive.replay_from` (an `ArchiveSource`) until
-    its last step, `max_steps` (default `optim.total_steps`) or `stop`. No Redis, no dispatcher, no
-    archive of its own; one process."""
-    from searchr1.core.servers import install_shutdown_signals
-
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ValueError("replay from an archive runs in one process: start it without torchrun")
-    if settings.archive.replay_from is None:
-        raise ValueError("archive.replay_from is not set")
-    stop = stop or asyncio.Event()
-    install_shutdown_signals(stop)
-    info = DistInfo()
-    training = await asyncio.to_thread(build_training, settings, info)
-    learner = Learner(settings, training, Checkpointer(settings.checkpoint.dir, settings.checkpoint.keep, info),
-                      WeightPublisher(settings.weights.dir, keep=settings.weights.keep), LearnerMetrics(),
-                      StepLog(settings.log_dir / f"{settings.redis.run}.jsonl"), info=info,
-                      source=ArchiveSource(settings.archive.replay_from))
-    await learner.start()
-    return await learner.run(stop, max_steps=max_steps)
-
-
-async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = None,
-                      max_steps: int | None = None) -> TrainState:
-    """Everything `searchr1 train` does: models, Redis, dispatcher, weight server, metrics, loop."""
-    from searchr1.core.metrics import start_metrics_server
-    from searchr1.core.redis_link import RedisLink
-    from searchr1.core.servers import HttpServer, install_shutdown_signals
-    from searchr1.core.streams import connect
-    from searchr1.learner.dispatcher import Dispatcher
-    from searchr1.learner.publisher import weights_app
-    from searchr1.learner.tools.data import load_tasks, oversample
-
-    if settings.archive.replay_from is not None:
-        return await run_replay(settings, stop, max_steps)
-    info = init_distributed()
-    stop = stop or asyncio.Event()
-    install_shutdown_signals(stop)
-    training = await asyncio.to_thread(build_training, settings, info)
-    publisher = WeightPublisher(settings.weights.dir, keep=settings.weights.keep)
-    metrics = LearnerMetrics()
-    step_log = None
-    http = metrics_server = redis = link = None
-    if info.is_main:
-        wandb_run = None
-        if settings.wandb_project:
-            import wandb  # optional
-
-            wandb_run = wandb.init(project=settings.wandb_project, name=settings.redis.run,
-                                   config=settings.model_dump(mode="json"))
-        step_log = StepLog(settings.log_dir / f"{settings.redis.run}.jsonl", wandb_run)
-        redis = connect(settings.redis.url)
-        link = RedisLink("learner", **metrics.redis.link_callbacks())
-        if settings.weights.http:
-            http = HttpServer(weights_app(publisher, token=settings.weights.token), settings.weights.host,
-                              settings.weights.port)
-            await http.start()
-            publisher.base_url = f"http://{settings.weights.public_host or settings.weights.host}:{http.port}"
-        if settings.metrics_port is not None:
-            metrics_server = start_metrics_server(metrics.registry, host=settings.metrics_host,
-                                                  port=settings.metrics_port, ready=lambda: link.up,
-                                                  token=None if settings.metrics_open else settings.token)
-    archive = None
-    if info.is_main and settings.archive.enabled:
-        archive = await asyncio.to_thread(ArchiveWriter, settings.archive_dir, settings.archive.every_steps)
-    learner = Learner(settings, training, Checkpointer(settings.checkpoint.dir, settings.checkpoint.keep, info),
-                      publisher, metrics, step_log, redis=redis, info=info, archive=archive, link=link)
-    try:
-        state = await learner.start()
-        dispatcher = None
-        if info.is_main and settings.dispatcher.enabled and settings.dispatcher.dataset:
-            pos = state.dispatcher or {}
-            specs = oversample(load_tasks(settings.dispatcher.dataset), settings.dispatcher.source_repeats)
-            dispatcher = Dispatcher(learner.tasks, specs, settings.dispatcher,
-                                    epoch=pos.get("epoch", 0), cursor=pos.get("cursor", 0),
-                                    on_publish=metrics.tasks.inc, staleness=learner.staleness,
-                                    version=state.version, downstream=learner.source.trajectories)
-        return await learner.run(stop, max_steps=max_steps, dispatcher=dispatcher)
-    finally:
-        if http is not None:
-            await http.stop()
-        if metrics_server is not None:
-            metrics_server.close()
-        if redis is not None:
-            await redis.aclose()

@@ -296,6 +296,9 @@ class LearnerSettings(ServiceSettings):
     """Groups delivered this often without ack are dead-lettered."""
     read_block_ms: int = Field(default=1000, ge=1)
     """How long one stream read blocks."""
+    lease_ttl_ms: int = Field(default=30_000, ge=1_000, le=600_000)
+    """The learner's lease on its run (one learner per run, core/lease.py): renewed every third of this;
+    a second learner refuses to start while it is held, and a crashed learner's lease expires after it."""
     wandb_project: str | None = None
     """Also log to this wandb project (needs `wandb`)."""
 

@@ -45,14 +45,21 @@ class WeightLoader:
     token: str | None = None
     link: RedisLink | None = None
     _failed_version: int = -1
+    _sha256: str | None = None
+    """Digest of the snapshot loaded (None: the weights the engine started with)."""
+    _failed_sha256: str | None = None
 
     async def newer(self) -> WeightVersion | None:
-        """The announced version if it is newer than the one loaded (and not one that already failed)."""
+        """The announced version if it is not the one loaded (and not one that already failed): a newer
+        one, or an older one the learner published before (`searchr1 weights rollback`; announcements
+        only go back that way), or the same version written again with other bytes."""
         if self.link is not None:
             announced = await self.link.call(lambda: latest(self.redis, self.keys), "weights")
         else:
             announced = await latest(self.redis, self.keys)
-        if announced is None or announced.version <= self.version or announced.version == self._failed_version:
+        if announced is None or announced.sha256 == self._failed_sha256:
+            return None
+        if announced.version == self.version and self._sha256 in (None, announced.sha256):
             return None
         return announced
 
@@ -64,11 +71,11 @@ class WeightLoader:
             path = await fetch_snapshot(announced, self.download_dir, token=self.token)
             await self.generator.reload(str(path))
         except SnapshotError as exc:
-            self._failed_version = announced.version
+            self._failed_version, self._failed_sha256 = announced.version, announced.sha256
             log.error("skipping weight version %d: %s", announced.version, exc)
             return False
         elapsed = time.perf_counter() - t0
-        self.version = announced.version
+        self.version, self._sha256 = announced.version, announced.sha256
         self.metrics.weight_version.set(self.version)
         self.metrics.weight_reload_seconds.observe(elapsed)
         log.info("loaded weight version %d from %s in %.3f s", announced.version, announced.uri, elapsed)

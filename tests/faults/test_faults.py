@@ -78,7 +78,8 @@ def test_service_killed_at_a_random_moment(tmp_path, fault_world, target, seed):
 
 @pytest.mark.faults
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize("point", ["learner.after_archive@3", "learner.after_checkpoint@3"])
+@pytest.mark.parametrize("point", ["learner.after_archive@3", "learner.after_checkpoint@3",
+                                   "checkpoint.before_seal@3"])
 def test_learner_killed_between_train_and_ack(tmp_path, fault_world, point):
     marker = tmp_path / "fault.fired"
     run = _start(tmp_path, fault_world, LEARNER_STEPS,
@@ -90,8 +91,9 @@ def test_learner_killed_between_train_and_ack(tmp_path, fault_world, point):
         raise
     figures = _finish_and_audit(run)
     # after_archive: step 3 archived, checkpoint 2 the last → resumed from 2, step 3 archived again;
-    # after_checkpoint: checkpoint 3 written, its groups unacked → resumed from 3, the groups acked as replays
-    expected = 2 if point.startswith("learner.after_archive") else 3
+    # after_checkpoint: checkpoint 3 written, its groups unacked → resumed from 3, the groups acked as replays;
+    # before_seal (a torn checkpoint): checkpoint 3 half-written → resumed from 2, step 3 archived again
+    expected = 3 if point.startswith("learner.after_checkpoint") else 2
     assert figures["learner_resumes"] == [expected], figures
     assert figures["superseded_steps"] == ([3] if expected == 2 else []), figures
     assert fault.healthy_after_s is not None

@@ -153,7 +153,7 @@ async def test_replay_trains_from_the_archive_without_redis(tmp_path, redis, red
         assert await learner.step_once(asyncio.Event())
     trained = json.loads((tmp_path / "logs" / "t.jsonl").read_text().splitlines()[0])
 
-    from searchr1.learner.service import run_learner, run_replay
+    from searchr1.learner.process import run_learner, run_replay
 
     replay_dir = tmp_path / "replay"
     replayed = settings.model_copy(update={

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from searchr1.core.schemas import Task, TrajectoryGroup, decode
 from searchr1.core.servers import HttpServer
 from searchr1.core.streams import StreamKeys, TypedStream, tasks_stream, trajectories_stream
-from searchr1.core.weights import fetch_snapshot, latest, snapshot_digest
+from searchr1.core.weights import announced_fence, fetch_snapshot, latest, snapshot_digest
 from searchr1.learner.metrics import LearnerMetrics, StepLog
 from searchr1.learner.publisher import WeightPublisher, weights_app
 from searchr1.learner.service import Learner
@@ -280,14 +280,15 @@ async def test_dispatcher_keeps_max_inflight(tmp_path, redis):
 async def test_run_learner_end_to_end_with_dispatcher_and_http(tmp_path, redis, redis_server, model_path):
     """`run_learner` (what `searchr1 train` runs): the dispatcher feeds tasks, a scripted worker answers each
     with a group at the announced version, the learner trains two steps and serves its weights over HTTP."""
-    from searchr1.learner.service import run_learner
+    from searchr1.learner.process import run_learner
 
     data = tmp_path / "tasks.jsonl"
     data.write_text("".join(json.dumps({"task_id": f"q{i}", "question": f"question {i}", "golden_answers": ["a"]})
                             + "\n" for i in range(6)))
     settings = _settings(tmp_path, redis_server.url, model_path,
                          dispatcher={"dataset": str(data), "max_inflight": 4, "group_size": 3, "poll_s": 0.05},
-                         weights={"dir": str(tmp_path / "weights"), "http": True})
+                         weights={"dir": str(tmp_path / "weights"), "http": True},
+                         lease_ttl_ms=1000)  # shorter than loading the model: renewed from the acquire on
     keys = StreamKeys("t")
     tasks = tasks_stream(redis, keys)
     producer = _producer(redis)
@@ -320,6 +321,8 @@ async def test_run_learner_end_to_end_with_dispatcher_and_http(tmp_path, redis, 
     assert 6 * state.dispatcher["epoch"] + state.dispatcher["cursor"] >= 4
     steps = [json.loads(line) for line in (tmp_path / "logs" / "t.jsonl").read_text().splitlines()]
     assert len(steps) == 2
+    assert await redis.get("searchr1:t:learner:lease") is None  # released on the way out
+    assert int(await redis.get("searchr1:t:learner:fence")) == 1 and await announced_fence(redis, keys) == 1
     # paced dispatcher (max_staleness 0): step 2's tasks were published after version 1 was announced,
     # so every group trained on was on-policy and none was dropped as stale
     assert [s["staleness_mean"] for s in steps] == [0.0, 0.0]
@@ -331,7 +334,7 @@ async def test_run_learner_end_to_end_with_dispatcher_and_http(tmp_path, redis, 
 
 async def test_run_learner_stops_when_the_dataset_is_exhausted(tmp_path, redis, redis_server, model_path):
     """One epoch of 3 tasks with 2 groups per step: a full step, then a last partial step, then exit."""
-    from searchr1.learner.service import run_learner
+    from searchr1.learner.process import run_learner
 
     data = tmp_path / "tasks.jsonl"
     data.write_text("".join(json.dumps({"task_id": f"q{i}", "question": f"question {i}"}) + "\n" for i in range(3)))

@@ -45,9 +45,9 @@ def _batch():
 
 
 def _training(**model):
-    from searchr1.learner.train.model import DistInfo
-    from searchr1.learner.train.build import build_training
     from searchr1.learner.settings import LearnerSettings
+    from searchr1.learner.train.build import build_training
+    from searchr1.learner.train.model import DistInfo
 
     s = LearnerSettings(model={"path": str(prepared("smollm2-135m")), **model}, device="cpu", seed=0,
                         algorithm={"advantage": "grpo", "use_kl_loss": False, "entropy_coef": 0.0},

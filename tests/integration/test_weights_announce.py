@@ -39,7 +39,8 @@ async def test_fetch_snapshot_local_and_http(tmp_path):
     assert snapshot_listing(snap) == ["model.safetensors", "sub/config.json"]
 
     local = WeightVersion(version=1, uri=f"file://{snap}", sha256=digest)
-    assert await fetch_snapshot(local, tmp_path / "dl") == snap
+    pinned = await fetch_snapshot(local, tmp_path / "dl")
+    assert pinned == tmp_path / "dl" / f"v00000001-{digest[:16]}" and snapshot_digest(pinned) == digest
     with pytest.raises(SnapshotError, match="mismatch"):
         await fetch_snapshot(WeightVersion(version=1, uri=str(snap), sha256="0" * 64), tmp_path / "dl")
 
@@ -58,12 +59,12 @@ async def test_fetch_snapshot_local_and_http(tmp_path):
     try:
         remote = WeightVersion(version=1, uri=f"{server.url}/weights/1", sha256=digest)
         got = await fetch_snapshot(remote, tmp_path / "dl")
-        assert got == tmp_path / "dl" / "v00000001" and snapshot_digest(got) == digest
+        assert got == tmp_path / "dl" / f"v00000001-{digest[:16]}" and snapshot_digest(got) == digest
         assert await fetch_snapshot(remote, tmp_path / "dl") == got  # cached
         bad = WeightVersion(version=2, uri=f"{server.url}/weights/1", sha256="1" * 64)
         with pytest.raises(SnapshotError, match="mismatch"):
             await fetch_snapshot(bad, tmp_path / "dl")
-        assert not (tmp_path / "dl" / "v00000002").exists()
+        assert not any(p.name.startswith(("v00000002", ".")) for p in (tmp_path / "dl").iterdir())
         with pytest.raises(SnapshotError, match="cannot download"):
             await fetch_snapshot(WeightVersion(version=3, uri=f"{server.url}/nope", sha256=digest), tmp_path / "dl")
     finally:
@@ -114,6 +115,6 @@ async def test_http_fetch_refuses_corrupted_truncated_and_odd_listings(tmp_path)
         listing.append("config.json")
         with pytest.raises(SnapshotError, match="twice"):
             await fetch_snapshot(wv.model_copy(update={"version": 4}), dl)
-        assert sorted(p.name for p in dl.iterdir()) == ["v00000001"]
+        assert sorted(p.name for p in dl.iterdir()) == [f"v00000001-{wv.sha256[:16]}"]
     finally:
         await server.stop()

@@ -66,6 +66,12 @@ def test_trained_in_two_checkpointed_steps_is_trained_twice():
     assert report.trained_twice == ["a"] and report.trained_once == 1 and not report.ok
 
 
+def test_two_groups_of_one_task_in_one_step_are_trained_twice():
+    trained = [TrainedRow(1, 0, "a"), TrainedRow(1, 0, "a"), TrainedRow(1, 0, "b")]
+    report = audit([t("1-0", "a"), t("1-1", "b")], [], [], trained)
+    assert report.trained_twice == ["a"] and report.trained_once == 1 and not report.ok
+
+
 def test_checkpoint_and_archive_must_agree_and_drop_reasons_come_from_the_log():
     trained = [TrainedRow(1, 0, "a"), TrainedRow(2, 0, "b")]
     tasks = [t("1-0", "a"), t("2-0", "b"), t("3-0", "c")]

@@ -55,9 +55,9 @@ def test_mismatch_figures_hand_checked():
 
 def _step(model_path, tis_cap, behaviour_shift):
     from searchr1.learner.algo.batch import build_batch
+    from searchr1.learner.settings import LearnerSettings
     from searchr1.learner.train.build import build_training
     from searchr1.learner.train.model import DistInfo
-    from searchr1.learner.settings import LearnerSettings
     from tests.support.synthetic import synthetic_group
 
     torch.manual_seed(0)

@@ -310,7 +310,7 @@ def test_step_figures_are_the_named_fields_averaged_over_mini_batches(model_path
     figure is their mean (sums over mini-batches divided by their count)."""
     from dataclasses import fields
 
-    from searchr1.learner.train.trainer import PolicyFigures
+    from searchr1.learner.train.step_figures import PolicyFigures
 
     s = _settings(model_path, batch={"micro_batch_size": 16, "mini_batches": 2})
     stats = build_training(s, DistInfo()).trainer.train_step(build_batch(_groups(2)), version=0)

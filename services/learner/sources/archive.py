@@ -53,7 +53,7 @@ class ArchiveSource:
     def commit(self, entry_ids: Sequence[str]) -> None:
         """Nothing to ack in an archive."""
 
-    async def ack(self) -> None:
+    async def ack(self, checkpointed: bool = True) -> None:
         """Nothing to ack in an archive."""
 
     def grant(self, trained: int, version: int) -> None:

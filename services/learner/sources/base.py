@@ -43,8 +43,9 @@ class GroupSource(Protocol):
     def commit(self, entry_ids: Sequence[str]) -> None:
         """The step that trained these entries is done: ack them with the next `ack`."""
 
-    async def ack(self) -> None:
-        """Ack every committed or set-aside entry (called only after a checkpoint)."""
+    async def ack(self, checkpointed: bool = True) -> None:
+        """Ack every set-aside entry and, when `checkpointed` (right after a checkpoint), every committed
+        one."""
 
     def grant(self, trained: int, version: int) -> None:
         """`trained` groups were trained on and `version` is announced: let the tasks that replace them

@@ -7,7 +7,8 @@ Stages of `next_step`:
    timeout, re-read entries still pending for this consumer that it does not hold (a read whose reply a
    Redis outage lost), then read new ones until a step's worth is in hand or the data is exhausted.
 2. **filter** (`filter_groups`) — set aside replays (task ids the checkpoint already holds: acked, not
-   trained), groups sampled at another temperature (`algo/temperature.py`: dead-lettered) and groups too
+   trained), groups sampled at another temperature (`algo/temperature.py`: dead-lettered), schema-valid
+   poison (`algo/poison.py`: dead-lettered alone, its batch-mates train) and groups too
    stale (`algo/staleness.py`: acked, not trained); the dispatcher is granted a replacement for each
    group whose task will not be trained on.
 3. **refill** — a step short of the groups it set aside reads their replacements before it trains.
@@ -16,7 +17,14 @@ Stages of `next_step`:
    informative groups.
 
 Every entry read is held until it is acked or dead-lettered (`holding`); `ack` acks the committed and
-set-aside ones together, after the loop's checkpoint.
+set-aside ones together, after the loop's checkpoint (`ack(checkpointed=False)`, for a read that held only
+groups set aside, acks those and leaves the committed ones for their checkpoint).
+
+A group is trained at most once: the entries held are heartbeaten before each read (XCLAIM JUSTID to this
+consumer: idle time reset, delivery count unchanged), so a visibility timeout shorter than a step (or
+than `checkpoint.every` steps) does not make them look abandoned, and a reclaim skips any entry held
+anyway; the replay filter checks each read against the task ids of the checkpoint *and* of every read
+before it in the same step.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from searchr1.core.metrics import in_stage
 from searchr1.core.schemas import TrajectoryGroup
 from searchr1.core.streams import Entry, TypedStream
 from searchr1.learner.algo.group_filters import split_flat_groups
+from searchr1.learner.algo.poison import group_problem
 from searchr1.learner.algo.staleness import Dropped, StalenessPolicy
 from searchr1.learner.algo.temperature import temperature_mismatch
 from searchr1.learner.metrics import LearnerMetrics
@@ -55,17 +64,19 @@ class StepInput:
     """Too stale under the staleness policy (acked, not trained)."""
     wrong_temperature: list[Dropped[Entry[TrajectoryGroup]]] = field(default_factory=list)
     """Sampled at another temperature than the learner's (dead-lettered)."""
+    poison: list[Dropped[Entry[TrajectoryGroup]]] = field(default_factory=list)
+    """Schema-valid and untrainable (`algo/poison.py`: dead-lettered alone, with the reason)."""
 
     @property
     def skipped(self) -> int:
         """Entries read and not trained on."""
-        return len(self.replays) + len(self.stale) + len(self.wrong_temperature)
+        return len(self.replays) + len(self.stale) + len(self.wrong_temperature) + len(self.poison)
 
     @property
     def untrained_tasks(self) -> int:
         """Entries whose task is not trained on: stale or at the wrong temperature. A replay is not one:
         its task was trained, and granted its replacement, when its first group was."""
-        return len(self.stale) + len(self.wrong_temperature)
+        return len(self.stale) + len(self.wrong_temperature) + len(self.poison)
 
     def merge(self, more: StepInput) -> None:
         """Add another read's entries and decisions to this one."""
@@ -74,6 +85,7 @@ class StepInput:
         self.replays += more.replays
         self.stale += more.stale
         self.wrong_temperature += more.wrong_temperature
+        self.poison += more.poison
 
     def group_entry_ids(self) -> list[str]:
         """The stream entry id of each group to train on, in the order of `groups`."""
@@ -94,20 +106,31 @@ class StreamSource:
         self.dispatcher: Any = None
         """The dispatcher granted replacement tasks (`grant(n, version)`); set by the loop on rank 0."""
         self.unacked: list[str] = []
-        """Ids of the entries to ack with the next `ack` (committed, replayed or stale)."""
+        """Ids of the entries set aside (replayed, stale, flat): acked with the next `ack`."""
+        self.committed: list[str] = []
+        """Ids of the entries trained on: acked with the next `ack` after a checkpoint."""
+        self.vocab_size: int | None = None
+        """The policy's vocabulary size: token ids at or past it are poison (set by the loop)."""
+        self._step_tasks: set[str] = set()
+        """Task ids of the groups kept by the reads of the step in hand (reset by `next_step`)."""
         self.holding: set[str] = set()
         """Ids of the entries read and not yet acked or dead-lettered."""
         self._state = TrainState()
 
     async def start(self) -> None:
+        """Create the consumer groups; the first read re-reads the entries still pending for this
+        consumer (a learner restarted after a crash trains them at once, not after the visibility
+        timeout: the run's lease makes this consumer name its own)."""
         await self.trajectories.ensure_group()
         await self.tasks.ensure_group()
+        self.trajectories.reread_own_next()
 
     # ------------------------------------------------------------------ stages
 
     async def next_step(self, stop: asyncio.Event, state: TrainState) -> StepGroups | None:
         """Read, filter, refill and (DAPO) sample one step; None when stopped short of a full step."""
         self._state = state
+        self._step_tasks = set()
         want = self.s.batch.groups_per_step
         got = await self.read_groups(stop)
         if stop.is_set() and len(got.entries) < want:
@@ -132,7 +155,9 @@ class StreamSource:
         (`groups_per_step`, or `want`) is in hand or `stop` is set."""
         want = self.s.batch.groups_per_step if want is None else want
         got = StepInput()
-        got.entries.extend(await self.trajectories.reclaim(self.s.consumer, count=want))
+        await self.heartbeat()
+        reclaimed = await self.trajectories.reclaim(self.s.consumer, count=want)
+        got.entries.extend(e for e in reclaimed if e.id not in self.holding)  # held: in a step already
         while len(got.entries) < want and not stop.is_set():
             self.holding.update(e.id for e in got.entries)
             got.entries.extend(await self.trajectories.reread_own(self.s.consumer, self.holding,
@@ -150,13 +175,15 @@ class StreamSource:
         """Set aside replays of task ids already trained on, groups sampled at another temperature than
         the learner's, and groups too stale under the staleness policy."""
         fresh = []
-        seen = set(self._state.consumed)
+        seen = self._step_tasks
         for e in got.entries:
             tid = e.value.task.task_id
-            if tid in seen:
+            if tid in seen or tid in self._state.consumed:
                 got.replays.append(e)
             elif (reason := temperature_mismatch(e.value)) is not None:
                 got.wrong_temperature.append(Dropped(e, reason))
+            elif (reason := group_problem(e.value, self.vocab_size)) is not None:
+                got.poison.append(Dropped(e, reason))
             else:
                 seen.add(tid)
                 fresh.append(e)
@@ -165,6 +192,7 @@ class StreamSource:
         self.metrics.dropped.labels("replay").inc(len(got.replays))
         self.metrics.dropped.labels("stale").inc(len(got.stale))
         self.metrics.dropped.labels("temperature").inc(len(got.wrong_temperature))
+        self.metrics.dropped.labels("poison").inc(len(got.poison))
         for d in got.stale:
             log.info("dropping group of task %s: %s", d.item.value.task.task_id, d.reason)
         # replace the tasks that will not be trained on; a replay's task was trained (and replaced) already:
@@ -183,7 +211,7 @@ class StreamSource:
 
     async def dead_letter(self, got: StepInput) -> None:
         """Move the groups that can never be trained on to the dead stream, with the reason."""
-        for d in got.wrong_temperature:
+        for d in got.wrong_temperature + got.poison:
             log.warning("dead-lettering group of task %s: %s", d.item.value.task.task_id, d.reason)
             await self.trajectories.dead_letter(d.item.id, d.reason)
             self.holding.discard(d.item.id)
@@ -224,13 +252,28 @@ class StreamSource:
         return acc
 
     def commit(self, entry_ids: Sequence[str]) -> None:
-        self.unacked.extend(e for e in entry_ids if e)
+        self.committed.extend(e for e in entry_ids if e)
 
-    async def ack(self) -> None:
-        if self.unacked:
-            await self.trajectories.ack(*self.unacked)
-        self.holding.difference_update(self.unacked)
+    async def ack(self, checkpointed: bool = True) -> None:
+        """Ack the entries set aside, and (`checkpointed`) those trained on."""
+        ids = self.unacked + (self.committed if checkpointed else [])
+        if ids:
+            await self.trajectories.ack(*ids)
+        self.holding.difference_update(ids)
         self.unacked.clear()
+        if checkpointed:
+            self.committed.clear()
+
+    async def heartbeat(self) -> None:
+        """Reset the idle time of every entry held (XCLAIM JUSTID to this consumer: the delivery count
+        stays), so a reclaim never mistakes them for a dead learner's."""
+        if not self.holding:
+            return
+        t = self.trajectories
+        held = sorted(self.holding)
+        call = t.link.call if t.link is not None else (lambda fn, what="": fn())
+        await call(lambda: t.redis.xclaim(t.key, t.group, self.s.consumer, min_idle_time=0,
+                                          message_ids=held, justid=True), "xclaim justid")
 
     def grant(self, trained: int, version: int) -> None:
         """Let the dispatcher publish the tasks the staleness policy grants for `trained` groups (or

@@ -8,7 +8,8 @@ in flight — none lost, none trained twice.
 
 A task id (`{dataset id}@e{epoch}`) falls in the first of these that holds:
 
-- **trained once** / **trained twice**: the distinct learner steps whose kept archive rows hold it. A step
+- **trained once** / **trained twice**: the kept archive rows (one per group) that hold it — two groups of
+  one task in one step count as trained twice, like two steps that each trained it. A step
   archived again by a restarted learner (killed after archiving it, before checkpointing it) keeps only
   the rows of its latest part: the earlier copy's groups were never checkpointed, so they were not trained
   as far as the run is concerned (they are re-read and trained again, possibly in another step);
@@ -145,9 +146,7 @@ def audit(tasks: Sequence[StreamRecord], groups: Sequence[StreamRecord], dead: S
     dispatched = list(dict.fromkeys(t.task_id for t in tasks))
     report.dispatched = len(dispatched)
     kept, report.superseded_steps = kept_rows(trained)
-    steps_of: dict[str, set[int]] = defaultdict(set)
-    for r in kept:
-        steps_of[r.task_id].add(r.step)
+    steps_of: Counter[str] = Counter(r.task_id for r in kept)  # groups trained per task id
     report.last_trained_step = max((r.step for r in kept), default=0)
     dead_reason: dict[str, str] = {}
     for d in dead:
@@ -164,8 +163,8 @@ def audit(tasks: Sequence[StreamRecord], groups: Sequence[StreamRecord], dead: S
         if g.state == "acked":
             acked_groups.setdefault(g.task_id, g)
     for tid in dispatched:
-        steps = steps_of.get(tid, set())
-        if len(steps) == 1:
+        steps = steps_of.get(tid, 0)
+        if steps == 1:
             report.trained_once += 1
         elif steps:
             report.trained_twice.append(tid)

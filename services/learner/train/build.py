@@ -26,6 +26,15 @@ class Training:
     components: list[Component]
     pad_id: int
 
+    def vocab_size(self) -> int | None:
+        """The policy's input vocabulary (the embedding's rows), None when it cannot be told."""
+        policy = self.trainer.policy
+        try:
+            return int(policy.get_input_embeddings().num_embeddings)
+        except (AttributeError, TypeError, ValueError):
+            size = getattr(getattr(policy, "config", None), "vocab_size", None)
+            return int(size) if size is not None else None
+
 
 def build_training(settings: LearnerSettings, info: DistInfo) -> Training:
     """Load policy (+ reference, + critic) and their optimizers as the settings ask."""

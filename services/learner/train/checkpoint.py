@@ -3,14 +3,17 @@ scheduler state, step, policy version, the task ids already trained on, dispatch
 with an EMA reference (`ref_ema_tau < 1`) also the reference's weights (a weights-only component).
 
 Everything is safetensors + JSON (nothing is unpickled): optimizer state is flattened into named tensors
-plus a JSON description. A checkpoint is written to a dot-directory and renamed when complete, so a crash
-mid-write leaves the previous checkpoint as the latest. Collective under FSDP (state dicts are gathered
+plus a JSON description. A checkpoint is written to a dot-directory, fsynced with a manifest of digests
+and renamed when complete (`durable.py`), so a crash mid-write leaves the previous checkpoint as the
+latest, and a checkpoint whose files do not match its manifest is skipped for the newest older one that
+verifies. Each records the fencing token of the learner that wrote it (`lease.py`). Collective under FSDP (state dicts are gathered
 to rank 0, which alone writes).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import random
 import shutil
 from dataclasses import dataclass, field
@@ -21,9 +24,12 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from searchr1.core.faults import fault_point
+from searchr1.learner.train.durable import problem, seal
 from searchr1.learner.train.model import DistInfo, full_state_dict, load_full_state_dict
 
 _PREFIX = "step"
+log = logging.getLogger("searchr1.learner")
 
 
 @dataclass
@@ -38,6 +44,8 @@ class TrainState:
     """Task ids whose groups were trained on (replays of them are acked and skipped)."""
     dispatcher: dict[str, int] = field(default_factory=dict)
     """Dispatcher position {epoch, cursor}."""
+    fence: int = 0
+    """Fencing token of the learner that wrote the checkpoint (0: no lease)."""
 
 
 def _flatten_optimizer(sd: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -106,13 +114,24 @@ class Checkpointer:
         self.root = Path(root)
         self.keep = keep
         self.info = info or DistInfo()
+        self.fence = 0
+        """The fencing token written into each checkpoint (set by the loop from its lease)."""
+        self.guard: Any = None
+        """Called with no argument right before a checkpoint is written; raises to stop the write (the
+        learner's lease check)."""
 
     def latest(self) -> Path | None:
+        """The newest checkpoint that verifies against its manifest; newer ones that do not are logged
+        and skipped (their groups were never acked: acks follow a durable checkpoint)."""
         if not self.root.is_dir():
             return None
-        done = sorted(p for p in self.root.iterdir() if p.is_dir() and p.name.startswith(_PREFIX)
-                      and (p / "state.json").is_file())
-        return done[-1] if done else None
+        done = sorted(p for p in self.root.iterdir() if p.is_dir() and p.name.startswith(_PREFIX))
+        for path in reversed(done):
+            why = problem(path)
+            if why is None:
+                return path
+            log.warning("skipping checkpoint %s: %s", path, why)
+        return None
 
     def save(self, state: TrainState, components: list[Component]) -> Path | None:
         """Write a checkpoint for `state.step` (collective; rank 0 writes). Returns its path on rank 0."""
@@ -122,12 +141,14 @@ class Checkpointer:
             gathered.append((c, full_state_dict(c.model, self.info), optim_sd))
         if not self.info.is_main:
             return None
+        if self.guard is not None:
+            self.guard()
         final = self.root / f"{_PREFIX}{state.step:08d}"
         tmp = self.root / f".tmp-{final.name}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         meta: dict[str, Any] = {
-            "step": state.step, "version": state.version, "consumed": sorted(state.consumed),
+            "step": state.step, "version": state.version, "consumed": sorted(state.consumed), "fence": self.fence,
             "dispatcher": state.dispatcher, "python_rng": _jsonable(random.getstate()), "components": {},
         }
         for c, model_sd, optim_sd in gathered:
@@ -140,8 +161,8 @@ class Checkpointer:
             meta["components"][c.name] = {"optimizer": opt_meta, "scheduler": _jsonable(c.scheduler.state_dict())}
         save_file({"cpu": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
         (tmp / "state.json").write_text(json.dumps(meta))
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
+        fault_point("checkpoint.before_seal")  # test hook (core/faults.py): off unless its env var is set
+        seal(tmp, final)
         self._prune()
         return final
 
@@ -169,12 +190,15 @@ class Checkpointer:
         torch.set_rng_state(load_file(str(path / "rng.safetensors"))["cpu"])
         random.setstate(_tuplify(meta["python_rng"]))
         return TrainState(step=meta["step"], version=meta["version"], consumed=set(meta["consumed"]),
-                          dispatcher=dict(meta["dispatcher"]))
+                          dispatcher=dict(meta["dispatcher"]), fence=int(meta.get("fence", 0)))
 
     def _prune(self) -> None:
+        """Keep the newest `keep` checkpoints; remove dot-directories a killed save left behind."""
         done = sorted(p for p in self.root.iterdir() if p.is_dir() and p.name.startswith(_PREFIX))
         for old in done[: max(0, len(done) - self.keep)]:
             shutil.rmtree(old, ignore_errors=True)
+        for left in self.root.glob(".tmp-*"):
+            shutil.rmtree(left, ignore_errors=True)
 
 
 def _jsonable(value: Any) -> Any:

@@ -31,8 +31,6 @@ the reference moves towards the policy after every `ref_ema_period`-th step's la
 from __future__ import annotations
 
 import math
-from dataclasses import astuple, dataclass, field, fields
-from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -48,7 +46,6 @@ from searchr1.learner.algo.advantages import (
 from searchr1.learner.algo.batch import Batch, shard_rows
 from searchr1.learner.algo.losses import (
     POLICY_LOSSES,
-    PolicyLoss,
     aggregate,
     truncated_importance_weights,
     value_loss,
@@ -59,79 +56,14 @@ from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.train.kl_term import KLTerm, MicroBatch, PolicyForward
 from searchr1.learner.train.model import DistInfo, forward_values
 from searchr1.learner.train.prepass import PrePass, PrePassModels, run_prepass
-
-
-@dataclass
-class PolicyFigures:
-    """One mini-batch's policy-update figures: this rank's share-weighted sums, global once all-reduced."""
-
-    loss: float = 0.0
-    pg_loss: float = 0.0
-    kl_loss: float = 0.0
-    entropy: float = 0.0
-    clip_frac: float = 0.0
-    approx_kl: float = 0.0
-    is_weight_mean: float = 0.0
-
-    def add(self, terms: PolicyTerms, weights: Tensor, mask: Tensor, share: float, tokens: float) -> None:
-        """Add one micro-batch's terms, weighted by its `share` of the mini-batch (of `tokens` loss tokens)."""
-        self.loss += float(terms.loss.detach()) * share
-        self.pg_loss += float(terms.pg.loss.detach()) * share
-        self.kl_loss += float(terms.kl.detach()) * share
-        self.entropy += float(terms.entropy.detach()) * share
-        self.clip_frac += float(terms.pg.clip_frac) * share
-        self.approx_kl += float(terms.pg.approx_kl) * share
-        self.is_weight_mean += float((weights * mask).sum()) / max(tokens, 1.0) if float(mask.sum()) else 0.0
-
-
-@dataclass(frozen=True)
-class PolicyTerms:
-    """One micro-batch's policy loss and the terms it sums."""
-
-    loss: Tensor
-    """pg − entropy_coef·entropy + kl_loss_coef·kl, aggregated over the micro-batch."""
-    pg: PolicyLoss
-    entropy: Tensor
-    kl: Tensor
-
-
-@dataclass
-class CriticFigures:
-    """One mini-batch's critic-update figures: this rank's share-weighted sums, global once all-reduced."""
-
-    value_loss: float = 0.0
-    value_clip_frac: float = 0.0
-
-
-F = TypeVar("F", PolicyFigures, CriticFigures)
-
-
-@dataclass
-class StepStats:
-    """Figures of one step (summed over its mini-batches, global over ranks)."""
-
-    values: dict[str, float] = field(default_factory=dict)
-
-    def add(self, key: str, value: float) -> None:
-        self.values[key] = self.values.get(key, 0.0) + value
-
-    def add_all(self, figures: PolicyFigures | CriticFigures) -> None:
-        for f in fields(figures):
-            self.add(f.name, getattr(figures, f.name))
-
-
-def _all_reduce(values: list[float], info: DistInfo, device: torch.device) -> list[float]:
-    if not info.enabled:
-        return values
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t)
-    return t.tolist()
-
-
-def _all_reduce_figures(figures: F, info: DistInfo, device: torch.device) -> F:
-    """Sum every field over ranks as one float64 tensor, in the dataclass's field order (the same on
-    every rank)."""
-    return type(figures)(*_all_reduce(list(astuple(figures)), info, device))
+from searchr1.learner.train.step_figures import (
+    CriticFigures,
+    PolicyFigures,
+    PolicyTerms,
+    StepStats,
+    all_reduce,
+    all_reduce_figures,
+)
 
 
 class Trainer:
@@ -162,6 +94,9 @@ class Trainer:
         self.critic_optimizer = critic_optimizer
         self.critic_scheduler = critic_scheduler
         self.stage_clock: StageClock | None = None
+        self.nonfinite_skips = 0
+        """Optimizer updates skipped because the gradient norm was NaN or infinite (every rank agrees:
+        the norm is reduced over all of them)."""
         """Set by the learner: each optimizer step (clip + step) runs in its `optimizer` stage."""
         a = settings.algorithm
         self.is_ppo = a.advantage == "gae"
@@ -280,7 +215,7 @@ class Trainer:
     def _norm_counts(self, mbs: list[Batch]) -> tuple[float, float]:
         tokens = sum(float(mb.loss_mask.sum()) for mb in mbs)
         seqs = sum(float((mb.loss_mask.sum(-1) > 0).sum()) for mb in mbs)
-        tokens, seqs = _all_reduce([tokens, seqs], self.info, self.device)
+        tokens, seqs = all_reduce([tokens, seqs], self.info, self.device)
         return max(tokens, 1.0), max(seqs, 1.0)
 
     def _weight(self, mb: Batch, tokens: float, seqs: float) -> float:
@@ -302,7 +237,7 @@ class Trainer:
         for r, mb in zip(mbs_rows, mbs):
             self._policy_micro_step(mb, r, pre, stale, tokens, seqs, fig)
         grad_norm = self._optimizer_step(self.policy, self.optimizer)
-        stats.add_all(_all_reduce_figures(fig, self.info, self.device))
+        stats.add_all(all_reduce_figures(fig, self.info, self.device))
         stats.add("grad_norm", grad_norm)
 
     def _policy_micro_step(self, mb: Batch, r: list[int], pre: PrePass, stale: Tensor, tokens: float,
@@ -362,7 +297,7 @@ class Trainer:
         mbs = [local.select(r) if r else self._dummy for r in mbs_rows]
         # the critic learns on every response token (veRL's response mask), token-mean over the mini-batch
         own = sum(float(mb.response_mask.sum()) for r, mb in zip(mbs_rows, mbs) if r)
-        tokens = max(_all_reduce([own], self.info, self.device)[0], 1.0)
+        tokens = max(all_reduce([own], self.info, self.device)[0], 1.0)
         self.critic_optimizer.zero_grad(set_to_none=True)
         fig = CriticFigures()
         for r, mb in zip(mbs_rows, mbs):
@@ -377,13 +312,19 @@ class Trainer:
             fig.value_loss += float(vl.loss.detach()) * w / self.info.world
             fig.value_clip_frac += float(vl.clip_frac) * w / self.info.world
         grad_norm = self._optimizer_step(self.critic, self.critic_optimizer)
-        stats.add_all(_all_reduce_figures(fig, self.info, self.device))
+        stats.add_all(all_reduce_figures(fig, self.info, self.device))
         stats.add("critic_grad_norm", grad_norm)
 
     @in_stage("optimizer", lambda self: self.stage_clock)
     def _optimizer_step(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> float:
-        """Clip `model`'s gradients and apply `optimizer`; returns the norm before clipping."""
+        """Clip `model`'s gradients and apply `optimizer`; returns the norm before clipping. A NaN or
+        infinite norm skips the update (gradients dropped, optimizer state untouched) and is counted in
+        `nonfinite_skips`: one poisoned batch does not turn every weight into NaN."""
         grad_norm = self._clip(model)
+        if not math.isfinite(grad_norm):
+            optimizer.zero_grad(set_to_none=True)
+            self.nonfinite_skips += 1
+            return grad_norm
         optimizer.step()
         return grad_norm
 

@@ -1,0 +1,208 @@
+"""A single-holder lease in Redis with a fencing token: one learner per run.
+
+`Lease.acquire` sets `searchr1:{run}:{name}:lease` with SET NX PX and, in the same Lua script, takes
+the next fencing token from `searchr1:{run}:{name}:fence` (INCR: strictly increasing over the run's
+life, never reused). The lease value is `"{token} {holder}"`. A second process finds the key set and
+`acquire` raises `LeaseHeld` naming the holder and how long its lease still runs, unless the holder
+(`host:pid/…`) is a process of this host that no longer runs, or this very process id (a container
+restarted under the same hostname): its lease is taken over at once instead of after its TTL.
+
+The holder renews the lease (`renew`: PEXPIRE only while the value is still its own) every
+`ttl / 3`. `valid()` is the holder's local view: the lease is valid while the last successful renewal
+is younger than the TTL less a safety margin, measured on the monotonic clock from *before* the renewal
+was sent, so the holder stops believing in its lease before Redis can give it to another process. A
+holder that finds its value replaced, or cannot renew in time, has lost the lease: `check()` raises
+`LeaseLost` and the holder must stop before writing anything (checkpoints, snapshots, announcements).
+
+Everything the holder writes carries its token; readers that see a higher token than the one in front
+of them know the writer was fenced off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+
+from redis import asyncio as aioredis
+
+log = logging.getLogger("searchr1.lease")
+
+_ACQUIRE = """
+if redis.call('SET', KEYS[1], 'claiming', 'NX', 'PX', ARGV[2]) then
+  local token = redis.call('INCR', KEYS[2])
+  redis.call('SET', KEYS[1], token .. ' ' .. ARGV[1], 'PX', ARGV[2])
+  return {token, ''}
+end
+return {0, redis.call('GET', KEYS[1]) or ''}
+"""
+
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+class LeaseHeld(RuntimeError):
+    """Another process holds the lease."""
+
+
+class LeaseLost(RuntimeError):
+    """This process held the lease and no longer does: it must stop before it writes."""
+
+
+def default_holder() -> str:
+    """`host:pid`: enough to find the other process."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _dead_here(holder: str) -> bool:
+    """True when `holder` (`host:pid[/…]`) names this host and a process that is gone, or this very
+    process (a container restarted with the same hostname and pid: its previous run held it)."""
+    host, _, rest = holder.partition(":")
+    pid_text = rest.split("/", 1)[0]
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return False
+    pid = int(pid_text)
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+class Lease:
+    """One holder's lease `name` of run `run` (see the module docstring)."""
+
+    def __init__(self, redis: aioredis.Redis, run: str, name: str = "learner", *, ttl_ms: int = 30_000,
+                 holder: str | None = None, margin: float = 0.2) -> None:
+        if ttl_ms < 100:
+            raise ValueError(f"ttl_ms must be at least 100, got {ttl_ms}")
+        self.redis = redis
+        self.key = f"searchr1:{run}:{name}:lease"
+        self.fence_key = f"searchr1:{run}:{name}:fence"
+        self.ttl_ms = ttl_ms
+        self.holder = (holder or default_holder()).replace(" ", "_")
+        self.margin = margin
+        self.token = 0
+        """The fencing token (0 until acquired)."""
+        self.lost: str | None = None
+        """Why the lease was lost (None while held or before `acquire`)."""
+        self._valid_until = 0.0
+
+    @property
+    def value(self) -> str:
+        return f"{self.token} {self.holder}"
+
+    async def acquire(self, wait_s: float = 0.0) -> int:
+        """Take the lease and a new fencing token; raise `LeaseHeld` naming the holder if it is still
+        taken after `wait_s` seconds (a crashed holder's lease runs out within one TTL)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                return await self._acquire_once()
+            except LeaseHeld as exc:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                log.warning("%s; trying again", exc)
+                await asyncio.sleep(min(left, self.ttl_ms / 3000))
+
+    async def _acquire_once(self) -> int:
+        sent = time.monotonic()
+        token, current = await self.redis.eval(_ACQUIRE, 2, self.key, self.fence_key, self.holder, self.ttl_ms)
+        current = current.decode() if isinstance(current, bytes) else str(current)
+        if not int(token) and _dead_here(current.partition(" ")[2]):
+            # this host's previous incarnation (a restarted process or container) died holding it
+            log.warning("lease %s is held by %r, which no longer runs on this host: taking it over",
+                        self.key, current)
+            await self.redis.eval(_RELEASE, 1, self.key, current)
+            sent = time.monotonic()
+            token, current = await self.redis.eval(_ACQUIRE, 2, self.key, self.fence_key, self.holder,
+                                                   self.ttl_ms)
+            current = current.decode() if isinstance(current, bytes) else str(current)
+        if not int(token):
+            left = await self.redis.pttl(self.key)
+            tok, _, who = current.partition(" ")
+            raise LeaseHeld(
+                f"another learner holds run's lease {self.key!r}: {who or current} (fencing token {tok}), "
+                f"for {max(left, 0) / 1000:.1f} s more unless it renews it; stop that learner first (a "
+                "crashed one's lease expires by itself)")
+        self.token, self.lost = int(token), None
+        self._valid_until = sent + self.ttl_ms / 1000 * (1 - self.margin)
+        log.info("holding lease %s with fencing token %d", self.key, self.token)
+        return self.token
+
+    async def renew(self) -> bool:
+        """Extend the lease; False (and `lost` set) when it is no longer ours."""
+        if self.lost is not None:
+            return False
+        sent = time.monotonic()
+        ok = await self.redis.eval(_RENEW, 1, self.key, self.value, self.ttl_ms)
+        if not int(ok):
+            self.mark_lost(f"lease {self.key!r} is no longer held by {self.value!r}")
+            return False
+        self._valid_until = sent + self.ttl_ms / 1000 * (1 - self.margin)
+        return True
+
+    def mark_lost(self, why: str) -> None:
+        if self.lost is None:
+            log.error("lost the lease: %s", why)
+        self.lost = why
+
+    def valid(self) -> bool:
+        """The holder's local view: acquired, not lost and renewed recently enough."""
+        return self.token > 0 and self.lost is None and time.monotonic() < self._valid_until
+
+    def check(self) -> None:
+        """Raise `LeaseLost` unless `valid()`: call it right before every write."""
+        if self.valid():
+            return
+        if self.lost is None and self.token > 0:
+            self.mark_lost(f"lease {self.key!r} was not renewed within {self.ttl_ms * (1 - self.margin):.0f} ms")
+        raise LeaseLost(self.lost or f"lease {self.key!r} was never acquired")
+
+    async def keep(self, stop: asyncio.Event) -> None:
+        """Renew every `ttl / 3` until `stop` or the lease is lost (a Redis error counts as a failed
+        renewal; the lease runs out by itself if Redis stays away)."""
+        period = self.ttl_ms / 3000
+        while not stop.is_set() and self.lost is None:
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=period)
+                return
+            except TimeoutError:
+                pass
+            try:
+                await self.renew()
+            except Exception as exc:  # noqa: BLE001  # Redis away: `valid()` runs out on its own
+                log.warning("could not renew lease %s: %s", self.key, exc)
+
+    async def release(self) -> None:
+        """Give the lease up (only if it is still ours), so a successor need not wait for the TTL."""
+        if self.token > 0 and self.lost is None:
+            await self.redis.eval(_RELEASE, 1, self.key, self.value)
+        self.lost = "released"
+
+    async def release_quietly(self, timeout_s: float = 5.0) -> None:
+        """`release` on the way out, never raising: with Redis away the lease expires by itself."""
+        if self.token == 0:
+            return
+        try:
+            await asyncio.wait_for(self.release(), timeout=timeout_s)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("could not release lease %s (it expires by itself): %s", self.key, exc)

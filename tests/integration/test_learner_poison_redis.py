@@ -1,0 +1,52 @@
+"""Schema-valid poison against a real Redis: a group with a token id past the vocabulary or an infinite
+behaviour log-prob is dead-lettered alone with its reason, and its batch-mates train."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+
+from searchr1.core.schemas import TrajectoryGroup, decode
+from searchr1.core.streams import StreamKeys, tasks_stream, trajectories_stream
+from searchr1.learner.algo.staleness import StalenessPolicy
+from searchr1.learner.metrics import LearnerMetrics
+from searchr1.learner.settings import LearnerSettings
+from searchr1.learner.sources.stream import StreamSource
+from searchr1.learner.train.checkpoint import TrainState
+from tests.support.synthetic import synthetic_group
+
+
+def _group(task: str, **change) -> TrajectoryGroup:
+    g = synthetic_group(task, group_size=2, vocab=128, rewards=[1.0, 0.0], rng=random.Random(task))
+    if not change:
+        return g
+    bad = g.trajectories[1].model_copy(update=change)
+    return g.model_copy(update={"trajectories": [g.trajectories[0], bad]})
+
+
+async def test_poison_groups_are_dead_lettered_alone_and_their_batch_mates_train(redis):
+    settings = LearnerSettings(batch={"groups_per_step": 3}, read_block_ms=50)
+    keys = StreamKeys("t")
+    traj = trajectories_stream(redis, keys)
+    source = StreamSource(settings, traj, tasks_stream(redis, keys), StalenessPolicy.from_settings(settings),
+                          LearnerMetrics())
+    source.vocab_size = 128
+    await source.start()
+    ok = _group("ok0")
+    lp = list(_group("inf").trajectories[1].behavior_logprobs)
+    lp[0] = -math.inf
+    ids = list(_group("vocab").trajectories[1].response_ids)
+    ids[1] = 128
+    for g in (_group("ok1"), _group("vocab", response_ids=ids),
+              _group("inf", behavior_logprobs=lp), _group("ok2"), ok):
+        await traj.publish(g)
+    step = await asyncio.wait_for(source.next_step(asyncio.Event(), TrainState()), timeout=30)
+    assert sorted(g.task.task_id for g in step.groups) == ["ok0", "ok1", "ok2"]
+    dead = await redis.xrange(keys.dead)
+    reasons = {decode(TrajectoryGroup, f[b"payload"]).task.task_id: f[b"reason"].decode() for _, f in dead}
+    assert set(reasons) == {"vocab", "inf"}
+    assert "token id 128 outside the vocabulary [0, 128)" in reasons["vocab"]
+    assert "log-prob -inf" in reasons["inf"]
+    assert source.metrics.registry.get_sample_value("searchr1_learner_groups_dropped_total",
+                                                    {"reason": "poison"}) == 2
