@@ -1,5 +1,5 @@
 """The receiving end of the `broadcast` weight transport, inside vLLM: a worker extension class (engine
-arg `worker_extension_cls="searchr1.rollout.broadcast_ext:BroadcastWeightReceiver"`), whose methods the
+arg `worker_extension_cls="searchr1.rollout.broadcast_ext.BroadcastWeightReceiver"`), whose methods the
 rollout process calls with `collective_rpc` (vLLM's supported extension point for RL weight updates).
 
 - `searchr1_weights_join(uri)`: join the group the announcement's URI names (its generation); returns
@@ -57,3 +57,16 @@ class BroadcastWeightReceiver:
     def searchr1_weights_generation(self) -> int | None:
         rx = getattr(self, "_searchr1_rx", None)
         return None if rx is None or rx.address is None else rx.address.generation
+
+
+WORKER_EXTENSION = "searchr1.rollout.broadcast_ext.BroadcastWeightReceiver"
+"""The engine arg `worker_extension_cls` that enables broadcast weight updates."""
+
+
+async def receive_broadcast(generator: Any, uri: str) -> str:
+    """Receive the publication `uri` names into a `VllmGenerator`'s engine (started with
+    `worker_extension_cls=WORKER_EXTENSION`), then drop the prefix cache (its KV came from the old
+    weights). Returns the digest of the received tensors (equal to the sender's, or this raised)."""
+    digests = await generator.engine.collective_rpc("searchr1_weights_receive", kwargs={"uri": uri})
+    await generator.engine.reset_prefix_cache()
+    return str(digests[0])
