@@ -25,7 +25,7 @@ help:
 	@echo "make test-load    load tests (tests/load: the retriever under 256 clients for 60 s; prints RSS)"
 	@echo "make demo      the tiny world end to end (searchr1 demo; see README)"
 	@echo "make bench     run benchmarks/ (prints figures against in-run baselines)"
-	@echo "make bench-weights  weight sync (write, hash, announce, transfer, verify, reload) against model size"
+	@echo "make bench-weights  weight sync (write, hash, announce, transfer, verify, reload) against model size; snapshot vs broadcast"
 	@echo "make bench-system  lockstep vs asynchronous training, end to end, and where the time goes (BENCH_ARGS=...)"
 	@echo "make lint      ruff + import-linter contracts"
 	@echo "make proto     regenerate gRPC stubs from proto/"
@@ -95,6 +95,7 @@ bench-system: $(STAMP)
 
 bench-weights: $(STAMP)
 	$(BIN)/python benchmarks/weight_sync.py $(BENCH_ARGS)
+	$(BIN)/python benchmarks/weight_broadcast.py
 
 demo: $(STAMP)
 	$(BIN)/searchr1 demo --config configs/tiny-cpu.toml
