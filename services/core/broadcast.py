@@ -231,14 +231,22 @@ class Broadcaster:
             self.generation += 1
             raise
 
+    def _layout(self, version: int, named: Sequence[tuple[str, Any]]) -> tuple[bytes, list[list[int]]]:
+        buckets = plan_buckets([_padded(_nbytes(t)) for _, t in named], self.bucket_bytes)
+        specs = [{"name": n, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)} for n, t in named]
+        header = {"version": version, "buckets": [[specs[i] for i in b] for b in buckets]}
+        return json.dumps(header).encode(), buckets
+
+    def header_digest(self, version: int, named: Sequence[tuple[str, Any]]) -> str:
+        """sha256 of the header `send` will send first (version, names, dtypes, shapes, bucket plan)."""
+        return hashlib.sha256(self._layout(version, named)[0]).hexdigest()
+
     def _send(self, version: int, named: Sequence[tuple[str, Any]]) -> str:
         import torch
 
         device = named[0][1].device if named else torch.device("cpu")
-        buckets = plan_buckets([_padded(_nbytes(t)) for _, t in named], self.bucket_bytes)
-        specs = [{"name": n, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)} for n, t in named]
-        header = {"version": version, "buckets": [[specs[i] for i in b] for b in buckets]}
-        _bcast_bytes(self._pg, json.dumps(header).encode(), device)
+        header, buckets = self._layout(version, named)
+        _bcast_bytes(self._pg, header, device)
         digest = hashlib.sha256()
         for b in buckets:
             _bcast(self._pg, pack_bucket([named[i][1] for i in b], digest))

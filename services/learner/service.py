@@ -109,6 +109,8 @@ class Learner:
         self.staleness = StalenessPolicy.from_settings(settings)
         self.state = TrainState()
         self.dispatcher: Any = None  # set by `run` on rank 0
+        self.transport: Any = None
+        """A `WeightTransport` (`transport.py`) set by `run_learner` on rank 0; None: write and announce."""
         self.link = link
         self.tasks = None
         if redis is not None:
@@ -172,6 +174,10 @@ class Learner:
         """Snapshot (collective gather), announce and prune."""
         if force_write:
             model, state = await asyncio.to_thread(export_weights, self.training.trainer.policy, self.info)
+            if self.info.is_main and self.transport is not None and self.redis is not None:
+                wv = await self.transport.publish(self.state.version, model, state)
+                self.metrics.version.set(wv.version)
+                return
             if self.info.is_main:
                 await asyncio.to_thread(self.publisher.write, self.state.version, model, state)
         if self.info.is_main and self.redis is not None:
@@ -350,6 +356,10 @@ async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = No
         archive = await asyncio.to_thread(ArchiveWriter, settings.archive_dir, settings.archive.every_steps)
     learner = Learner(settings, training, Checkpointer(settings.checkpoint.dir, settings.checkpoint.keep, info),
                       publisher, metrics, step_log, redis=redis, info=info, archive=archive, link=link)
+    if info.is_main and settings.weights.transport != "snapshot":
+        from searchr1.learner.transport import build_transport
+
+        learner.transport = build_transport(settings.weights, publisher, redis, learner.keys, link)
     try:
         state = await learner.start()
         dispatcher = None
@@ -362,6 +372,8 @@ async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = No
                                     version=state.version, downstream=learner.source.trajectories)
         return await learner.run(stop, max_steps=max_steps, dispatcher=dispatcher)
     finally:
+        if learner.transport is not None:
+            learner.transport.close()
         if http is not None:
             await http.stop()
         if metrics_server is not None:

@@ -31,6 +31,7 @@ from searchr1.core.redis_link import RedisLink
 from searchr1.core.servers import install_shutdown_signals
 from searchr1.core.streams import StreamKeys, connect, tasks_stream, trajectories_stream
 from searchr1.rollout.batcher import SearchBatcher
+from searchr1.rollout.broadcast_ext import WORKER_EXTENSION
 from searchr1.rollout.engine import Generator, HfCodec, HfGenerator, VllmEngineConfig, VllmGenerator
 from searchr1.rollout.metrics import RolloutMetrics
 from searchr1.rollout.settings import EngineSettings, RolloutSettings
@@ -55,6 +56,7 @@ async def start_generator(model: str, engine: EngineSettings) -> Generator:
         dtype=engine.dtype, enforce_eager=engine.enforce_eager, seed=engine.seed, max_num_seqs=engine.max_num_seqs,
         tensor_parallel_size=engine.tensor_parallel_size, logprobs_mode=engine.logprobs_mode,
         logits_processors=tuple(engine.logits_processors), enable_prefix_caching=engine.enable_prefix_caching,
+        extra={"worker_extension_cls": WORKER_EXTENSION},  # receives `broadcast://` weight versions
     ))
 
 
