@@ -7,10 +7,12 @@ group (gloo on CPU, NCCL on GPU), built without the default group (a `TCPStore` 
 
     header length (int64[1]) → header (uint8 JSON: version, tensor names, dtypes, shapes, bucket plan)
     → bucket 0 … bucket n-1 (uint8, about `bucket_bytes` each, tensors back to back at 16-byte offsets)
-    → digest (uint8[32]: sha256 over the packed buckets, in order)
+    → digest (uint8[16]: xxh3-128 over the packed buckets, in order)
 
-The sender hashes each bucket as it packs it and the receiver as it unpacks it (one pass each, no
-read-back); a receiver whose digest differs rejects the version. Every collective waits at most
+The sender hashes each bucket as it packs it and the receiver as it receives it (one pass each, no
+read-back); a receiver whose digest differs rejects the version. The hash is xxh3-128 (6.5 GB/s on one
+core of the 2-core test machine, against 0.8 GB/s for sha256, which at 0.5B cost more than the transfer):
+it guards the transfer against corruption and truncation; the group itself is a trusted link. Every collective waits at most
 `timeout_s`: a dead or missing receiver makes the sender's `send` raise `BroadcastFailed` instead of
 hanging, and the group is then unusable — the sender re-forms a fresh one (`generation` + 1, its own
 key prefix in the store) for the next version, and receivers that missed a version catch up from the
@@ -33,7 +35,11 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
+import xxhash
+
 SCHEME = "broadcast"
+_DIGEST_BYTES = 16
+"""xxh3-128 of the packed buckets: an integrity check of the transfer (the group is a trusted link)."""
 _STORE_TIMEOUT_PAD_S = 5.0
 
 
@@ -219,7 +225,7 @@ class Broadcaster:
         return group_uri(self.address, version)
 
     def send(self, version: int, named: Sequence[tuple[str, Any]]) -> str:
-        """Broadcast `named` tensors as `version`; returns the sha256 hex digest of what was sent. Forms
+        """Broadcast `named` tensors as `version`; returns the hex digest of what was sent. Forms
         the group first if needed (waits for every receiver to join, at most `timeout_s`). On failure the
         group is dropped, the generation moves on, and `BroadcastFailed` is raised."""
         try:
@@ -247,7 +253,7 @@ class Broadcaster:
         device = named[0][1].device if named else torch.device("cpu")
         header, buckets = self._layout(version, named)
         _bcast_bytes(self._pg, header, device)
-        digest = hashlib.sha256()
+        digest = xxhash.xxh3_128()
         for b in buckets:
             _bcast(self._pg, pack_bucket([named[i][1] for i in b], digest))
         raw = digest.digest()
@@ -303,13 +309,13 @@ class Receiver:
         header = json.loads(_bcast_bytes(self._pg, None, self.device))
         if header["version"] != version:
             raise DigestMismatch(f"expected version {version}, the group sent {header['version']}")
-        digest = hashlib.sha256()
+        digest = xxhash.xxh3_128()
         for specs in header["buckets"]:
             flat = torch.empty(bucket_bytes_of(specs), dtype=torch.uint8, device=self.device)
             _bcast(self._pg, flat)
             _hash(flat, digest)
             yield from unpack_bucket(flat, specs)
-        sent = torch.empty(32, dtype=torch.uint8, device=self.device)
+        sent = torch.empty(_DIGEST_BYTES, dtype=torch.uint8, device=self.device)
         _bcast(self._pg, sent)
         got = digest.hexdigest()
         if bytes(sent.cpu().numpy()).hex() != got:
