@@ -15,6 +15,8 @@ The ratio (agent loop generated tokens/s over plain tokens/s) is the share of th
 the agent loop keeps. What the agent loop pays on top: each turn is a new request (scheduling, a prefill
 of the context, of which the prefix cache serves everything but the observation and the last partial
 block), the observation's own prefill, and this process's Python per turn (encode, parse, asyncio).
+Both sides print the prompt tokens the engine computed (`PrefillCounter`: prompt length minus prefix-cache
+hits, per request), which separates the prefill cost from the rest.
 """
 
 from __future__ import annotations
@@ -39,6 +41,29 @@ async def instant_search(query: str) -> list[_Hit]:
     return _HITS
 
 
+class PrefillCounter:
+    """Wraps an `AsyncLLM`: counts, per finished request, the prompt tokens the engine computed (prompt
+    length minus the tokens its prefix cache served). Everything else is delegated."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.computed = 0
+        self.prompt = 0
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    async def generate(self, prompt, params, request_id):
+        last = None
+        async for out in self.engine.generate(prompt, params, request_id):
+            last = out
+            yield out
+        if last is not None:
+            n = len(prompt["prompt_token_ids"])
+            self.prompt += n
+            self.computed += n - (last.num_cached_tokens or 0)
+
+
 @dataclass(frozen=True, slots=True)
 class LimitFigures:
     agent_seconds: float
@@ -47,6 +72,8 @@ class LimitFigures:
     env_tokens: int
     plain_seconds: float
     plain_tokens: int
+    agent_prefill: int = 0
+    plain_prefill: int = 0
 
     @property
     def ratio(self) -> float:
@@ -55,10 +82,11 @@ class LimitFigures:
     def lines(self) -> str:
         return (f"{'agent loop (0-lat. search)':<28} {self.agent_seconds:7.2f} s  "
                 f"{self.agent_tokens / self.agent_seconds:8.0f} gen tok/s  {self.agent_tokens:7d} tokens  "
-                f"{self.agent_turns:5d} turns  {self.env_tokens:7d} observation tokens\n"
+                f"{self.agent_turns:5d} turns  {self.env_tokens:7d} observation tokens  "
+                f"{self.agent_prefill:7d} prompt tokens computed\n"
                 f"{'plain vLLM generation':<28} {self.plain_seconds:7.2f} s  "
                 f"{self.plain_tokens / self.plain_seconds:8.0f} gen tok/s  {self.plain_tokens:7d} tokens  "
-                f"(same engine, same token count per trajectory, no turn boundaries)\n"
+                f"{self.plain_prefill:7d} prompt tokens computed (same engine, same tokens per trajectory, no turns)\n"
                 f"  agent loop / plain generation: {100 * self.ratio:.1f}% of the engine's tokens/s")
 
 
@@ -96,10 +124,16 @@ async def plain_generation(gen, prompts, counts, extra, tag: str) -> tuple[float
 
 async def limit_row(gen, codec, prompts, args, extra) -> LimitFigures:
     """The agent loop, then plain generation of the same per-trajectory token counts, on one engine."""
-    await gen.engine.reset_prefix_cache()
-    agent_s, results = await agent_loop(gen, codec, prompts, args, extra)
-    counts = [r.generated_tokens for r in results]
-    await gen.engine.reset_prefix_cache()
-    plain_s, plain_n = await plain_generation(gen, prompts, counts, extra, f"plain-{time.monotonic_ns()}")
+    engine = gen.engine
+    try:
+        gen.engine = agent_count = PrefillCounter(engine)
+        await engine.reset_prefix_cache()
+        agent_s, results = await agent_loop(gen, codec, prompts, args, extra)
+        counts = [r.generated_tokens for r in results]
+        gen.engine = plain_count = PrefillCounter(engine)
+        await engine.reset_prefix_cache()
+        plain_s, plain_n = await plain_generation(gen, prompts, counts, extra, f"plain-{time.monotonic_ns()}")
+    finally:
+        gen.engine = engine
     return LimitFigures(agent_s, sum(counts), sum(r.num_turns for r in results), sum(r.env_tokens for r in results),
-                        plain_s, plain_n)
+                        plain_s, plain_n, agent_count.computed, plain_count.computed)
