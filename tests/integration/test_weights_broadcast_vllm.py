@@ -118,3 +118,52 @@ async def test_a_dead_receiver_fails_the_send_in_time_and_a_restart_rejoins(engi
         assert await _greedy(a, "a-v3") == await _greedy(restarted, "r-v3")
     finally:
         await restarted.close()
+
+
+async def test_the_worker_loader_receives_a_broadcast_version_and_catches_up_from_a_snapshot(engines, models,
+                                                                                            redis_server, tmp_path):
+    """The whole path: the learner's `BroadcastTransport` announces on a real Redis and sends; the rollout's
+    `WeightLoader` sees a `broadcast://` version, receives it into the vLLM engine and acknowledges it; a
+    version whose broadcast failed is loaded from the recovery snapshot instead."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from searchr1.core.catchup import acknowledgements
+    from searchr1.core.streams import StreamKeys, connect
+    from searchr1.core.weights import latest
+    from searchr1.learner.publisher import WeightPublisher
+    from searchr1.learner.transport import BroadcastTransport
+    from searchr1.rollout.metrics import RolloutMetrics
+    from searchr1.rollout.weights import WeightLoader
+
+    a, _ = engines
+    _, v1 = models
+    redis = connect(redis_server.url)
+    keys = StreamKeys("bcast-loader")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(v1, dtype=torch.float32)
+        state = model.state_dict()
+        transport = BroadcastTransport(WeightPublisher(tmp_path / "weights"), Broadcaster("127.0.0.1", 0, 2, timeout_s=TIMEOUT_S),
+                                       redis, keys, snapshot_every=100)
+        loader = WeightLoader(redis, keys, a, RolloutMetrics(), tmp_path / "dl")
+
+        async def loader_side():
+            while (await latest(redis, keys)) is None or (await latest(redis, keys)).version < 5:
+                await asyncio.sleep(0.05)
+            return await loader.maybe_update()
+
+        _, updated = await asyncio.gather(transport.publish(5, model, state), loader_side())
+        assert updated and loader.version == 5
+        acks = await acknowledgements(redis, keys)
+        assert [v for v, _ in acks.values()] == [5]
+        assert await _greedy(a, "loader-v5") == await _greedy(engines[1], "b-v1")  # b holds v1 from the snapshot
+
+        # version 6: the broadcast fails (nobody receives); the learner writes 6 as the recovery snapshot;
+        # the worker's receive of 6 fails on the dropped group and it loads the snapshot instead
+        await transport.publish(6, model, state)
+        assert transport.failures == 1
+        assert await loader.maybe_update() and loader.version == 6
+        assert [v for v, _ in (await acknowledgements(redis, keys)).values()] == [6]
+        transport.close()
+    finally:
+        await redis.aclose()
