@@ -194,9 +194,10 @@ class BroadcastSettings(Section):
     receivers: int = Field(default=1, ge=1, le=4096)
     """Rollout engines in the group (one per worker); a generation forms once all of them have joined."""
     host: str = "127.0.0.1"
-    """Address the group's store listens on."""
+    """Address of the group's store announced to the workers (torch's `TCPStore` listens on every
+    interface, unauthenticated: keep its port on the cluster's private network)."""
     public_host: str | None = None
-    """Host name the workers use to reach the store (default: `host`)."""
+    """Host name the workers use to reach the store, if not `host`."""
     port: int = Field(default=29510, ge=0, le=65535)
     """The store's port (0 = any free port)."""
     backend: Literal["gloo", "nccl"] = "gloo"
