@@ -9,6 +9,7 @@ and joins the group's next generation at the next announcement.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 from typing import TYPE_CHECKING
 
@@ -30,7 +31,7 @@ def is_broadcast(uri: str) -> bool:
 async def load_broadcast(loader: WeightLoader, announced: WeightVersion) -> str | None:
     """Receive `announced` over the group, or else load the latest recovery snapshot. Returns what now
     runs (`broadcast` or the snapshot's URI), or None when neither worked (the engine keeps its weights)."""
-    worker = socket.gethostname()
+    worker = f"{socket.gethostname()}:{os.getpid()}"
     try:
         digest = await receive_broadcast(loader.generator, announced.uri)
     except Exception as exc:  # noqa: BLE001 - any failure of the group: catch up from the snapshot instead
