@@ -29,16 +29,20 @@ def is_broadcast(uri: str) -> bool:
 
 
 async def load_broadcast(loader: WeightLoader, announced: WeightVersion) -> str | None:
-    """Receive `announced` over the group, or else load the latest recovery snapshot. Returns what now
-    runs (`broadcast` or the snapshot's URI), or None when neither worked (the engine keeps its weights)."""
+    """Receive `announced` over the group, or else load the latest recovery snapshot (a failed receive may
+    have loaded part of the update). Returns what now runs (`broadcast` or the snapshot's URI), or None
+    when neither worked."""
     worker = f"{socket.gethostname()}:{os.getpid()}"
     try:
         digest = await receive_broadcast(loader.generator, announced.uri)
     except Exception as exc:  # noqa: BLE001 - any failure of the group: catch up from the snapshot instead
         log.warning("broadcast of version %d not received (%s); catching up from the latest snapshot",
                     announced.version, exc)
+        # the engine may hold part of the failed update: reload the latest snapshot even when it is not
+        # newer than the version loaded before (the version tag then follows the weights back)
         snap = await latest_snapshot(loader.redis, loader.keys)
-        if snap is None or snap.version <= loader.version:
+        if snap is None:
+            log.error("no recovery snapshot recorded: the engine may hold part of version %d", announced.version)
             return None
         try:
             path = await fetch_snapshot(snap, loader.download_dir, token=loader.token)
