@@ -119,6 +119,10 @@ async def _run(settings: LearnerSettings, info: DistInfo, stop: asyncio.Event, m
     learner = Learner(settings, training, Checkpointer(settings.checkpoint.dir, settings.checkpoint.keep, info),
                       publisher, metrics, step_log, redis=redis, info=info, archive=archive, link=link,
                       lease=lease)
+    if info.is_main and settings.weights.transport != "snapshot":
+        from searchr1.learner.transport import build_transport
+
+        learner.transport = build_transport(settings.weights, publisher, redis, learner.keys, link)
     try:
         state = await learner.start()
         dispatcher = None
@@ -131,6 +135,8 @@ async def _run(settings: LearnerSettings, info: DistInfo, stop: asyncio.Event, m
                                     version=state.version, downstream=learner.source.trajectories)
         return await learner.run(stop, max_steps=max_steps, dispatcher=dispatcher)
     finally:
+        if learner.transport is not None:
+            learner.transport.close()
         if http is not None:
             await http.stop()
         if metrics_server is not None:

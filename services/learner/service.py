@@ -117,6 +117,8 @@ class Learner:
         self.state = TrainState()
         self.dispatcher: Any = None  # set by `run` on rank 0
         self.guard = CollapseGuard(settings.guard, self) if settings.guard.enabled else None
+        self.transport: Any = None
+        """A `WeightTransport` (`transport.py`) set by `run_learner` on rank 0; None: write and announce."""
         self.link = link
         self.tasks = None
         if redis is not None:
@@ -209,6 +211,10 @@ class Learner:
         await self.hold_lease()
         if force_write:
             model, state = await asyncio.to_thread(export_weights, self.training.trainer.policy, self.info)
+            if self.info.is_main and self.transport is not None and self.redis is not None:
+                wv = await self.transport.publish(self.state.version, model, state)
+                self.metrics.version.set(wv.version)
+                return
             if self.info.is_main:
                 await asyncio.to_thread(self.publisher.write, self.state.version, model, state)
         if self.info.is_main and self.redis is not None:

@@ -191,7 +191,36 @@ class DispatcherSettings(Section):
         return check_rollout_temperature(value, "dispatcher.temperature")
 
 
+class BroadcastSettings(Section):
+    """The `broadcast` weight transport (`learner/transport.py`): the learner is rank 0 of a process group
+    whose other ranks are the rollout engines."""
+
+    receivers: int = Field(default=1, ge=1, le=4096)
+    """Rollout engines in the group (one per worker); a generation forms once all of them have joined."""
+    host: str = "127.0.0.1"
+    """Address of the group's store announced to the workers (torch's `TCPStore` listens on every
+    interface, unauthenticated: keep its port on the cluster's private network)."""
+    public_host: str | None = None
+    """Host name the workers use to reach the store, if not `host`."""
+    port: int = Field(default=29510, ge=0, le=65535)
+    """The store's port (0 = any free port)."""
+    backend: Literal["gloo", "nccl"] = "gloo"
+    """gloo (CPU tensors) or NCCL (GPU tensors)."""
+    timeout_s: float = Field(default=120.0, gt=0, le=3600)
+    """How long a broadcast waits for every receiver; past it the group is re-formed and the version
+    written as a snapshot for the late ones to catch up from."""
+    bucket_mb: int = Field(default=64, ge=1, le=4096)
+    """Bucket size: tensors are packed into buckets of about this many MiB per collective."""
+    snapshot_every: int = Field(default=10, ge=1)
+    """A recovery snapshot is written every this many versions (and after any failed broadcast)."""
+
+
 class WeightsSettings(Section):
+    transport: Literal["snapshot", "broadcast"] = "snapshot"
+    """How versions reach the rollout engines: snapshot files (directory or HTTP), or tensors broadcast
+    over a process group (`broadcast`), with snapshots kept for recovery."""
+    broadcast: BroadcastSettings = Field(default_factory=BroadcastSettings)
+    """The broadcast transport (used when `transport = "broadcast"`)."""
     dir: Path = Path("weights")
     """Where snapshots `v{version:08d}/` are written (a shared volume for dir-mode workers)."""
     keep: int = Field(default=3, ge=1)

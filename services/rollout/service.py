@@ -33,6 +33,7 @@ from searchr1.core.servers import install_shutdown_signals
 from searchr1.core.streams import StreamKeys, connect, tasks_stream, trajectories_stream
 from searchr1.core.watchdog import Watchdog
 from searchr1.rollout.batcher import SearchBatcher
+from searchr1.rollout.broadcast_ext import WORKER_EXTENSION
 from searchr1.rollout.engine import (
     Generator,
     GeneratorDead,
@@ -59,7 +60,10 @@ async def start_generator(model: str, engine: EngineSettings) -> Generator:
         raise ValueError("no model configured: pass --model DIR (or ROLLOUT_MODEL)")
     if engine.kind == "hf":
         return HfGenerator(model, threads=engine.hf_threads)
-    return await VllmGenerator.start(VllmEngineConfig(model=model, engine=engine))
+    return await VllmGenerator.start(VllmEngineConfig(
+        model=model, engine=engine,
+        extra={"worker_extension_cls": WORKER_EXTENSION},  # receives `broadcast://` weight versions
+    ))
 
 
 @dataclass

@@ -26,6 +26,7 @@ from searchr1.core.redis_link import RedisLink
 from searchr1.core.schemas import WeightVersion
 from searchr1.core.streams import StreamKeys
 from searchr1.core.weights import SnapshotError, fetch_snapshot, latest
+from searchr1.rollout.broadcast_loader import is_broadcast, load_broadcast
 from searchr1.rollout.engine import Generator
 from searchr1.rollout.metrics import RolloutMetrics
 
@@ -67,6 +68,15 @@ class WeightLoader:
     async def load(self, announced: WeightVersion) -> bool:
         """Fetch, verify and reload `announced`; True when the engine now runs it."""
         t0 = time.perf_counter()
+        if is_broadcast(announced.uri):
+            loaded = await load_broadcast(self, announced)
+            if loaded is None:
+                self._failed_version = announced.version
+                return False
+            self.metrics.weight_version.set(self.version)
+            self.metrics.weight_reload_seconds.observe(time.perf_counter() - t0)
+            log.info("loaded weight version %d from %s", self.version, loaded)
+            return True
         try:
             path = await fetch_snapshot(announced, self.download_dir, token=self.token)
             await self.generator.reload(str(path))

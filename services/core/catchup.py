@@ -1,0 +1,52 @@
+"""The recovery snapshot of the `broadcast` weight transport (docs/architecture.md, "Weight sync"): besides
+the latest announcement (`searchr1.core.weights`, whose URI names the process group), the learner records
+the latest *snapshot* it wrote under `searchr1:{run}:weights:snapshot`, so a rollout worker that missed a
+broadcast (it died, joined late, or timed out) catches up from it, and acknowledgements of the versions
+each worker loaded under `searchr1:{run}:weights:acks` (worker id → `version digest`).
+"""
+
+from __future__ import annotations
+
+from redis import asyncio as aioredis
+
+from searchr1.core.schemas import SchemaError, WeightVersion, decode, encode
+from searchr1.core.streams import StreamKeys
+
+
+def _snapshot_key(keys: StreamKeys) -> str:
+    return keys.key("weights:snapshot")
+
+
+def _acks_key(keys: StreamKeys) -> str:
+    return keys.key("weights:acks")
+
+
+async def record_snapshot(redis: aioredis.Redis, keys: StreamKeys, version: WeightVersion) -> None:
+    """Record `version` (a snapshot directory or URL) as the one to catch up from; never goes backwards."""
+    current = await latest_snapshot(redis, keys)
+    if current is None or current.version <= version.version:
+        await redis.set(_snapshot_key(keys), encode(version))
+
+
+async def latest_snapshot(redis: aioredis.Redis, keys: StreamKeys) -> WeightVersion | None:
+    raw = await redis.get(_snapshot_key(keys))
+    if raw is None:
+        return None
+    try:
+        return decode(WeightVersion, raw)
+    except SchemaError:
+        return None
+
+
+async def acknowledge(redis: aioredis.Redis, keys: StreamKeys, worker: str, version: int, digest: str) -> None:
+    """A worker's record of the version it runs and the digest of what it received."""
+    await redis.hset(_acks_key(keys), worker, f"{version} {digest}")
+
+
+async def acknowledgements(redis: aioredis.Redis, keys: StreamKeys) -> dict[str, tuple[int, str]]:
+    raw = await redis.hgetall(_acks_key(keys))
+    out = {}
+    for k, v in raw.items():
+        version, _, digest = (v.decode() if isinstance(v, bytes) else v).partition(" ")
+        out[k.decode() if isinstance(k, bytes) else k] = (int(version), digest)
+    return out

@@ -1,0 +1,72 @@
+"""The receiving end of the `broadcast` weight transport, inside vLLM: a worker extension class (engine
+arg `worker_extension_cls="searchr1.rollout.broadcast_ext.BroadcastWeightReceiver"`), whose methods the
+rollout process calls with `collective_rpc` (vLLM's supported extension point for RL weight updates).
+
+- `searchr1_weights_join(uri)`: join the group the announcement's URI names (its generation); returns
+  the rank, or raises when the group is full (a late joiner catches up from a snapshot instead);
+- `searchr1_weights_receive(uri)`: receive the publication the URI names, bucket by bucket, straight
+  into the model's `load_weights` through the runner's in-place `reload_weights` (no file, no second
+  copy of the model); returns the digest of the received tensors, checked against the learner's. A
+  failure (timeout, the sender gone, a digest mismatch) leaves the group and raises: the worker then
+  loads the latest snapshot, and joins the next generation when one is announced.
+
+The engine is busy while it receives (the call runs in the engine's worker), so generation pauses for
+the duration of the transfer, as it does for a snapshot reload.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from searchr1.core.broadcast import Receiver, parse_group_uri
+
+
+class BroadcastWeightReceiver:
+    """Mixed into vLLM's worker class; state lives in one attribute so it never clashes with vLLM's."""
+
+    def _searchr1_receiver(self) -> Receiver:
+        rx = getattr(self, "_searchr1_rx", None)
+        if rx is None:
+            import os
+
+            device = "cpu" if self.device.type == "cpu" else str(self.device)  # type: ignore[attr-defined]
+            rx = Receiver(backend="gloo" if device == "cpu" else "nccl",
+                          timeout_s=float(os.environ.get("SEARCHR1_WEIGHTS_TIMEOUT_S", "60")), device=device)
+            self._searchr1_rx = rx
+        return rx
+
+    def searchr1_weights_join(self, uri: str) -> int:
+        addr, _ = parse_group_uri(uri)
+        rx = self._searchr1_receiver()
+        if rx.address == addr:
+            return int(rx.rank)  # type: ignore[arg-type]
+        return rx.join(addr)
+
+    def searchr1_weights_receive(self, uri: str) -> str:
+        addr, version = parse_group_uri(uri)
+        rx = self._searchr1_receiver()
+        if rx.address != addr:
+            rx.join(addr)
+        runner: Any = self.model_runner  # type: ignore[attr-defined]
+        tensors = rx.receive(version)
+        runner.reload_weights(weights_iterator=tensors)
+        for _ in tensors:  # a model that stops early still receives the rest and the digest
+            pass
+        return str(rx.last_digest)
+
+    def searchr1_weights_generation(self) -> int | None:
+        rx = getattr(self, "_searchr1_rx", None)
+        return None if rx is None or rx.address is None else rx.address.generation
+
+
+WORKER_EXTENSION = "searchr1.rollout.broadcast_ext.BroadcastWeightReceiver"
+"""The engine arg `worker_extension_cls` that enables broadcast weight updates."""
+
+
+async def receive_broadcast(generator: Any, uri: str) -> str:
+    """Receive the publication `uri` names into a `VllmGenerator`'s engine (started with
+    `worker_extension_cls=WORKER_EXTENSION`), then drop the prefix cache (its KV came from the old
+    weights). Returns the digest of the received tensors (equal to the sender's, or this raised)."""
+    digests = await generator.engine.collective_rpc("searchr1_weights_receive", kwargs={"uri": uri})
+    await generator.engine.reset_prefix_cache()
+    return str(digests[0])

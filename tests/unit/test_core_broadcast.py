@@ -1,0 +1,123 @@
+"""The broadcast weight transport's wire layout and group (searchr1.core.broadcast): bucket plans, packing
+round trips, URIs, and real gloo groups on loopback (receivers as threads of this process): tensors and
+digest equal the sender's, a missing receiver raises instead of hanging, the next generation re-forms."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+
+import pytest
+import torch
+
+from searchr1.core.broadcast import (
+    Broadcaster,
+    BroadcastFailed,
+    DigestMismatch,
+    GroupAddress,
+    Receiver,
+    group_uri,
+    pack_bucket,
+    parse_group_uri,
+    plan_buckets,
+    unpack_bucket,
+)
+
+
+def test_plan_buckets_fills_up_to_the_limit_and_isolates_big_tensors():
+    assert plan_buckets([4, 4, 4, 10, 1, 1], 8) == [[0, 1], [2], [3], [4, 5]]
+    assert plan_buckets([], 8) == []
+    assert plan_buckets([3], 1) == [[0]]
+    with pytest.raises(ValueError):
+        plan_buckets([1], 0)
+
+
+def test_pack_unpack_round_trip_keeps_dtypes_shapes_values_and_hashes_the_packed_bytes():
+    a = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    b = torch.tensor([1, -2], dtype=torch.int64)
+    c = torch.tensor([[0.5]], dtype=torch.bfloat16)
+    h = hashlib.sha256()
+    flat = pack_bucket([a, b, c], h)
+    assert flat.numel() == 32 + 16 + 16  # each tensor padded to 16 bytes
+    assert h.hexdigest() == hashlib.sha256(flat.numpy().tobytes()).hexdigest()
+    specs = [{"name": n, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
+             for n, t in (("a", a), ("b", b), ("c", c))]
+    out = dict(unpack_bucket(flat, specs))
+    assert torch.equal(out["a"], a) and torch.equal(out["b"], b) and torch.equal(out["c"], c)
+    assert out["c"].dtype == torch.bfloat16
+    with pytest.raises(DigestMismatch):
+        unpack_bucket(flat[:-16], specs)
+
+
+def test_group_uri_round_trip_and_rejects_other_uris():
+    addr = GroupAddress("127.0.0.1", 29512, 3, 4)
+    assert group_uri(addr, 17) == "broadcast://127.0.0.1:29512/3/4?version=17"
+    assert parse_group_uri(group_uri(addr, 17)) == (addr, 17)
+    for bad in ("file:///w/v1", "broadcast://h:1/0/1?version=1", "broadcast://h/0/2?version=1",
+                "broadcast://h:1/x/2?version=1", "broadcast://h:1/0/2"):
+        with pytest.raises(ValueError):
+            parse_group_uri(bad)
+
+
+def _named(seed: int) -> list[tuple[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    return [("emb", torch.randn(50, 8, generator=g)), ("w", torch.randn(8, 8, generator=g).to(torch.bfloat16)),
+            ("b", torch.randn(8, generator=g)), ("steps", torch.tensor([7]))]
+
+
+def _receive_in_thread(rx: Receiver, addr: GroupAddress, version: int, into: dict) -> threading.Thread:
+    def run():
+        try:
+            rx.join(addr)
+            into["tensors"] = {n: t.clone() for n, t in rx.receive(version)}
+            into["digest"] = rx.last_digest
+        except Exception as exc:  # noqa: BLE001 - reported to the test
+            into["error"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def test_two_receivers_get_one_broadcast_with_the_senders_digest():
+    bc = Broadcaster("127.0.0.1", 0, 3, timeout_s=20, bucket_bytes=512)
+    results = [{}, {}]
+    threads = [_receive_in_thread(Receiver(timeout_s=20), bc.address, 5, r) for r in results]
+    named = _named(0)
+    digest = bc.send(5, named)
+    for t in threads:
+        t.join(30)
+    for r in results:
+        assert "error" not in r, r.get("error")
+        assert r["digest"] == digest
+        assert set(r["tensors"]) == {n for n, _ in named}
+        for n, t in named:
+            assert torch.equal(r["tensors"][n], t) and r["tensors"][n].dtype == t.dtype
+
+
+def test_a_receiver_that_never_joins_fails_the_send_and_the_next_generation_reforms():
+    bc = Broadcaster("127.0.0.1", 0, 3, timeout_s=3, bucket_bytes=1 << 20)
+    lone = {}
+    t = _receive_in_thread(Receiver(timeout_s=3), bc.address, 1, lone)
+    with pytest.raises(BroadcastFailed):
+        bc.send(1, _named(1))
+    t.join(30)
+    assert isinstance(lone.get("error"), BroadcastFailed)
+    assert bc.generation == 1
+    results = [{}, {}]
+    threads = [_receive_in_thread(Receiver(timeout_s=20), bc.address, 2, r) for r in results]
+    digest = bc.send(2, _named(2))
+    for th in threads:
+        th.join(30)
+    assert [r.get("digest") for r in results] == [digest, digest]
+
+
+def test_a_late_joiner_of_a_full_group_is_refused():
+    bc = Broadcaster("127.0.0.1", 0, 2, timeout_s=20)
+    first = {}
+    t = _receive_in_thread(Receiver(timeout_s=20), bc.address, 1, first)
+    bc.send(1, _named(1))
+    t.join(30)
+    assert first.get("digest")
+    with pytest.raises(BroadcastFailed, match="full"):
+        Receiver(timeout_s=5).join(bc.address)
