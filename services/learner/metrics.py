@@ -29,6 +29,10 @@ STEP_GAUGES = {
     "clip_frac": "Share of loss tokens where the PPO clip was active.",
     "approx_kl": "Masked mean of old − new log-prob.",
     "grad_norm": "Global gradient norm before clipping.",
+    "is_ratio_max": "Largest per-token ratio of the learner's probability to the engine's (behaviour) over the "
+                    "step's loss tokens, before truncation.",
+    "is_ratio_min": "Smallest per-token ratio of the learner's probability to the engine's over the step's loss "
+                    "tokens.",
     "reward_mean": "Mean trajectory reward of the step.",
     "reward_std": "Std of trajectory rewards of the step.",
     "em_mean": "Mean of the `em` reward component (when present).",

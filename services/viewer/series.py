@@ -30,7 +30,8 @@ ARCHIVE_SERIES = {
 """Plot title → (summary column, aggregation)."""
 
 LOG_SERIES = {"entropy": "entropy", "KL": "kl_loss", "approx KL (old→new)": "approx_kl", "grad norm": "grad_norm",
-              "non-finite figures": "nonfinite_figures"}
+              "importance ratio max (learner/engine)": "is_ratio_max",
+              "importance ratio min (learner/engine)": "is_ratio_min", "non-finite figures": "nonfinite_figures"}
 """Plot title → step-log key."""
 
 ALARMS = {"malformed rate": 0.5, "truncated rate": 0.3, "repeated-query rate": 0.5}

@@ -254,7 +254,7 @@ def test_metrics_host_defaults_to_loopback_and_is_configurable(monkeypatch):
         assert cls().metrics_host == "0.0.0.0"
 
 
-@pytest.mark.parametrize("module", ["learner/service.py", "rollout/service.py"])
+@pytest.mark.parametrize("module", ["learner/process.py", "rollout/service.py"])
 def test_services_serve_metrics_on_the_configured_host(module):
     """The service passes `settings.metrics_host` to `start_metrics_server` (not the loopback default)."""
     tree = ast.parse((ROOT / "services" / module).read_text())

@@ -182,6 +182,21 @@ def test_on_policy_first_step_has_no_clipping_and_ratio_one(model_path):
     assert stats["is_weight_mean"] == pytest.approx(1.0)
 
 
+def test_ratio_extremes_are_the_learner_over_engine_extremes_on_loss_tokens(model_path):
+    """`is_ratio_max` / `is_ratio_min`: the largest and smallest exp(log π_learner − log π_engine) over the
+    loss tokens, taken in the update's forward (before the step's optimizer update, one micro-batch)."""
+    training = build_training(_settings(model_path, batch={"micro_batch_size": 64}), DistInfo())
+    batch = build_batch(_groups())
+    with torch.no_grad():
+        logp, _ = forward_logprobs(training.trainer.policy, batch.input_ids, batch.attention_mask)
+    mask = batch.loss_mask.bool()
+    log_ratio = (logp - batch.behavior_logprobs)[mask]
+    stats = training.trainer.train_step(batch, version=0)
+    assert stats["is_ratio_max"] == pytest.approx(math.exp(float(log_ratio.max())), rel=1e-4)
+    assert stats["is_ratio_min"] == pytest.approx(math.exp(float(log_ratio.min())), rel=1e-4)
+    assert 0 < stats["is_ratio_min"] < stats["is_ratio_max"]
+
+
 def test_off_policy_groups_get_truncated_importance_weights(model_path):
     training = build_training(_settings(model_path, algorithm={"advantage": "grpo", "max_staleness": 2,
                                                                "is_cap": 2.0}), DistInfo())
@@ -314,7 +329,7 @@ def test_step_figures_are_the_named_fields_averaged_over_mini_batches(model_path
 
     s = _settings(model_path, batch={"micro_batch_size": 16, "mini_batches": 2})
     stats = build_training(s, DistInfo()).trainer.train_step(build_batch(_groups(2)), version=0)
-    assert {f.name for f in fields(PolicyFigures)} | {"grad_norm", "lr"} == set(stats)
+    assert {f.name for f in fields(PolicyFigures)} | {"grad_norm", "lr", "is_ratio_max", "is_ratio_min"} == set(stats)
     assert stats["is_weight_mean"] == pytest.approx(1.0), "on-policy rows weigh 1 in both mini-batches"
     assert stats["loss"] == pytest.approx(stats["pg_loss"] + 0.1 * stats["kl_loss"] - 0.01 * stats["entropy"],
                                           abs=1e-6)

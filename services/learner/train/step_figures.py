@@ -4,6 +4,7 @@ into global values) and the step's totals. No model, no optimizer: what the trai
 
 from __future__ import annotations
 
+import math
 from dataclasses import astuple, dataclass, field, fields
 from typing import TypeVar
 
@@ -87,3 +88,35 @@ def all_reduce_figures(figures: F, info: DistInfo, device: torch.device) -> F:
     """Sum every field over ranks as one float64 tensor, in the dataclass's field order (the same on
     every rank)."""
     return type(figures)(*all_reduce(list(astuple(figures)), info, device))
+
+
+@dataclass
+class RatioExtremes:
+    """The step's largest and smallest per-token ratio of the learner's probability to the engine's
+    (π_learner / π_behaviour, before any truncation) over the loss tokens: how far the trained policy
+    sits from what sampled the tokens (staleness plus the train–inference mismatch). Global once reduced."""
+
+    high: float = float("-inf")
+    """Largest log-ratio seen so far."""
+    low: float = float("inf")
+    """Smallest log-ratio seen so far."""
+
+    def add(self, learner_log_prob: Tensor, behaviour_log_prob: Tensor, mask: Tensor) -> None:
+        """Take one micro-batch's tokens into account (positions where `mask` is 0 are ignored)."""
+        keep = mask.bool()
+        if not bool(keep.any()):
+            return
+        log_ratio = (learner_log_prob.detach().float() - behaviour_log_prob.float())[keep]
+        self.high = max(self.high, float(log_ratio.max()))
+        self.low = min(self.low, float(log_ratio.min()))
+
+    def figures(self, info: DistInfo, device: torch.device) -> dict[str, float]:
+        """`is_ratio_max` / `is_ratio_min` over every rank ({} when no rank saw a loss token)."""
+        high, neg_low = self.high, -self.low
+        if info.enabled:
+            t = torch.tensor([high, neg_low], dtype=torch.float64, device=device)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            high, neg_low = t.tolist()
+        if high == float("-inf"):
+            return {}
+        return {"is_ratio_max": math.exp(min(high, 700.0)), "is_ratio_min": math.exp(max(-neg_low, -700.0))}

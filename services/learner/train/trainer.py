@@ -60,6 +60,7 @@ from searchr1.learner.train.step_figures import (
     CriticFigures,
     PolicyFigures,
     PolicyTerms,
+    RatioExtremes,
     StepStats,
     all_reduce,
     all_reduce_figures,
@@ -123,13 +124,14 @@ class Trainer:
         pre = self._prepass(local)
         if self.is_ppo:
             local = self._gae(local, pre)
-        stats = StepStats()
+        stats, ratios = StepStats(), RatioExtremes()
         for m in range(b.mini_batches):
             rows = list(range(bounds[m], bounds[m + 1]))
-            self._update_policy(local, rows, pre, stale, stats)
+            self._update_policy(local, rows, pre, stale, stats, ratios)
             if self.is_ppo:
                 self._update_critic(local, rows, pre, stats)
         out = {k: v / b.mini_batches for k, v in stats.values.items()}
+        out.update(ratios.figures(self.info, self.device))
         out["lr"] = self.scheduler.get_last_lr()[0]  # the rate this step's updates used
         self.scheduler.step()
         if self.is_ppo:
@@ -226,7 +228,7 @@ class Trainer:
         return share * self.info.world
 
     def _update_policy(self, local: Batch, rows: list[int], pre: PrePass, stale: Tensor,
-                       stats: StepStats) -> None:
+                       stats: StepStats, ratios: RatioExtremes) -> None:
         """One optimizer update of the policy over mini-batch `rows`, gradients accumulated over its
         micro-batches."""
         mbs_rows = self._micro_rows(rows)
@@ -235,13 +237,13 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         fig = PolicyFigures()
         for r, mb in zip(mbs_rows, mbs):
-            self._policy_micro_step(mb, r, pre, stale, tokens, seqs, fig)
+            self._policy_micro_step(mb, r, pre, stale, tokens, seqs, fig, ratios)
         grad_norm = self._optimizer_step(self.policy, self.optimizer)
         stats.add_all(all_reduce_figures(fig, self.info, self.device))
         stats.add("grad_norm", grad_norm)
 
     def _policy_micro_step(self, mb: Batch, r: list[int], pre: PrePass, stale: Tensor, tokens: float,
-                           seqs: float, fig: PolicyFigures) -> None:
+                           seqs: float, fig: PolicyFigures, ratios: RatioExtremes) -> None:
         """forward → weights → loss → backward → figures for one micro-batch (`r` empty: a dummy with zero
         loss weight that only keeps the ranks' FSDP collectives in step)."""
         mask = mb.loss_mask if r else torch.zeros_like(mb.loss_mask)
@@ -253,6 +255,7 @@ class Trainer:
         w = self._weight(mb, tokens, seqs) if mask.any() else 0.0
         (terms.loss * w).backward()
         fig.add(terms, weights, mask, w / self.info.world, tokens)
+        ratios.add(fwd.log_prob, mb.behavior_logprobs, mask)
 
     def _forward(self, mb: Batch, pre: PrePass) -> PolicyForward:
         """The policy's forward with grad, and the KL term's per-token values (its shape chosen at start)."""
