@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from searchr1.core.redaction import redact_argv
 from searchr1.launcher.specs import ProcessSpec
 
 EXIT_FAILED = 1
@@ -125,8 +126,9 @@ async def terminate_group(run: Running, grace_s: float, force: asyncio.Event,
 
 
 def write_process_table(path: Path, running: dict[str, Running], restarts: dict[str, int]) -> None:
-    """RUN_DIR/processes.json: name → pid and argv of every started process (for operators/tests)."""
-    table = {name: {"pid": r.proc.pid, "argv": r.spec.argv, "restarts": restarts.get(name, 0)}
+    """RUN_DIR/processes.json: name → pid and argv (secrets hidden) of every started process (for
+    operators/tests)."""
+    table = {name: {"pid": r.proc.pid, "argv": redact_argv(r.spec.argv), "restarts": restarts.get(name, 0)}
              for name, r in running.items()}
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(table, indent=2))

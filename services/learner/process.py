@@ -10,6 +10,7 @@ import os
 
 from searchr1.core.aio import stop_task
 from searchr1.core.lease import Lease
+from searchr1.core.redaction import redact_config
 from searchr1.learner.metrics import LearnerMetrics, StepLog
 from searchr1.learner.publisher import WeightPublisher
 from searchr1.learner.service import Learner
@@ -101,7 +102,7 @@ async def _run(settings: LearnerSettings, info: DistInfo, stop: asyncio.Event, m
             import wandb  # optional
 
             wandb_run = wandb.init(project=settings.wandb_project, name=settings.redis.run,
-                                   config=settings.model_dump(mode="json"))
+                                   config=redact_config(settings.model_dump(mode="json")))
         step_log = StepLog(settings.log_dir / f"{settings.redis.run}.jsonl", wandb_run)
         link = RedisLink("learner", **metrics.redis.link_callbacks())
         if settings.weights.http:

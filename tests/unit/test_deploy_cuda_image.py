@@ -1,7 +1,7 @@
-"""Dockerfile.cuda, read (it is not built here: no GPU and no registry for its base; `make image-cuda`
-builds it): a C compiler for Triton's launcher in the runtime image, every cache and config path under
+"""Dockerfile.cuda, read (`make image-cuda` builds it; it is too large for the test run): a C compiler for Triton's launcher in the runtime image, every cache and config path under
 /app/.cache (writable under a read-only root filesystem: Kubernetes mounts an emptyDir there), vLLM's
-usage stats off, versions pinned by deploy/constraints-cuda.txt in step with the CPU image."""
+usage stats off, versions pinned by deploy/constraints-cuda.txt in step with the CPU image, and every
+file either Dockerfile copies inside the build context `.dockerignore` leaves."""
 
 from __future__ import annotations
 
@@ -79,3 +79,33 @@ def test_versions_are_pinned_in_step_with_the_cpu_image():
 @pytest.mark.parametrize("what", ["COPY assets ./assets", "USER 10001:10001", 'ENTRYPOINT ["searchr1"]'])
 def test_runtime_layout_matches_the_cpu_image(what):
     assert what in _stage("runtime") and what in (ROOT / "Dockerfile").read_text()
+
+
+def _in_context(path: str, rules: list[str]) -> bool:
+    """Whether `.dockerignore`'s `rules` (in order, the last match wins, `!` re-includes) let `path` into
+    the build context. Patterns match the path itself or a folder above it."""
+    import fnmatch
+
+    included = True
+    for rule in rules:
+        negate = rule.startswith("!")
+        pattern = rule[1:] if negate else rule
+        pattern = pattern.rstrip("/")
+        parts = path.split("/")
+        if any(fnmatch.fnmatch("/".join(parts[:i]), pattern) for i in range(1, len(parts) + 1)):
+            included = negate
+    return included
+
+
+@pytest.mark.parametrize("dockerfile", ["Dockerfile", "Dockerfile.cuda"])
+def test_every_copied_file_is_in_the_build_context(dockerfile):
+    """A COPY of a path `.dockerignore` leaves out fails the build ("not found") on every base image."""
+    rules = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
+    for line in (ROOT / dockerfile).read_text().splitlines():
+        if not line.startswith("COPY ") or "--from=" in line:
+            continue
+        sources = [a for a in line.split()[1:-1] if not a.startswith("--")]
+        for src in sources:
+            assert (ROOT / src).exists(), f"{dockerfile}: {src} does not exist"
+            assert _in_context(src, rules), f"{dockerfile}: {src} is excluded by .dockerignore"
