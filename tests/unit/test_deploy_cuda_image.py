@@ -1,5 +1,5 @@
-"""Dockerfile.cuda, read (`make image-cuda` builds it; it is too large for the test run): a C compiler for Triton's launcher in the runtime image, every cache and config path under
-/app/.cache (writable under a read-only root filesystem: Kubernetes mounts an emptyDir there), vLLM's
+"""Dockerfile.cuda, read (`make image-cuda` builds it; it is too large for the test run): a C compiler
+for Triton's launcher in the runtime image, every cache and config path under /app/.cache (writable under a read-only root filesystem: Kubernetes mounts an emptyDir there), vLLM's
 usage stats off, versions pinned by deploy/constraints-cuda.txt in step with the CPU image, and every
 file either Dockerfile copies inside the build context `.dockerignore` leaves."""
 
