@@ -176,8 +176,8 @@ class _Planner:
             env=env, restart=restart_rule(self.settings, proc.restart), **kw,
         ))
 
-    def rollout_workers(self, common: dict[str, str]) -> None:
-        """One rollout worker per `workers`, or per vLLM group of the placement."""
+    def rollout_workers(self, common: dict[str, str]) -> int:
+        """One rollout worker per `workers`, or per vLLM group of the placement; returns how many."""
         ro = self.settings.rollout
         workers = ro.workers
         if self.placed is not None:
@@ -191,6 +191,7 @@ class _Planner:
             self.service(worker_id, "rollout", ro,
                          {**common, "worker_id": worker_id, "worker_index": str(i), "metrics_port": str(mport)},
                          [HttpGate(f"http://{self.host}:{mport}/readyz")])
+        return workers
 
 
 def web_search_backend(config: Path) -> bool:
@@ -234,11 +235,13 @@ def build_plan(settings: LauncherSettings, config: str | Path, run_dir: str | Pa
                  [GrpcHealthGate(f"{host}:{grpc_port}"), HttpGate(f"http://{host}:{http_port}/healthz")])
     plan.service("reward", "reward", settings.reward, {**common, "port": str(reward_port)},
                  [HttpGate(f"http://{host}:{reward_port}/healthz")])
-    plan.rollout_workers(common)
+    workers = plan.rollout_workers(common)
     le = settings.learner
     lport = plan.ports.get(le.metrics_port, "learner metrics")
     plan.service("learner", "learner", le, {**common, "metrics_port": str(lport)},
                  [HttpGate(f"http://{host}:{lport}/readyz")], main=True)
+    # a `broadcast` weight transport's group is the learner and every worker (unless the env says otherwise)
+    plan.specs[-1].env.setdefault("LEARNER_WEIGHTS__BROADCAST__RECEIVERS", str(workers))
     jsonl = Path(render_template("metrics_jsonl", [le.metrics_jsonl], {"run": settings.run,
                                                                         "run_dir": str(run_root)})[0])
     return LaunchPlan(

@@ -201,3 +201,12 @@ def test_up_dry_run_prints_the_paper_placement_on_any_machine():
     assert "placement: 3 vLLM worker(s) on GPUs 0 | 1 | 2" in out
     # on a machine without the index the plan is still printed, and the refusal names what is missing
     assert "problem: retriever: index" in out and result.exit_code != 0
+
+
+@pytest.mark.parametrize("gpus", sorted(LAYOUTS))
+def test_the_learner_broadcasts_to_every_worker_of_the_plan(gpus: int, tmp_path: Path):
+    """A `broadcast` weight transport's group is the learner plus every rollout worker `searchr1 up` starts."""
+    cfg = _config(tmp_path, LAYOUTS[gpus])
+    specs = {s.name: s for s in build_plan(load_settings(LauncherSettings, cfg), cfg, tmp_path / "run").specs}
+    workers = sum(n.startswith("rollout-") for n in specs)
+    assert specs["learner"].env["LEARNER_WEIGHTS__BROADCAST__RECEIVERS"] == str(workers)
