@@ -110,6 +110,9 @@ def _check_same(one: Path, two: Path, model_path: Path, algo: str) -> None:
     c1 = load_file(str(one / "ckpt" / "step00000001" / "policy.safetensors"))
     c2 = load_file(str(two / "ckpt" / "step00000001" / "policy.safetensors"))
     assert c1.keys() == c2.keys()
-    assert all(torch.allclose(c1[k], c2[k], atol=1e-5) for k in c1)
+    # the checkpoint holds the parameters the snapshot above holds: the same tolerance (two ranks sum the
+    # gradients in another order than one, and Adam's normalisation carries that rounding into the update)
+    worst = max(float((c1[k] - c2[k]).abs().max()) for k in c1)
+    assert worst <= 2e-5, (algo, worst)
     o2 = load_file(str(two / "ckpt" / "step00000001" / "policy.optimizer.safetensors"))
     assert any(k.endswith("exp_avg") for k in o2)

@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from searchr1.core.clients.retriever import RetrieverClient, RetrieverError
+from searchr1.core.settings import RetrySettings
 from searchr1.retriever.server import start_web_retriever
 from searchr1.retriever.settings import RetrieverSettings
 from tests.support.fake_search_api import FakeSearchAPI
@@ -116,7 +117,7 @@ async def test_a_provider_that_stays_down_or_times_out_is_unavailable(api, tmp_p
     reg = running.service.metrics.registry
     try:
         api.script("500", "500", "timeout", "timeout")
-        async with RetrieverClient([running.grpc_address], retries=0) as client:
+        async with RetrieverClient([running.grpc_address], retry=RetrySettings(retries=0)) as client:
             with pytest.raises(RetrieverError) as down:
                 await client.search(["capital of italy"], top_k=1)
             assert down.value.code == grpc.StatusCode.UNAVAILABLE and down.value.unavailable
@@ -135,7 +136,7 @@ async def test_a_provider_that_stays_down_or_times_out_is_unavailable(api, tmp_p
 async def test_a_refused_key_is_not_retried(api, tmp_path):
     running = await _start(api, tmp_path, api_key="wrong-key", retries=3)
     try:
-        async with RetrieverClient([running.grpc_address], retries=0) as client:
+        async with RetrieverClient([running.grpc_address], retry=RetrySettings(retries=0)) as client:
             with pytest.raises(RetrieverError, match="HTTP 401"):
                 await client.search(["capital of italy"], top_k=1)
         assert api.calls["serper"] == 1
@@ -195,7 +196,7 @@ async def test_the_budget_refuses_clearly_and_cache_hits_stay_free(api, tmp_path
     running = await _start(api, tmp_path, budget={"max_queries": 2, "price_per_1000": 5.0})
     reg = running.service.metrics.registry
     try:
-        async with RetrieverClient([running.grpc_address], retries=3) as client:
+        async with RetrieverClient([running.grpc_address], retry=RetrySettings(retries=3)) as client:
             await client.search(["capital of france", "capital of germany"], top_k=1)
             with pytest.raises(RetrieverError) as spent:
                 await client.search(["capital of spain"], top_k=1)
