@@ -19,6 +19,7 @@ import pytest_asyncio
 from searchr1.core.broadcast import Broadcaster, BroadcastFailed
 from searchr1.rollout.broadcast_ext import WORKER_EXTENSION, receive_broadcast
 from searchr1.rollout.engine import TurnRequest, VllmEngineConfig, VllmGenerator
+from searchr1.rollout.settings import EngineSettings
 from tests.support.tiny_lm import build_tiny_lm, perturb_weights
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -37,7 +38,8 @@ async def _engine(model_dir) -> VllmGenerator:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ["SEARCHR1_WEIGHTS_TIMEOUT_S"] = str(TIMEOUT_S)
     return await VllmGenerator.start(VllmEngineConfig(
-        model=str(model_dir), gpu_memory_utilization=0.05, max_model_len=1024, dtype="float32", max_num_seqs=8,
+        model=str(model_dir), engine=EngineSettings(gpu_memory_utilization=0.05, max_model_len=1024,
+                                                    dtype="float32", max_num_seqs=8),
         extra={"worker_extension_cls": WORKER_EXTENSION}))
 
 
