@@ -125,7 +125,8 @@ class Viewer:
         return TEMPLATES.TemplateResponse(request, "trajectory.html", {
             **self.base, "r": row, "blocks": bs, "aligned": aligned, "gold": row["golden_answers"] or [],
             "hl": highlight, "components": json.loads(row["reward_components"] or "{}"),
-            "staleness": row["step"] - row["policy_version"], "siblings": rows,
+            # step s trains on version s - 1: a row sampled with it is 0 versions stale
+            "staleness": row["step"] - 1 - row["policy_version"], "siblings": rows,
             "cells": token_cells(row["response_ids"], row["loss_mask"], row["behavior_logprobs"], pieces),
             "env_tokens": sum(1 for m in row["loss_mask"] if not m), "decoded": tok is not None,
             "all_masked": bool(row["loss_mask"]) and not any(row["loss_mask"]),

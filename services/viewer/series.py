@@ -43,7 +43,9 @@ def derived(summary: pa.Table) -> pa.Table:
     repeated_rate (the per-step rate is the mean of these per-row shares)."""
     t = summary
     t = t.append_column("format_valid", pc.invert(t.column("malformed")).cast(pa.float64()))
-    t = t.append_column("staleness", pc.subtract(t.column("step"), t.column("policy_version")).cast(pa.float64()))
+    # step s trains with weights version s - 1: a group sampled with those weights is 0 versions stale
+    lag = pc.subtract(pc.subtract(t.column("step"), 1), t.column("policy_version"))
+    t = t.append_column("staleness", lag.cast(pa.float64()))
     t = t.append_column("truncated", pc.equal(t.column("finish_reason"), "length").cast(pa.float64()))
     q = t.column("queries").cast(pa.float64())
     rate = pc.if_else(pc.greater(q, 0), pc.divide(t.column("repeated_queries").cast(pa.float64()), q), 0.0)

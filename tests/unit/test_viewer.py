@@ -72,7 +72,7 @@ def test_line_plot_coordinates_marks_and_escaping():
 
 
 def _summary(**cols) -> pa.Table:
-    base = {"step": [1, 1, 2, 2], "policy_version": [0, 1, 1, 1], "malformed": [False, True, False, False],
+    base = {"step": [1, 1, 2, 2], "policy_version": [0, 0, 0, 1], "malformed": [False, True, False, False],
             "finish_reason": ["answer", "length", "answer", "answer"], "queries": [2, 0, 1, 0],
             "repeated_queries": [1, 0, 0, 0], "reward": [1.0, 0.0, 0.5, 0.5], "em": [1.0, 0.0, None, None],
             "num_searches": [2, 0, 1, 0], "response_tokens": [10, 20, 30, 50], "answer_words": [1, 0, 2, 2],
@@ -86,7 +86,8 @@ def test_archive_series_hand_checked():
     assert s["reward"] == [(1, 0.5), (2, 0.5)]
     assert s["exact match"] == [(1, 0.5)]  # step 2 has no EM component
     assert s["format valid"] == [(1, 0.5), (2, 1.0)]
-    assert s["staleness (versions)"] == [(1, 0.5), (2, 1.0)]  # (1 + 0) / 2, (1 + 1) / 2
+    # step s trains on version s - 1: (0 + 0) / 2, (1 + 0) / 2
+    assert s["staleness (versions)"] == [(1, 0.0), (2, 0.5)]
     assert s["repeated-query rate"] == [(1, 0.25), (2, 0.0)]  # (1/2 + 0) / 2
     assert s["truncated rate"] == [(1, 0.5), (2, 0.0)]
     assert s["response tokens"] == [(1, 15.0), (2, 40.0)]
