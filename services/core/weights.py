@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import re
 import shutil
 import threading
 import time
@@ -303,6 +304,27 @@ def _pin_local(path: Path, announced: WeightVersion, dest_root: Path) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return _promote(tmp, dest)
+
+
+_COPY_NAME = re.compile(r"^v(\d{8})-[0-9a-f]{16}$")
+
+
+def prune_copies(dest_root: str | Path, loaded_version: int) -> list[Path]:
+    """Delete the local copies (`v{version}-{digest}` directories) in `dest_root` older than
+    `loaded_version`, once the engine runs it (blocking: run it in a thread); returns what went. Pinned
+    local snapshots are hard links: kept, they would hold every version's bytes on disk after the
+    publisher pruned its own. Newer copies (another worker sharing the directory, ahead) and anything not
+    named like a copy are left alone."""
+    root = Path(dest_root)
+    if not root.is_dir():
+        return []
+    gone = []
+    for child in root.iterdir():
+        m = _COPY_NAME.match(child.name)
+        if m and child.is_dir() and int(m.group(1)) < loaded_version:
+            shutil.rmtree(child, ignore_errors=True)
+            gone.append(child)
+    return gone
 
 
 def _dest_name(announced: WeightVersion) -> str:

@@ -63,9 +63,11 @@ DEFAULT_TEMPLATES: dict[str, list[str]] = {
 # JSONL step log lands in RUN_DIR/learner/{run}.jsonl, where the status line reads it.
 DEFAULT_ENV: dict[str, dict[str, str]] = {
     # Everything a run writes lives under its run directory, so two runs never share (or resume from)
-    # each other's snapshots and checkpoints. Env beats the run config's [learner.weights]/[learner.checkpoint].
+    # each other's snapshots and checkpoints (nor a worker another's local copies). Env beats the run config's
+    # [learner.weights]/[learner.checkpoint]/[rollout.weights].
     "learner": {"LEARNER_LOG_DIR": "{run_dir}/learner", "LEARNER_WEIGHTS__DIR": "{run_dir}/weights",
                 "LEARNER_CHECKPOINT__DIR": "{run_dir}/checkpoints", "LEARNER_ARCHIVE__DIR": "{run_dir}/archive"},
+    "rollout": {"ROLLOUT_WEIGHTS__DOWNLOAD_DIR": "{run_dir}/rollout-weights/{worker_id}"},
 }
 
 PLACEHOLDERS = {
@@ -207,11 +209,13 @@ def eval_plan(plan: LaunchPlan, eval_args: list[str], templates: dict[str, list[
     """The same plan with the rollout workers, the learner and Redis replaced by one main `searchr1 eval`
     process (template `eval` + `eval_args`) against the plan's retriever and reward service: what
     `searchr1 demo` uses to evaluate a checkpoint through the real services. The eval process runs the
-    rollout engine, so it gets the rollout workers' environment (e.g. `VLLM_CPU_KVCACHE_SPACE`)."""
+    rollout engine, so it gets the rollout workers' environment (e.g. `VLLM_CPU_KVCACHE_SPACE`) less the
+    launcher's own per-worker defaults (a worker's weight-copy directory)."""
     template = {**DEFAULT_TEMPLATES, **(templates or {})}["eval"]
     keep = [s for s in plan.specs if s.stage in ("index-build", "retriever", "reward")]
     rollout_env = next((s.env for s in plan.specs if s.stage == "rollout"), {})
-    main = ProcessSpec(name="eval", stage="eval", main=True, health_timeout_s=3600.0, env=dict(rollout_env),
+    env = {k: v for k, v in rollout_env.items() if k not in DEFAULT_ENV["rollout"]}
+    main = ProcessSpec(name="eval", stage="eval", main=True, health_timeout_s=3600.0, env=env,
                        argv=list(plan.base_command) + render_template("eval", template, plan.values) + list(eval_args))
     return LaunchPlan(specs=[*keep, main], run_dir=plan.run_dir, redis_url=plan.redis_url, run=plan.run,
                       learner_metrics_url=None, metrics_jsonl=plan.metrics_jsonl, problems=list(plan.problems),

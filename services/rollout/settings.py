@@ -159,7 +159,9 @@ class WeightSettings(Section):
     poll_interval_s: float = Field(default=2.0, gt=0)
     """How often the latest announced weight version is checked."""
     download_dir: str = ".searchr1/rollout-weights"
-    """Where snapshots served over HTTP are downloaded (relative to the working directory)."""
+    """Where the worker keeps its local copies of the snapshots it loads (downloaded over HTTP, or
+    hard-linked from a shared volume and verified there), relative to the working directory; copies older
+    than the loaded version are deleted. `searchr1 up` gives each worker its own under the run directory."""
     token: str | None = None
     """Bearer token for downloading snapshots."""
 

@@ -14,6 +14,7 @@ transformers fallback in a thread).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from searchr1.core.metrics import in_stage
 from searchr1.core.redis_link import RedisLink
 from searchr1.core.schemas import WeightVersion
 from searchr1.core.streams import StreamKeys
-from searchr1.core.weights import SnapshotError, fetch_snapshot, latest
+from searchr1.core.weights import SnapshotError, fetch_snapshot, latest, prune_copies
 from searchr1.rollout.broadcast_loader import is_broadcast, load_broadcast
 from searchr1.rollout.engine import Generator
 from searchr1.rollout.metrics import RolloutMetrics
@@ -86,6 +87,7 @@ class WeightLoader:
             return False
         elapsed = time.perf_counter() - t0
         self.version, self._sha256 = announced.version, announced.sha256
+        await asyncio.to_thread(prune_copies, self.download_dir, announced.version)
         self.metrics.weight_version.set(self.version)
         self.metrics.weight_reload_seconds.observe(elapsed)
         log.info("loaded weight version %d from %s in %.3f s", announced.version, announced.uri, elapsed)

@@ -91,7 +91,9 @@ def test_processes_are_placed_exactly_as_plan_placement_says(gpus: int, tmp_path
 def test_eight_gpu_layout_values(tmp_path: Path):
     cfg = _config(tmp_path, LAYOUTS[8])
     specs = {s.name: s for s in build_plan(load_settings(LauncherSettings, cfg), cfg, tmp_path / "run").specs}
-    assert [s.env for n, s in specs.items() if n.startswith("rollout-")] == [
+    placed = [{k: v for k, v in s.env.items() if k != "ROLLOUT_WEIGHTS__DOWNLOAD_DIR"}
+              for n, s in specs.items() if n.startswith("rollout-")]
+    assert placed == [
         {"CUDA_VISIBLE_DEVICES": "0,1", "ROLLOUT_ENGINE__TENSOR_PARALLEL_SIZE": "2",
          "ROLLOUT_ENGINE__GPU_MEMORY_UTILIZATION": "0.7", "VLLM_PORT": "31000"},
         {"CUDA_VISIBLE_DEVICES": "2,3", "ROLLOUT_ENGINE__TENSOR_PARALLEL_SIZE": "2",
@@ -210,3 +212,11 @@ def test_the_learner_broadcasts_to_every_worker_of_the_plan(gpus: int, tmp_path:
     specs = {s.name: s for s in build_plan(load_settings(LauncherSettings, cfg), cfg, tmp_path / "run").specs}
     workers = sum(n.startswith("rollout-") for n in specs)
     assert specs["learner"].env["LEARNER_WEIGHTS__BROADCAST__RECEIVERS"] == str(workers)
+
+
+def test_each_worker_keeps_its_weight_copies_under_the_run_directory(tmp_path: Path):
+    cfg = _config(tmp_path, LAYOUTS[8])
+    specs = {s.name: s for s in build_plan(load_settings(LauncherSettings, cfg), cfg, tmp_path / "run").specs}
+    run = (tmp_path / "run").resolve()
+    for name in ("rollout-0", "rollout-1"):
+        assert specs[name].env["ROLLOUT_WEIGHTS__DOWNLOAD_DIR"] == str(run / "rollout-weights" / name)

@@ -60,9 +60,11 @@ def test_order_commands_and_gates(tmp_path, cfg):
     assert learner.env == {"LEARNER_LOG_DIR": f"{tmp_path / 'run'}/learner",
                            "LEARNER_WEIGHTS__DIR": f"{tmp_path / 'run'}/weights",
                            "LEARNER_CHECKPOINT__DIR": f"{tmp_path / 'run'}/checkpoints",
-                           "LEARNER_ARCHIVE__DIR": f"{tmp_path / 'run'}/archive"}
+                           "LEARNER_ARCHIVE__DIR": f"{tmp_path / 'run'}/archive",
+                           "LEARNER_WEIGHTS__BROADCAST__RECEIVERS": "2"}
     assert plan.metrics_jsonl == tmp_path / "run" / "learner" / "r1.jsonl"
-    assert retriever.env == reward.env == r1.env == {}
+    assert retriever.env == reward.env == {}
+    assert r1.env == {"ROLLOUT_WEIGHTS__DOWNLOAD_DIR": f"{tmp_path / 'run'}/rollout-weights/rollout-1"}
     assert learner.main and not any(p.main for p in plan.specs[:-1])
     # every 0-port resolved to a distinct real port
     ports = [int(p) for p in (gport, hport, rport, _flag(r0.argv, "--metrics-port"), m1, lport,
