@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import logging
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
     from searchr1.rollout.settings import EngineSettings
+
+log = logging.getLogger("searchr1.rollout.engine")
 
 TurnFinish = Literal["stop", "eos", "length"]
 """How a turn ended: a stop string, the EOS token, or its token budget."""
@@ -213,7 +216,9 @@ class VllmGenerator:
     async def reload(self, weights_path: str) -> None:
         with _dead_engine_is_fatal():
             await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": weights_path})
-            await self.engine.reset_prefix_cache()
+            if not await self.engine.reset_prefix_cache():  # False while running requests hold blocks
+                log.warning("vLLM kept its prefix cache after a weight reload (requests still running): cached "
+                            "prompt blocks were computed with the previous weights")
 
     async def close(self) -> None:
         engine, self.engine = self.engine, None
