@@ -240,8 +240,12 @@ async def test_redis_holds_one_cache_and_one_budget_for_every_replica(api, tmp_p
         await restarted.stop()
 
 
-async def test_the_api_key_is_never_logged(api, tmp_path, caplog):
+async def test_the_api_key_is_never_logged(api, tmp_path, caplog, monkeypatch):
     caplog.set_level(logging.DEBUG)
+    # httpx's logger as a fresh process has it: a library configured earlier in the same test session
+    # (dictConfig with disable_existing_loggers) may have disabled it or raised its level
+    monkeypatch.setattr(logging.getLogger("httpx"), "disabled", False)
+    caplog.set_level(logging.DEBUG, logger="httpx")
     running = await _start(api, tmp_path, "serpapi")  # SerpAPI takes the key in the query string
     try:
         api.script("429", "html")
