@@ -10,16 +10,24 @@ from pathlib import Path
 import yaml
 
 
-def dashboard_panels(path: Path) -> dict[str, list[str]]:
-    """Panel title -> its targets' expressions, for every panel (rows' nested panels included)."""
+def dashboard_panels(path: Path, skip_rows: frozenset[str] = frozenset()) -> dict[str, list[str]]:
+    """Panel title -> its targets' expressions, for every panel (rows' nested panels included), leaving
+    out the panels of the rows titled in `skip_rows` (a row's panels follow it until the next row, or
+    are nested in a collapsed one)."""
     out: dict[str, list[str]] = {}
-    stack = list(json.loads(path.read_text()).get("panels", []))
-    while stack:
-        panel = stack.pop(0)
-        stack.extend(panel.get("panels", []))
-        exprs = [t["expr"] for t in panel.get("targets", []) if t.get("expr")]
-        if exprs:
-            out[panel.get("title") or f"panel {panel.get('id')}"] = exprs
+    row = None
+    for panel in json.loads(path.read_text()).get("panels", []):
+        if panel.get("type") == "row":
+            row = panel.get("title")
+            nested = panel.get("panels", [])
+        else:
+            nested = [panel]
+        if row in skip_rows:
+            continue
+        for p in nested:
+            exprs = [t["expr"] for t in p.get("targets", []) if t.get("expr")]
+            if exprs:
+                out[p.get("title") or f"panel {p.get('id')}"] = exprs
     return out
 
 

@@ -77,9 +77,14 @@ def _check_alertmanager(port: int) -> None:
     assert active, "Prometheus has no active Alertmanager"
 
 
+OPTIONAL_ROWS = frozenset({"Web search backend"})
+"""Dashboard rows of features the tiny world's compose run does not use (a web search backend): their
+panels have no series there, so they are not required to."""
+
+
 def _check_dashboards_and_alerts(port: int) -> None:
     """Every Grafana panel's PromQL returns at least one series; every alert expression evaluates."""
-    panels = queries.dashboard_panels(ROOT / "deploy/grafana/dashboards/searchr1.json")
+    panels = queries.dashboard_panels(ROOT / "deploy/grafana/dashboards/searchr1.json", OPTIONAL_ROWS)
     series = {e: len(_query(port, e)) for exprs in panels.values() for e in exprs}
     empty = queries.empty_panels(panels, series)
     assert not empty, f"dashboard panels with no series after training: {empty}\n{series}"

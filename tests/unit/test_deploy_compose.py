@@ -6,6 +6,7 @@ Grafana's provisioning files valid against their schemas. The docker deploy test
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -189,4 +190,14 @@ def test_queries_read_every_panel_and_alert(tmp_path):
     nested.write_text('{"panels": [{"type": "row", "title": "r", "panels": [{"title": "inner", "targets": '
                       '[{"expr": "up"}, {"expr": "x"}]}]}, {"title": "text"}]}')
     assert queries.dashboard_panels(nested) == {"inner": ["up", "x"]}
+    assert queries.dashboard_panels(nested, frozenset({"r"})) == {}
+    flat = tmp_path / "f.json"
+    flat.write_text('{"panels": [{"type": "row", "title": "a"}, {"title": "p1", "targets": [{"expr": "up"}]}, '
+                    '{"type": "row", "title": "web"}, {"title": "p2", "targets": [{"expr": "w"}]}, '
+                    '{"type": "row", "title": "c"}, {"title": "p3", "targets": [{"expr": "z"}]}]}')
+    assert queries.dashboard_panels(flat, frozenset({"web"})) == {"p1": ["up"], "p3": ["z"]}
+    from tests.deploy.test_compose_up import OPTIONAL_ROWS
+    rows = {p["title"] for p in json.loads((ROOT / "deploy/grafana/dashboards/searchr1.json").read_text())["panels"]
+            if p.get("type") == "row"}
+    assert OPTIONAL_ROWS <= rows, "the deploy test skips rows the dashboard has"
     assert queries.empty_panels({"a": ["up", "x"], "b": ["y"]}, {"up": 0, "x": 2, "y": 0}) == ["b"]
