@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from redis import asyncio as aioredis
 
-from searchr1.core.schemas import SchemaError, WeightVersion, decode, encode
+from searchr1.core.schemas import WeightVersion, encode
 from searchr1.core.streams import StreamKeys
+from searchr1.core.weights import read_version
 
 
 def _snapshot_key(keys: StreamKeys) -> str:
@@ -29,13 +30,8 @@ async def record_snapshot(redis: aioredis.Redis, keys: StreamKeys, version: Weig
 
 
 async def latest_snapshot(redis: aioredis.Redis, keys: StreamKeys) -> WeightVersion | None:
-    raw = await redis.get(_snapshot_key(keys))
-    if raw is None:
-        return None
-    try:
-        return decode(WeightVersion, raw)
-    except SchemaError:
-        return None
+    """The snapshot to catch up from, or None."""
+    return read_version(await redis.get(_snapshot_key(keys)))
 
 
 async def acknowledge(redis: aioredis.Redis, keys: StreamKeys, worker: str, version: int, digest: str) -> None:

@@ -142,6 +142,16 @@ async def announce(redis: aioredis.Redis, keys: StreamKeys, version: WeightVersi
     return bool(int(done))
 
 
+def read_version(raw: bytes | None) -> WeightVersion | None:
+    """A stored `WeightVersion` record, or None when there is none or it is unreadable."""
+    if raw is None:
+        return None
+    try:
+        return decode(WeightVersion, raw)
+    except SchemaError:
+        return None
+
+
 def published_key(keys: StreamKeys) -> str:
     """Hash {version: announcement} of every version the learner announced."""
     return keys.key("weights:published")
@@ -149,13 +159,7 @@ def published_key(keys: StreamKeys) -> str:
 
 async def published(redis: aioredis.Redis, keys: StreamKeys, version: int) -> WeightVersion | None:
     """The announcement the learner made for `version`, or None if it never announced it."""
-    raw = await redis.hget(published_key(keys), str(version))
-    if raw is None:
-        return None
-    try:
-        return decode(WeightVersion, raw)
-    except SchemaError:
-        return None
+    return read_version(await redis.hget(published_key(keys), str(version)))
 
 
 async def rollback(redis: aioredis.Redis, keys: StreamKeys, version: int) -> WeightVersion:
@@ -181,13 +185,7 @@ async def announced_fence(redis: aioredis.Redis, keys: StreamKeys) -> int:
 
 async def latest(redis: aioredis.Redis, keys: StreamKeys) -> WeightVersion | None:
     """The latest announced version, or None if none was announced (or the record is unreadable)."""
-    raw = await redis.hget(keys.weights, b"latest")
-    if raw is None:
-        return None
-    try:
-        return decode(WeightVersion, raw)
-    except SchemaError:
-        return None
+    return read_version(await redis.hget(keys.weights, b"latest"))
 
 
 class SnapshotError(RuntimeError):

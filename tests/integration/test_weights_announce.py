@@ -25,11 +25,9 @@ async def test_announce_latest_never_goes_backwards(redis):
 async def test_fetch_snapshot_local_and_http(tmp_path):
     """A snapshot served over HTTP (files listing protocol) downloads and verifies; tampering is refused."""
     import pytest
-    from fastapi import FastAPI
-    from fastapi.responses import FileResponse
 
-    from searchr1.core.servers import HttpServer
     from searchr1.core.weights import SnapshotError, fetch_snapshot, snapshot_digest, snapshot_listing
+    from tests.support.snapshot_server import serve_snapshot
 
     snap = tmp_path / "snap"
     (snap / "sub").mkdir(parents=True)
@@ -44,31 +42,18 @@ async def test_fetch_snapshot_local_and_http(tmp_path):
     with pytest.raises(SnapshotError, match="mismatch"):
         await fetch_snapshot(WeightVersion(version=1, uri=str(snap), sha256="0" * 64), tmp_path / "dl")
 
-    app = FastAPI()
-
-    @app.get("/weights/1/files")
-    async def files():
-        return snapshot_listing(snap)
-
-    @app.get("/weights/1/files/{name:path}")
-    async def file(name: str):
-        return FileResponse(snap / name)
-
-    server = HttpServer(app)
-    await server.start()
-    try:
-        remote = WeightVersion(version=1, uri=f"{server.url}/weights/1", sha256=digest)
+    async with serve_snapshot(snap) as base:
+        remote = WeightVersion(version=1, uri=base, sha256=digest)
         got = await fetch_snapshot(remote, tmp_path / "dl")
         assert got == tmp_path / "dl" / f"v00000001-{digest[:16]}" and snapshot_digest(got) == digest
         assert await fetch_snapshot(remote, tmp_path / "dl") == got  # cached
-        bad = WeightVersion(version=2, uri=f"{server.url}/weights/1", sha256="1" * 64)
+        bad = WeightVersion(version=2, uri=base, sha256="1" * 64)
         with pytest.raises(SnapshotError, match="mismatch"):
             await fetch_snapshot(bad, tmp_path / "dl")
         assert not any(p.name.startswith(("v00000002", ".")) for p in (tmp_path / "dl").iterdir())
         with pytest.raises(SnapshotError, match="cannot download"):
-            await fetch_snapshot(WeightVersion(version=3, uri=f"{server.url}/nope", sha256=digest), tmp_path / "dl")
-    finally:
-        await server.stop()
+            nowhere = WeightVersion(version=3, uri=base.replace("/weights/1", "/nope"), sha256=digest)
+            await fetch_snapshot(nowhere, tmp_path / "dl")
 
 
 async def test_http_fetch_refuses_corrupted_truncated_and_odd_listings(tmp_path):

@@ -7,12 +7,9 @@ from __future__ import annotations
 import asyncio
 import shutil
 
-from fastapi import FastAPI
-from fastapi.responses import FileResponse
-
 from searchr1.core.schemas import WeightVersion
-from searchr1.core.servers import HttpServer
-from searchr1.core.weights import fetch_snapshot, snapshot_digest, snapshot_listing
+from searchr1.core.weights import fetch_snapshot, snapshot_digest
+from tests.support.snapshot_server import serve_snapshot
 
 
 def test_a_file_boundary_cannot_be_forged_inside_a_file(tmp_path):
@@ -46,23 +43,9 @@ async def test_workers_sharing_a_download_dir_fetch_the_same_version_at_once(tmp
     for i in range(4):
         (snap / f"part{i}.bin").write_bytes(bytes([i]) * (1 << 20))
     digest = snapshot_digest(snap)
-    app = FastAPI()
-
-    @app.get("/weights/1/files")
-    async def files():
-        return snapshot_listing(snap)
-
-    @app.get("/weights/1/files/{name:path}")
-    async def file(name: str):
-        return FileResponse(snap / name)
-
-    server = HttpServer(app)
-    await server.start()
-    try:
-        wv = WeightVersion(version=1, uri=f"{server.url}/weights/1", sha256=digest)
+    async with serve_snapshot(snap) as base:
+        wv = WeightVersion(version=1, uri=base, sha256=digest)
         dl = tmp_path / "shared-dl"
         got = await asyncio.gather(*(fetch_snapshot(wv, dl) for _ in range(4)))
-    finally:
-        await server.stop()
     assert len(set(got)) == 1 and snapshot_digest(got[0]) == digest
     assert [p.name for p in dl.iterdir()] == [got[0].name], "no partial download left behind"
