@@ -6,8 +6,6 @@ re-forms the group."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 
@@ -17,6 +15,7 @@ from searchr1.core.streams import StreamKeys
 from searchr1.core.weights import latest, snapshot_digest
 from searchr1.learner.publisher import WeightPublisher
 from searchr1.learner.transport import BroadcastTransport
+from tests.support.broadcast import receive_in_thread
 from tests.support.tiny_lm import build_tiny_lm
 
 pytestmark = pytest.mark.asyncio
@@ -30,21 +29,6 @@ def model(tmp_path_factory):
                                                 dtype=torch.float32)
 
 
-def _receiver(addr, version, into):
-    def run():
-        try:
-            rx = Receiver(timeout_s=10)
-            rx.join(addr)
-            into["tensors"] = {n: t.clone() for n, t in rx.receive(version)}
-            into["digest"] = rx.last_digest
-        except Exception as exc:  # noqa: BLE001 - reported to the test
-            into["error"] = exc
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    return t
-
-
 async def test_broadcast_transport_announces_sends_and_falls_back_to_a_snapshot(redis, model, tmp_path):
     keys = StreamKeys("bt")
     publisher = WeightPublisher(tmp_path / "weights", keep=2)
@@ -53,7 +37,7 @@ async def test_broadcast_transport_announces_sends_and_falls_back_to_a_snapshot(
     state = model.state_dict()
 
     got: dict = {}
-    t = _receiver(bc.address, 2, got)
+    t = receive_in_thread(Receiver(timeout_s=10), bc.address, 2, got)
     wv = await transport.publish(2, model, state)
     t.join(30)
     assert "error" not in got, got.get("error")
@@ -73,7 +57,7 @@ async def test_broadcast_transport_announces_sends_and_falls_back_to_a_snapshot(
 
     # version 4: a receiver joins generation 1 and gets it
     got = {}
-    t = _receiver(bc.address, 4, got)
+    t = receive_in_thread(Receiver(timeout_s=10), bc.address, 4, got)
     wv4 = await transport.publish(4, model, state)
     t.join(30)
     assert "digest" in got and parse_group_uri(wv4.uri)[0].generation == 1

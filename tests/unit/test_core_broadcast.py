@@ -5,7 +5,6 @@ digest equal the sender's, a missing receiver raises instead of hanging, the nex
 from __future__ import annotations
 
 import hashlib
-import threading
 
 import pytest
 import torch
@@ -22,6 +21,7 @@ from searchr1.core.broadcast import (
     plan_buckets,
     unpack_bucket,
 )
+from tests.support.broadcast import receive_in_thread
 
 
 def test_plan_buckets_fills_up_to_the_limit_and_isolates_big_tensors():
@@ -65,24 +65,10 @@ def _named(seed: int) -> list[tuple[str, torch.Tensor]]:
             ("b", torch.randn(8, generator=g)), ("steps", torch.tensor([7]))]
 
 
-def _receive_in_thread(rx: Receiver, addr: GroupAddress, version: int, into: dict) -> threading.Thread:
-    def run():
-        try:
-            rx.join(addr)
-            into["tensors"] = {n: t.clone() for n, t in rx.receive(version)}
-            into["digest"] = rx.last_digest
-        except Exception as exc:  # noqa: BLE001 - reported to the test
-            into["error"] = exc
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    return t
-
-
 def test_two_receivers_get_one_broadcast_with_the_senders_digest():
     bc = Broadcaster("127.0.0.1", 0, 3, timeout_s=20, bucket_bytes=512)
     results = [{}, {}]
-    threads = [_receive_in_thread(Receiver(timeout_s=20), bc.address, 5, r) for r in results]
+    threads = [receive_in_thread(Receiver(timeout_s=20), bc.address, 5, r) for r in results]
     named = _named(0)
     digest = bc.send(5, named)
     for t in threads:
@@ -98,14 +84,14 @@ def test_two_receivers_get_one_broadcast_with_the_senders_digest():
 def test_a_receiver_that_never_joins_fails_the_send_and_the_next_generation_reforms():
     bc = Broadcaster("127.0.0.1", 0, 3, timeout_s=3, bucket_bytes=1 << 20)
     lone = {}
-    t = _receive_in_thread(Receiver(timeout_s=3), bc.address, 1, lone)
+    t = receive_in_thread(Receiver(timeout_s=3), bc.address, 1, lone)
     with pytest.raises(BroadcastFailed):
         bc.send(1, _named(1))
     t.join(30)
     assert isinstance(lone.get("error"), BroadcastFailed)
     assert bc.generation == 1
     results = [{}, {}]
-    threads = [_receive_in_thread(Receiver(timeout_s=20), bc.address, 2, r) for r in results]
+    threads = [receive_in_thread(Receiver(timeout_s=20), bc.address, 2, r) for r in results]
     digest = bc.send(2, _named(2))
     for th in threads:
         th.join(30)
@@ -115,7 +101,7 @@ def test_a_receiver_that_never_joins_fails_the_send_and_the_next_generation_refo
 def test_a_late_joiner_of_a_full_group_is_refused():
     bc = Broadcaster("127.0.0.1", 0, 2, timeout_s=20)
     first = {}
-    t = _receive_in_thread(Receiver(timeout_s=20), bc.address, 1, first)
+    t = receive_in_thread(Receiver(timeout_s=20), bc.address, 1, first)
     bc.send(1, _named(1))
     t.join(30)
     assert first.get("digest")
