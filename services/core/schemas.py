@@ -17,7 +17,8 @@ is added, and a reader accepts only its own version, so an entry written by an o
 dead-lettered with the reason "schema version N is not supported" instead of being misread.
 Version 2: `SamplingParams` fields are optional (None = the worker's setting; an explicit value,
 the default included, is honoured), and `TrajectoryGroup.sampling_temperature` records the temperature
-a group was sampled at.
+a group was sampled at. Version 3: `Trajectory.segments` records which weight version sampled which
+response tokens (interruptible rollouts), and a group's `policy_version` is its oldest version.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 FinishReason = Literal["answer", "eos", "max_turns", "length", "retriever_unavailable", "search_budget", "error"]
 """Why a trajectory ended: it answered; the model emitted EOS without an answer; it used every turn
@@ -38,6 +39,9 @@ the run's web search budget was spent (the retriever answered FAILED_PRECONDITIO
 failed otherwise (a refused search)."""
 
 Split = Literal["train", "test", "validation"]
+
+Segment = tuple[Annotated[int, Field(ge=0)], Annotated[int, Field(ge=0)], Annotated[int, Field(ge=0)]]
+"""`(start, end, version)`: the response tokens `[start, end)` that weight version `version` sampled."""
 
 
 class SchemaError(ValueError):
@@ -114,6 +118,11 @@ class Trajectory(_Wire):
     """Why the trajectory ended."""
     response_text: str = ""
     """Decoded response (sampled + environment text), for scoring, logs and reading."""
+    segments: list[Segment] = Field(default_factory=list)
+    """Which weight version sampled which response tokens, as `(start, end, version)` spans in order,
+    not overlapping, covering every token with loss mask 1 (environment tokens may fall inside or between
+    them). Empty: every sampled token comes from the group's `policy_version` (whole-trajectory rollouts).
+    More than one: the trajectory was interrupted by a weight swap and resumed (`partial_rollouts`)."""
 
     @model_validator(mode="after")
     def _lengths_agree(self) -> Trajectory:
@@ -130,7 +139,25 @@ class Trajectory(_Wire):
             raise ValueError("reward must be finite")
         if not all(math.isfinite(v) for v in self.reward_components.values()):
             raise ValueError("reward_components must be finite")
+        if self.segments:
+            _check_segments(self.segments, self.loss_mask)
         return self
+
+
+def _check_segments(segments: list[Segment], loss_mask: list[int]) -> None:
+    """Raise ValueError unless `segments` are in order, disjoint, inside the response and cover every
+    token with loss mask 1."""
+    covered = 0
+    prev_end = 0
+    for start, end, _ in segments:
+        if not start < end <= len(loss_mask):
+            raise ValueError(f"segment [{start}, {end}) is empty or past the response's {len(loss_mask)} tokens")
+        if start < prev_end:
+            raise ValueError(f"segment [{start}, {end}) overlaps or precedes the one ending at {prev_end}")
+        covered += sum(loss_mask[start:end])
+        prev_end = end
+    if covered != sum(loss_mask):
+        raise ValueError(f"segments cover {covered} of the {sum(loss_mask)} sampled (loss mask 1) tokens")
 
 
 class TrajectoryGroup(_Wire):
@@ -139,7 +166,8 @@ class TrajectoryGroup(_Wire):
     task: Task
     """The task the group answers."""
     policy_version: int = Field(ge=0)
-    """Weight version that generated every trajectory of the group."""
+    """Weight version that generated every trajectory of the group; with interrupted trajectories (see
+    `Trajectory.segments`), the oldest version that sampled any of its tokens."""
     sampling_temperature: float = Field(ge=0.0, le=10.0)
     """Softmax temperature every trajectory of the group was sampled at (the task's, or the worker's
     setting when the task left it unset)."""

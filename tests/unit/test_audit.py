@@ -87,3 +87,23 @@ def test_checkpoint_and_archive_must_agree_and_drop_reasons_come_from_the_log():
 def test_trained_but_never_dispatched_is_flagged():
     report = audit([t("1-0", "a")], [], [], [TrainedRow(1, 0, "a"), TrainedRow(1, 0, "x")])
     assert report.trained_not_dispatched == ["x"] and not report.ok
+
+
+def test_trajectories_resumed_across_weight_versions_are_counted_on_kept_rows_only():
+    tasks = [t("1-0", "a"), t("1-1", "b")]
+    trained = [TrainedRow(1, 0, "a", resumed=2), TrainedRow(1, 1, "a", resumed=1), TrainedRow(1, 1, "b")]
+    report = audit(tasks, [], [], trained)  # step 1 archived again in part 1: part 0's copy is superseded
+    assert report.resumed_trajectories == 1 and report.as_json()["resumed_trajectories"] == 1
+    assert ("trajectories resumed across weight versions", "1") in table_rows(report)
+
+
+def test_the_archive_reader_counts_resumed_trajectories_per_group(tmp_path):
+    from searchr1.learner.tools.archive import ArchiveWriter
+    from searchr1.learner.tools.audit_sources import read_archive
+    from tests.support.synthetic import synthetic_group
+
+    group = synthetic_group("r", group_size=3, policy_version=2)
+    n = len(group.trajectories[1].loss_mask)
+    group.trajectories[1] = group.trajectories[1].model_copy(update={"segments": [(0, 1, 2), (1, n, 3)]})
+    ArchiveWriter(tmp_path, every_steps=1).append(4, [group, synthetic_group("s")], ["4-0", "4-1"])
+    assert [(r.task_id, r.step, r.resumed) for r in read_archive(tmp_path)] == [("r", 4, 1), ("s", 4, 0)]

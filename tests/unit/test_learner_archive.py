@@ -184,3 +184,29 @@ def test_train_offers_replay_and_the_archive_group_is_listed():
     assert "archive" in r.output
     r = runner.invoke(app, ["archive", "--help"], env={"COLUMNS": "200"})
     assert all(c in r.output for c in ("list", "show", "export"))
+
+
+def _resumed_group(task_id: str):
+    g = synthetic_group(task_id, group_size=2, policy_version=4)
+    t = g.trajectories[0]
+    cut = next(i for i in range(1, len(t.loss_mask)) if t.loss_mask[i] == 1)  # a seam after the first token
+    g.trajectories[0] = t.model_copy(update={"segments": [(0, cut, 4), (cut, len(t.loss_mask), 5)]})
+    return g
+
+
+def test_segments_are_archived_and_rebuilt_and_parts_written_before_them_read_as_none(tmp_path):
+    w = ArchiveWriter(tmp_path / "a", every_steps=1)
+    g = _resumed_group("seg")
+    w.append(1, [g], ["1-0"])
+    table = read(tmp_path / "a")
+    assert table.column("segments").to_pylist()[1] == []
+    assert table.column("segments").to_pylist()[0] == [list(s) for s in g.trajectories[0].segments]
+    (_, (back,)), = groups_by_step(table)
+    assert back.trajectories[0].segments == g.trajectories[0].segments
+    # a part without the column (an archive written by an earlier release) still reads, segments null
+    old = rows(1, [synthetic_group("old")], ["1-1"]).drop_columns(["segments"])
+    pq.write_table(old, tmp_path / "a" / "part-000001.parquet")
+    both = read(tmp_path / "a", columns=["task_id", "segments"])
+    assert both.column("segments").to_pylist()[2:] == [None] * 4
+    (_, groups), = groups_by_step(read(tmp_path / "a"))
+    assert [len(t.segments) for g2 in groups for t in g2.trajectories] == [2, 0] + [0] * 4

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from searchr1.core.schemas import TrajectoryGroup
+from searchr1.core.segments import oldest_version
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class Batch:
     group_index: Tensor
     """[B] index of the trajectory's group within the step (GRPO grouping)."""
     policy_version: Tensor
-    """[B] weight version that generated the row."""
+    """[B] oldest weight version that generated the row (its oldest segment, `core/segments.py`)."""
     advantages: Tensor | None = None
     """[B] or [B, L-1] advantages, filled by `advantages.py`."""
     returns: Tensor | None = None
@@ -87,7 +88,7 @@ class Batch:
 
 def build_batch(groups: Sequence[TrajectoryGroup], *, pad_id: int = 0, max_seq_len: int = 8192) -> Batch:
     """Pad every trajectory of `groups` into one `Batch` (rows in group order)."""
-    rows = [(gi, g.policy_version, t) for gi, g in enumerate(groups) for t in g.trajectories]
+    rows = [(gi, oldest_version(t, g.policy_version), t) for gi, g in enumerate(groups) for t in g.trajectories]
     if not rows:
         raise ValueError("cannot build a batch from zero trajectories")
     lengths = [min(len(t.prompt_ids) + len(t.response_ids), max_seq_len) for _, _, t in rows]

@@ -9,6 +9,7 @@ import statistics
 from collections.abc import Sequence
 
 from searchr1.core.schemas import TrajectoryGroup
+from searchr1.core.segments import group_oldest_version
 
 EM_COMPONENT_KEYS = ("em", "searchr1_em", "exact_match", "answer_correct")
 """Reward components read as exact match, first found wins (the composite's `em` key, Search-R1's
@@ -39,7 +40,7 @@ def group_figures(groups: Sequence[TrajectoryGroup], version: int) -> dict[str, 
         "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
         "searches_per_trajectory": statistics.fmean(t.num_searches for t in trajs),
         "response_length_mean": statistics.fmean(len(t.response_ids) for t in trajs),
-        "staleness_mean": statistics.fmean(version - g.policy_version for g in groups),
+        "staleness_mean": statistics.fmean(version - group_oldest_version(g) for g in groups),
     }
     em = [v for t in trajs if (v := em_component(t.reward_components)) is not None]
     if em:

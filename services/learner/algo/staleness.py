@@ -14,6 +14,10 @@ With `algorithm.max_staleness = k` and the learner at version v (= training step
   tasks are ever ahead of the weights. With k = 0 this is Search-R1's synchronous regime: the next
   step's tasks appear only once the weights they must be sampled with are announced.
 
+A group's version is its oldest: with interruptible rollouts (`partial_rollouts`) one trajectory may hold
+tokens of several versions (`Trajectory.segments`), and it is as stale as its oldest segment
+(`core/segments.group_oldest_version`).
+
 Staleness is measured on the learner's clock only; this module is pure (versions in, decisions out).
 What it does not do is the mechanics: the dispatcher counts its budget and publishes
 (`dispatcher.py`), the learner loop calls the rule at its filter and after each step (`service.py`), the
@@ -30,6 +34,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from searchr1.core.schemas import TrajectoryGroup
+from searchr1.core.segments import group_oldest_version
 
 G = TypeVar("G")
 
@@ -99,7 +104,7 @@ class StalenessPolicy:
         dropped: list[Dropped[G]] = []
         for item in items:
             g: TrajectoryGroup = group(item)
-            reason = self.stale_reason(g.policy_version, version)
+            reason = self.stale_reason(group_oldest_version(g), version)
             if reason is None:
                 kept.append(item)
             else:

@@ -56,10 +56,13 @@ SCHEMA = pa.schema([
     ("loss_mask", pa.list_(pa.int8())),
     ("behavior_logprobs", pa.list_(pa.float32())),
     ("response_text", pa.string()),
+    ("segments", pa.list_(pa.list_(pa.int64()))),
 ])
-"""One row per trajectory. `policy_version` is the version the group was sampled with; `step` the learner
-step that trained on it; `entry_id` the trajectories-stream entry; `index` its place in the group;
-`reward_components` JSON text."""
+"""One row per trajectory. `policy_version` is the version the group was sampled with (its oldest, with
+interrupted trajectories); `step` the learner step that trained on it; `entry_id` the trajectories-stream
+entry; `index` its place in the group; `reward_components` JSON text; `segments` the trajectory's
+`[start, end, version]` spans (`Trajectory.segments`; empty: all of `policy_version`, and null in parts
+written before the column existed)."""
 
 _PART = re.compile(r"^part-(\d{6})\.parquet$")
 
@@ -86,6 +89,7 @@ def rows(step: int, groups: Sequence[TrajectoryGroup], entry_ids: Sequence[str])
                 ("sampling_temperature", group.sampling_temperature), ("prompt_ids", t.prompt_ids),
                 ("response_ids", t.response_ids), ("loss_mask", t.loss_mask),
                 ("behavior_logprobs", t.behavior_logprobs), ("response_text", t.response_text),
+                ("segments", [list(seg) for seg in t.segments]),
             ):
                 cols[name].append(value)
     return pa.Table.from_pydict(cols, schema=SCHEMA)
@@ -182,10 +186,21 @@ def read(directory: str | Path, columns: list[str] | None = None) -> pa.Table:
         raise ArchiveError(f"no archive parts (part-NNNNNN.parquet) in {directory}")
     tables = []
     for p in files:
-        t = pq.read_table(p, columns=columns)
+        t = _read_part(p, columns)
         seq = int(_PART.match(p.name).group(1))
         tables.append(t.append_column("part", pa.array([seq] * t.num_rows, pa.int32())))
     return pa.concat_tables(tables)
+
+
+def _read_part(path: Path, columns: list[str] | None) -> pa.Table:
+    """One part's `columns` (all of `SCHEMA`'s by default); a column the part predates is read as nulls."""
+    present = set(pq.read_schema(path).names)
+    wanted = columns if columns is not None else SCHEMA.names
+    t = pq.read_table(path, columns=[c for c in wanted if c in present])
+    for c in wanted:
+        if c not in present and c in SCHEMA.names:
+            t = t.append_column(SCHEMA.field(c), pa.nulls(t.num_rows, SCHEMA.field(c).type))
+    return t.select([c for c in wanted if c in t.column_names])
 
 
 def latest_copies(table: pa.Table) -> pa.Table:
@@ -243,7 +258,8 @@ def _group(rs: Iterable[dict]) -> TrajectoryGroup:
                         behavior_logprobs=r["behavior_logprobs"], reward=r["reward"],
                         reward_components=json.loads(r["reward_components"]), num_turns=r["num_turns"],
                         num_searches=r["num_searches"], finish_reason=r["finish_reason"],
-                        response_text=r["response_text"]) for r in rs]
+                        response_text=r["response_text"],
+                        segments=[tuple(seg) for seg in r.get("segments") or []]) for r in rs]
     return TrajectoryGroup(task=task, policy_version=first["policy_version"],
                            sampling_temperature=first["sampling_temperature"], worker_id=first["worker_id"],
                            trajectories=trajs)

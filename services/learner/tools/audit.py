@@ -60,6 +60,9 @@ class TrainedRow:
     task_id: str
     worker_id: str = ""
     policy_version: int = 0
+    resumed: int = 0
+    """Trajectories of the group whose tokens span more than one weight version (interrupted by a weight
+    swap and resumed: `Trajectory.segments`)."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,8 @@ class AuditReport:
     """The step each learner start resumed from, in order (from its log)."""
     announced_version: int | None = None
     worker_versions: dict[str, int] = field(default_factory=dict)
+    resumed_trajectories: int = 0
+    """Trained trajectories (kept archive rows) resumed across weight versions (partial rollouts)."""
 
     @property
     def ok(self) -> bool:
@@ -119,7 +124,8 @@ class AuditReport:
             "checkpoint_step": self.checkpoint_step, "checkpoint_version": self.checkpoint_version,
             "checkpoint_mismatch": self.checkpoint_mismatch, "learner_resumes": self.learner_resumes,
             "announced_version": self.announced_version, "worker_versions": self.worker_versions,
-            "workers_on_final_version": self.workers_on_final_version, "ok": self.ok,
+            "workers_on_final_version": self.workers_on_final_version,
+            "resumed_trajectories": self.resumed_trajectories, "ok": self.ok,
         }
 
 
@@ -148,6 +154,7 @@ def audit(tasks: Sequence[StreamRecord], groups: Sequence[StreamRecord], dead: S
     kept, report.superseded_steps = kept_rows(trained)
     steps_of: Counter[str] = Counter(r.task_id for r in kept)  # groups trained per task id
     report.last_trained_step = max((r.step for r in kept), default=0)
+    report.resumed_trajectories = sum(r.resumed for r in kept)
     dead_reason: dict[str, str] = {}
     for d in dead:
         if d.task_id is None:
@@ -208,6 +215,7 @@ def table_rows(report: AuditReport) -> list[tuple[str, str]]:
         ("archive vs checkpoint", "agree" if not report.checkpoint_mismatch
          else f"{len(report.checkpoint_mismatch)} task ids differ"),
         ("learner resumed from", ", ".join(f"step {s}" for s in report.learner_resumes) or "never restarted"),
+        ("trajectories resumed across weight versions", str(report.resumed_trajectories)),
         ("final weight version", "unknown" if final is None else f"v{final}"),
     ]
     for worker, version in sorted(report.worker_versions.items()):

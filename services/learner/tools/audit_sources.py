@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -122,14 +123,18 @@ def read_archive(directory: Path) -> list[TrainedRow]:
     from searchr1.learner.tools.archive import ArchiveError, read
 
     try:
-        table = read(directory, columns=["step", "task_id", "worker_id", "policy_version", "index"])
+        table = read(directory, columns=["step", "task_id", "worker_id", "policy_version", "index", "segments"])
     except ArchiveError:
         return []
-    out = []
+    firsts: dict[tuple[int, int, str], dict] = {}
+    resumed: Counter[tuple[int, int, str]] = Counter()
     for r in table.to_pylist():
+        key = (r["step"], r["part"], r["task_id"])
         if r["index"] == 0:
-            out.append(TrainedRow(r["step"], r["part"], r["task_id"], r["worker_id"], r["policy_version"]))
-    return out
+            firsts[key] = r
+        resumed[key] += len(r["segments"] or []) > 1
+    return [TrainedRow(r["step"], r["part"], r["task_id"], r["worker_id"], r["policy_version"], resumed[key])
+            for key, r in firsts.items()]
 
 
 def read_checkpoint(directory: Path) -> CheckpointRecord | None:
