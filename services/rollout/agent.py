@@ -38,7 +38,8 @@ from typing import Any, Protocol
 
 from searchr1.core.clients.retriever import RetrieverError
 from searchr1.core.protocol import INVALID_ACTION_MESSAGE, STOP_STRINGS, observation_for, parse_action
-from searchr1.core.schemas import FinishReason
+from searchr1.core.schemas import FinishReason, Segment
+from searchr1.core.segments import segments_from_versions
 from searchr1.rollout.engine import Generator, TextCodec, TurnRequest
 
 OBS_CLOSE = "</information>\n\n"
@@ -95,17 +96,30 @@ class TrajectoryResult:
     generate_seconds: float = 0.0
     error: str | None = None
 
-    def add_sampled(self, ids: Sequence[int], logprobs: Sequence[float]) -> None:
+    token_versions: list[int | None] = field(default_factory=list)
+    """The weight version behind each response token; None on environment tokens and on sampled tokens
+    whose version the generator does not track (whole-trajectory rollouts)."""
+
+    def add_sampled(self, ids: Sequence[int], logprobs: Sequence[float],
+                    versions: Sequence[int] | None = None) -> None:
         self.response_ids.extend(ids)
         self.loss_mask.extend([1] * len(ids))
         self.behavior_logprobs.extend(logprobs)
+        self.token_versions.extend(versions if versions is not None else [None] * len(ids))
         self.generated_tokens += len(ids)
 
     def add_env(self, ids: Sequence[int]) -> None:
         self.response_ids.extend(ids)
         self.loss_mask.extend([0] * len(ids))
         self.behavior_logprobs.extend([0.0] * len(ids))
+        self.token_versions.extend([None] * len(ids))
         self.env_tokens += len(ids)
+
+    def segments(self) -> list[Segment]:
+        """`Trajectory.segments` of the response: empty unless every sampled token's version is known."""
+        if any(v is None for v, m in zip(self.token_versions, self.loss_mask) if m):
+            return []
+        return segments_from_versions(self.token_versions)
 
 
 def truncate_observation(obs_ids: list[int], close_ids: list[int], limit: int) -> tuple[list[int], bool]:
@@ -169,7 +183,7 @@ async def run_trajectory(
             f"{request_id}-t{turn}",
         )
         res.generate_seconds += time.perf_counter() - t0
-        res.add_sampled(out.token_ids, out.logprobs)
+        res.add_sampled(out.token_ids, out.logprobs, out.versions)
         turn += 1
         res.num_turns = turn
         action = parse_action((opened if turn == 1 else "") + out.text)

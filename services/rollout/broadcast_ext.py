@@ -54,9 +54,35 @@ class BroadcastWeightReceiver:
             pass
         return str(rx.last_digest)
 
+    def searchr1_refresh_cpu_gemm(self) -> int:
+        """After an in-place reload on CPU: rebuild the packed GEMM of the layers that keep their weight
+        (see `refresh_cpu_gemm`); returns how many were rebuilt."""
+        return refresh_cpu_gemm(self.model_runner.get_model())  # type: ignore[attr-defined]
+
     def searchr1_weights_generation(self) -> int | None:
         rx = getattr(self, "_searchr1_rx", None)
         return None if rx is None or rx.address is None else rx.address.generation
+
+
+def refresh_cpu_gemm(model: Any) -> int:
+    """vLLM's CPU build runs each linear layer through a GEMM packed from its weight at load time
+    (`dispatch_cpu_unquantized_gemm`). Its in-place `reload_weights` re-packs the layers whose weight it
+    removes (qkv, o, gate/up, down projections), but not those that keep it (`remove_weight=False`: the
+    LM head): those go on computing with the weights the engine started with (measured on vLLM 0.32 CPU:
+    logits 8 off, sampling from neither version). Re-pack every layer that still holds a 2-D weight.
+    Returns the number of layers re-packed; 0 off CPU."""
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return 0
+    n = 0
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if hasattr(module, "cpu_linear") and weight is not None and weight.ndim == 2 and weight.numel():
+            dispatch_cpu_unquantized_gemm(module, remove_weight=False)
+            n += 1
+    return n
 
 
 WORKER_EXTENSION = "searchr1.rollout.broadcast_ext.BroadcastWeightReceiver"
@@ -68,5 +94,6 @@ async def receive_broadcast(generator: Any, uri: str) -> str:
     `worker_extension_cls=WORKER_EXTENSION`), then drop the prefix cache (its KV came from the old
     weights). Returns the digest of the received tensors (equal to the sender's, or this raised)."""
     digests = await generator.engine.collective_rpc("searchr1_weights_receive", kwargs={"uri": uri})
+    await generator.engine.collective_rpc("searchr1_refresh_cpu_gemm")
     await generator.engine.reset_prefix_cache()
     return str(digests[0])

@@ -12,6 +12,10 @@ this protocol, so it is unit-tested with a scripted fake and runs on vLLM in pro
   under a lock, in a thread; a reload reads the new weights and frees the old ones in a thread too).
   Slow; for laptops and `rollout once`, not for training.
 
+A turn whose `TurnRequest.interrupt` is set stops at the next token boundary (vLLM: the request is
+aborted by closing its output stream) and returns what it sampled, finish `interrupted`; the
+interruptible rollouts of `partial.py` resume it under new weights.
+
 A dead vLLM engine (its process killed, out of memory) surfaces as `GeneratorDead`, which the worker
 treats as fatal (worker.py).
 
@@ -33,13 +37,16 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from searchr1.rollout.broadcast_ext import WORKER_EXTENSION
+
 if TYPE_CHECKING:
     from searchr1.rollout.settings import EngineSettings
 
 log = logging.getLogger("searchr1.rollout.engine")
 
-TurnFinish = Literal["stop", "eos", "length"]
-"""How a turn ended: a stop string, the EOS token, or its token budget."""
+TurnFinish = Literal["stop", "eos", "length", "interrupted"]
+"""How a turn ended: a stop string, the EOS token, its token budget, or its request's `interrupt` (the
+tokens sampled so far are returned; `rollout/partial.py` resumes the turn after a weight swap)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +61,9 @@ class TurnRequest:
     seed: int | None = None
     stop: Sequence[str] = ()
     extra_args: dict[str, Any] | None = None
+    interrupt: asyncio.Event | None = None
+    """Once set, generation stops at the next token boundary (vLLM aborts the request) and the turn ends
+    `interrupted` with what it has sampled. None: the turn always runs to its end."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,10 +75,14 @@ class TurnOutput:
     text: str
     finish: TurnFinish
     stop_reason: str | None = None
+    versions: list[int] | None = None
+    """The weight version that sampled each token (set by `rollout/partial.py`; None: not tracked)."""
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
             raise ValueError("token_ids and logprobs must have the same length")
+        if self.versions is not None and len(self.versions) != len(self.token_ids):
+            raise ValueError("versions and token_ids must have the same length")
 
 
 class GeneratorDead(RuntimeError):
@@ -110,6 +124,9 @@ class HfCodec:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
 
 
+RESET_TRIES = 10
+"""Attempts at resetting vLLM's prefix cache after a reload (50 ms apart)."""
+
 VLLM_ENGINE_FIELDS = frozenset({
     "gpu_memory_utilization", "max_model_len", "dtype", "enforce_eager", "seed", "max_num_seqs",
     "tensor_parallel_size", "logprobs_mode", "enable_prefix_caching"})
@@ -132,9 +149,11 @@ class VllmEngineConfig:
 class VllmGenerator:
     """`Generator` over vLLM's `AsyncLLM`. Build it with `await VllmGenerator.start(config)`."""
 
-    def __init__(self, engine: Any, eos_token_ids: Sequence[int]) -> None:
+    def __init__(self, engine: Any, eos_token_ids: Sequence[int], extension: bool = False) -> None:
         self.engine = engine
         self.eos_token_ids = set(eos_token_ids)
+        self.extension = extension
+        """Whether the engine runs searchr1's worker extension (`broadcast_ext.py`)."""
 
     @classmethod
     async def start(cls, config: VllmEngineConfig) -> VllmGenerator:
@@ -149,13 +168,15 @@ class VllmGenerator:
             # are part of our wire format, so chunked prefill is off on CPU unless asked for.
             chunked = False
         e = config.engine
+        # searchr1's worker extension (`broadcast_ext.py`): broadcast weight receipt and the CPU reload fix
+        extra = {"worker_extension_cls": WORKER_EXTENSION, **config.extra}
         args = AsyncEngineArgs(
             model=config.model,
             **e.model_dump(include=VLLM_ENGINE_FIELDS),
             logits_processors=list(e.logits_processors) or None,
             enable_chunked_prefill=chunked,
             **({"max_num_batched_tokens": max(e.max_model_len, 2048)} if chunked is False else {}),
-            **config.extra,
+            **extra,
         )
         engine = AsyncLLM.from_engine_args(args)
         tok = engine.get_tokenizer()
@@ -165,7 +186,7 @@ class VllmGenerator:
             eos.add(gen_eos)
         elif isinstance(gen_eos, list):
             eos.update(gen_eos)
-        generator = cls(engine, sorted(eos))
+        generator = cls(engine, sorted(eos), extension=extra["worker_extension_cls"] == WORKER_EXTENSION)
         # an exception traceback kept by an import inside vLLM's start-up holds this frame (seen with
         # gc.get_referrers in a fresh process): let only `generator` own the engine, so close() frees it
         # (the slow test_eval_command_end_to_end checks the eval's output for the traceback)
@@ -191,10 +212,16 @@ class VllmGenerator:
             extra_args=request.extra_args,
         )
         final = None
+        interrupted = False
         with _dead_engine_is_fatal():
-            async for out in self.engine.generate(TokensPrompt(prompt_token_ids=list(request.prompt_ids)),
-                                                  params, request_id):
-                final = out
+            # each streamed output is cumulative; closing the stream early aborts the request in vLLM
+            async with contextlib.aclosing(self.engine.generate(
+                    TokensPrompt(prompt_token_ids=list(request.prompt_ids)), params, request_id)) as stream:
+                async for out in stream:
+                    final = out
+                    if request.interrupt is not None and request.interrupt.is_set() and not out.finished:
+                        interrupted = True
+                        break
         if final is None or not final.outputs:
             raise RuntimeError(f"vLLM returned no output for {request_id}")
         comp = final.outputs[0]
@@ -205,8 +232,10 @@ class VllmGenerator:
             lps.append(min(0.0, float(lp)) if math.isfinite(lp) else -1e4)
         if len(lps) != len(ids):  # engine returned no log-probs (should not happen with logprobs=0)
             lps = [0.0] * len(ids)
-        if comp.finish_reason == "length":
-            finish: TurnFinish = "length"
+        if interrupted:
+            finish: TurnFinish = "interrupted"
+        elif comp.finish_reason == "length":
+            finish = "length"
         elif isinstance(comp.stop_reason, str) and comp.stop_reason in request.stop:
             finish = "stop"
         else:  # EOS (stop_reason None) or a stop token id
@@ -216,7 +245,15 @@ class VllmGenerator:
     async def reload(self, weights_path: str) -> None:
         with _dead_engine_is_fatal():
             await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": weights_path})
-            if not await self.engine.reset_prefix_cache():  # False while running requests hold blocks
+            if self.extension:  # vLLM CPU: the LM head's packed GEMM is not rebuilt by the reload
+                await self.engine.collective_rpc("searchr1_refresh_cpu_gemm")
+            # False while running requests hold blocks: an interrupted turn's abort may still be on its way
+            # to the engine core, so a few tries before giving up
+            for _ in range(RESET_TRIES):
+                if await self.engine.reset_prefix_cache():
+                    break
+                await asyncio.sleep(0.05)
+            else:
                 log.warning("vLLM kept its prefix cache after a weight reload (requests still running): cached "
                             "prompt blocks were computed with the previous weights")
 
@@ -278,6 +315,9 @@ class HfGenerator:
         stop_reason = None
         with torch.no_grad():
             for _ in range(request.max_tokens):
+                if request.interrupt is not None and request.interrupt.is_set():
+                    finish = "interrupted"
+                    break
                 out = self._model(input_ids=inp, past_key_values=past, use_cache=True)
                 past = out.past_key_values
                 logits = out.logits[0, -1].float()

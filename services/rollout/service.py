@@ -43,6 +43,7 @@ from searchr1.rollout.engine import (
     VllmGenerator,
 )
 from searchr1.rollout.metrics import RolloutMetrics
+from searchr1.rollout.partial import InterruptibleGenerator
 from searchr1.rollout.settings import EngineSettings, RolloutSettings
 from searchr1.rollout.weights import WeightLoader
 from searchr1.rollout.worker import GroupSampler, Worker
@@ -156,12 +157,13 @@ async def build_service(settings: RolloutSettings, *, generator: Generator | Non
         metrics.weight_version.set(loader.version)
         await loader.maybe_update()
         worker_id = settings.worker_id or default_worker_id()
-        sampler = GroupSampler(generator, HfCodec(tokenizer), tokenizer, batcher.search, reward, settings.agent,
+        partial = InterruptibleGenerator(generator, loader.version) if settings.weights.partial_rollouts else None
+        sampler = GroupSampler(partial or generator, HfCodec(tokenizer), tokenizer, batcher.search, reward, settings.agent,
                                settings.reward, metrics, max_context_tokens=settings.engine.max_model_len)
         worker = Worker(sampler, tasks, groups, loader, metrics, worker_id, max_concurrent=t.max_concurrent,
                         block_ms=t.block_ms, reclaim_interval_s=t.reclaim_interval_s,
                         weight_poll_s=settings.weights.poll_interval_s, drain_timeout_s=t.drain_timeout_s,
-                        heartbeat_s=t.visibility_timeout_ms / 4000, watchdog=watchdog)
+                        heartbeat_s=t.visibility_timeout_ms / 4000, watchdog=watchdog, partial=partial)
     except BaseException:
         for close in reversed(closers):
             result = close()

@@ -164,6 +164,11 @@ class WeightSettings(Section):
     than the loaded version are deleted. `searchr1 up` gives each worker its own under the run directory."""
     token: str | None = None
     """Bearer token for downloading snapshots."""
+    partial_rollouts: bool = False
+    """True: a new weight version interrupts the turns in flight at their next token, loads, and resumes
+    them from their prefix under the new weights (each token records the version that sampled it:
+    `Trajectory.segments`), instead of letting every in-flight group finish first. Off for Search-R1
+    parity runs (every group sampled by one version)."""
 
 
 class EvalSettings(Section):

@@ -5,7 +5,9 @@
 with up to `tasks.max_concurrent` tasks in flight over one engine, plus the chores between tasks:
 reclaiming tasks a dead worker left unacked, and moving to a newer weight version (admission stops,
 in-flight groups finish under the old version, the engine reloads, admission resumes — so every group
-is tagged with the one version that generated all of it). The move happens every `weight_poll_s`, and
+is tagged with the one version that generated all of it; with `weights.partial_rollouts`, in-flight
+turns are interrupted instead and resume under the new weights, each token tagged with its version:
+`partial.py`). The move happens every `weight_poll_s`, and
 at once when a newly read task needs a newer version than the engine runs (`Task.min_policy_version`).
 That catch-up is the worker's whole part in staleness, and a mechanical one: the learner decides what
 `min_policy_version` a task carries and which groups are too stale to train on (`learner/algo/staleness.py`;
@@ -51,6 +53,7 @@ from searchr1.core.watchdog import Watchdog
 from searchr1.rollout.agent import AgentLimits, Sampling, SearchFn, TrajectoryResult, run_trajectory
 from searchr1.rollout.engine import Generator, GeneratorDead, TextCodec
 from searchr1.rollout.metrics import RolloutMetrics, StagedGenerator, staged_search
+from searchr1.rollout.partial import InterruptibleGenerator
 from searchr1.rollout.settings import AgentSettings, RewardClientSettings
 from searchr1.rollout.weights import WeightLoader
 
@@ -169,7 +172,7 @@ class GroupSampler:
                 prompt_ids=r.prompt_ids, response_ids=r.response_ids, loss_mask=r.loss_mask,
                 behavior_logprobs=r.behavior_logprobs, reward=float(s), reward_components=c,
                 num_turns=r.num_turns, num_searches=r.num_searches, finish_reason=r.finish_reason,
-                response_text=text,
+                response_text=text, segments=r.segments(),
             )
             for r, s, c, text in zip(results, scores, components, responses)
         ]
@@ -184,6 +187,8 @@ class GroupSampler:
             m.reward.observe(s)
         if scores:
             m.reward_mean.set(sum(scores) / len(scores))
+        # interrupted trajectories (partial rollouts) span versions: the group is as old as its oldest token
+        policy_version = min((v for t in trajectories for _, _, v in t.segments), default=policy_version)
         return TrajectoryGroup(
             task=task, policy_version=policy_version, sampling_temperature=sampling.temperature,
             worker_id=worker_id, trajectories=trajectories,
@@ -210,6 +215,8 @@ class Worker:
     drain_timeout_s: float | None = None
     heartbeat_s: float | None = None
     watchdog: Watchdog | None = None
+    partial: InterruptibleGenerator | None = None
+    """Set (the sampler's engine, wrapped): weight swaps interrupt in-flight turns instead of draining."""
     _inflight: set[asyncio.Task] = field(default_factory=set)
     _inflight_ids: set[str] = field(default_factory=set)
     _seq: int = 0
@@ -271,12 +278,17 @@ class Worker:
         await self._update_lag()
 
     async def _move_to_announced_weights(self) -> None:
-        """If newer weights are announced: let in-flight groups finish under the old version, then load
-        them (no-op, bar one Redis read, when nothing newer is announced yet)."""
+        """If newer weights are announced: let in-flight groups finish under the old version (or, with
+        partial rollouts, interrupt their turns), then load them (no-op, bar one Redis read, when nothing
+        newer is announced yet)."""
         self._next_weights = time.monotonic() + self.weight_poll_s
-        if await self.loader.newer() is not None:
-            await self._drain()
-            await self.loader.maybe_update()
+        if await self.loader.newer() is None:
+            return
+        if self.partial is not None:
+            await self.partial.swap(self.loader.maybe_update, lambda: self.loader.version)
+            return
+        await self._drain()
+        await self.loader.maybe_update()
 
     async def _update_lag(self) -> None:
         now = time.monotonic()
