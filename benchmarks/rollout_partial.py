@@ -7,7 +7,8 @@ in the same run.
 A long-tailed workload, as multi-turn search produces: one trajectory in `--long-every` is `--long-factor`
 times longer than the rest (`--short` tokens; greedy on a tiny random Qwen2, so every trajectory runs to
 its length). `--slots` trajectories run at once; after every `--push-every` trajectories started, a new
-weight version is pushed (an in-place reload alternating between two snapshots):
+weight version is pushed (an in-place reload alternating between two snapshot directories that hold the
+same weights, so that both modes generate the same tokens and do the same work):
 
 - whole (the default, Search-R1's regime, `rollout/worker.py`): admission stops, the trajectories in
   flight finish under the old weights, the engine reloads, admission resumes;
@@ -132,7 +133,9 @@ async def run(args) -> None:
 
     work = Path(tempfile.mkdtemp(prefix="partial-bench-"))
     snapshots = [build_tiny_lm(work / "v0")]
-    snapshots.append(perturb_weights(snapshots[0], work / "v1", scale=0.3))
+    # the pushed "versions" hold the same weights (written again, reloaded for real), so both modes generate
+    # the same greedy tokens and the work compared is the same
+    snapshots.append(perturb_weights(snapshots[0], work / "v1", scale=0.0))
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     print("starting vLLM (CPU) …", flush=True)
     engine = await VllmGenerator.start(VllmEngineConfig(model=str(snapshots[0]), engine=EngineSettings(
