@@ -38,8 +38,10 @@ RESUME_SEED_STRIDE = 104_729
 class InterruptibleGenerator:
     """A `Generator` whose turns a weight swap interrupts and resumes (see the module docstring)."""
 
-    def __init__(self, inner: Generator, version: int) -> None:
+    def __init__(self, inner: Generator, version: int, on_interrupt: Callable[[], Any] | None = None) -> None:
         self.inner = inner
+        self.on_interrupt = on_interrupt
+        """Called once per interrupted turn (the worker counts them in its metrics)."""
         self.version = version
         """The weight version the engine runs; new turns and resumed ones are tagged with it."""
         self.interruptions = 0
@@ -71,6 +73,8 @@ class InterruptibleGenerator:
             if out.finish != "interrupted":
                 return TurnOutput(ids, logprobs, text, out.finish, out.stop_reason, versions)
             self.interruptions += 1
+            if self.on_interrupt is not None:
+                self.on_interrupt()
             if len(ids) >= request.max_tokens:
                 return TurnOutput(ids, logprobs, text, "length", None, versions)
             part += 1

@@ -157,7 +157,8 @@ async def build_service(settings: RolloutSettings, *, generator: Generator | Non
         metrics.weight_version.set(loader.version)
         await loader.maybe_update()
         worker_id = settings.worker_id or default_worker_id()
-        partial = InterruptibleGenerator(generator, loader.version) if settings.weights.partial_rollouts else None
+        partial = (InterruptibleGenerator(generator, loader.version, on_interrupt=metrics.turns_interrupted.inc)
+                   if settings.weights.partial_rollouts else None)
         sampler = GroupSampler(partial or generator, HfCodec(tokenizer), tokenizer, batcher.search, reward, settings.agent,
                                settings.reward, metrics, max_context_tokens=settings.engine.max_model_len)
         worker = Worker(sampler, tasks, groups, loader, metrics, worker_id, max_concurrent=t.max_concurrent,

@@ -39,6 +39,7 @@ class SlowGen:
         self.reloads: list[str] = []
         self.reloaded_while_generating = False
         self.running = 0
+        self.interrupted = 0.0
 
     async def generate(self, request: TurnRequest, request_id: str) -> TurnOutput:
         root = request_id.split("-r")[0]
@@ -81,7 +82,7 @@ async def _run(redis, tmp_path, *, partial: bool) -> tuple[TrajectoryGroup, Slow
     gen = SlowGen()
     metrics = RolloutMetrics()
     tasks, groups = tasks_stream(redis, keys), trajectories_stream(redis, keys)
-    engine = InterruptibleGenerator(gen, 0) if partial else None
+    engine = InterruptibleGenerator(gen, 0, on_interrupt=metrics.turns_interrupted.inc) if partial else None
     sampler = GroupSampler(engine or gen, Codec(), None, _search, OkScorer(), AgentSettings(), RewardClientSettings(),
                            metrics)
     loader = WeightLoader(redis, keys, gen, metrics, tmp_path / "dl")
@@ -106,6 +107,7 @@ async def _run(redis, tmp_path, *, partial: bool) -> tuple[TrajectoryGroup, Slow
         while loader.version != 1:
             assert time.monotonic() < end, "the weights were never loaded"
             await asyncio.sleep(0.01)
+        gen.interrupted = metrics.turns_interrupted._value.get()
         return got[0].value, gen
     finally:
         stop.set()
@@ -115,6 +117,7 @@ async def _run(redis, tmp_path, *, partial: bool) -> tuple[TrajectoryGroup, Slow
 async def test_a_push_mid_group_interrupts_and_resumes_its_turns_with_partial_rollouts(redis, tmp_path):
     group, gen = await _run(redis, tmp_path, partial=True)
     assert gen.reloaded_while_generating and len(gen.reloads) == 1
+    assert gen.interrupted == 2  # both trajectories' turns, counted in the worker's metrics
     assert group.policy_version == 0  # the oldest version behind its tokens
     for t in group.trajectories:
         (s0, seam, v0), (s1, end, v1) = t.segments
