@@ -133,7 +133,8 @@ async def _run(settings: LearnerSettings, info: DistInfo, stop: asyncio.Event, m
             dispatcher = Dispatcher(learner.tasks, specs, settings.dispatcher,
                                     epoch=pos.get("epoch", 0), cursor=pos.get("cursor", 0),
                                     on_publish=metrics.tasks.inc, staleness=learner.staleness,
-                                    version=state.version, downstream=learner.source.trajectories)
+                                    version=state.version, downstream=learner.source.trajectories,
+                                    vocab_size=training.vocab_size())
         return await learner.run(stop, max_steps=max_steps, dispatcher=dispatcher)
     finally:
         if learner.transport is not None:
