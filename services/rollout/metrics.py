@@ -64,6 +64,9 @@ class RolloutMetrics:
         self.weight_reload_seconds = Histogram("searchr1_rollout_weight_reload_seconds",
                                                "Fetch + verify + in-place reload of a new weight version.",
                                                buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300), registry=r)
+        self.weight_refusals = Counter("searchr1_rollout_weight_refusals_total",
+                                       "Weight announcements refused: an older fencing token than seen, or a "
+                                       "version the learner never published.", registry=r)
         self.task_queue_lag = Gauge("searchr1_rollout_task_queue_lag",
                                     "Tasks not yet delivered to any rollout worker.", registry=r)
         self.inflight_tasks = Gauge("searchr1_rollout_inflight_tasks", "Tasks this worker is rolling out.",
