@@ -4,11 +4,11 @@ place. The worker calls `maybe_update` only when no trajectory is in flight, so 
 by exactly one version.
 
 A snapshot that fails verification is skipped (and logged); the worker keeps the weights it has and
-tries again when a newer version is announced. So is an announcement the worker must not trust: one made
-with an older fencing token (`core/lease.py`) than the newest this worker has seen (a stale learner's,
-or one restored from old Redis data), and one the learner never published (no matching record in
-`weights:published`, which `core.weights.announce` writes with every announcement). With a `RedisLink`, reading the announcement waits for
-Redis through an outage.
+tries again when a newer version is announced. So is an announcement the worker must not trust: one
+made with an older fencing token (`core/lease.py`) than the newest this worker has seen (a stale
+learner's, or one restored from old Redis data), and one the learner never published (no matching
+record in `weights:published`, which `core.weights.announce` writes with every announcement). With a
+`RedisLink`, reading the announcement waits for Redis through an outage.
 
 Nothing here blocks the event loop: verification and downloads run their disk work in threads
 (`fetch_snapshot`), and both engines reload off the loop (vLLM in its engine-core process, the
@@ -65,14 +65,14 @@ class WeightLoader:
         announcements only go back that way), or the same version written again with other bytes; and
         only if it carries no older fencing token than seen before and the learner published it."""
         announced, fence = await self._redis(lambda: latest_fenced(self.redis, self.keys), "weights")
+        newest_seen, self.fence = self.fence, max(self.fence, fence)
         if announced is None or announced.sha256 == self._failed_sha256:
             return None
         if announced.version == self.version and self._sha256 in (None, announced.sha256):
             return None
-        if fence < self.fence:
-            return self._refuse(announced, f"announced with fencing token {fence}, older than the {self.fence} "
+        if fence < newest_seen:
+            return self._refuse(announced, f"announced with fencing token {fence}, older than the {newest_seen} "
                                            f"this worker has seen (a stale learner's announcement)")
-        self.fence = fence
         if not await self._redis(lambda: is_published(self.redis, self.keys, announced), "weights"):
             return self._refuse(announced, "the learner never published it (no matching record in "
                                            "weights:published)")
