@@ -49,7 +49,7 @@ def test_the_switch_is_a_flag_of_every_server(command):
     assert r.exit_code == 0 and "--insecure-no-auth" in r.output
 
 
-def test_the_switch_is_one_setting_read_from_the_environment():
+def test_the_switch_is_one_setting_read_from_the_environment(monkeypatch):
     from searchr1.learner.settings import LearnerSettings
     from searchr1.retriever.settings import RetrieverSettings
     from searchr1.reward.settings import RewardSettings
@@ -57,12 +57,10 @@ def test_the_switch_is_one_setting_read_from_the_environment():
 
     for cls, prefix in ((RetrieverSettings, "RETRIEVER"), (RewardSettings, "REWARD"), (LearnerSettings, "LEARNER"),
                         (ViewerSettings, "VIEWER")):
+        monkeypatch.delenv(f"{prefix}_AUTH__INSECURE_NO_AUTH", raising=False)
         assert load_settings(cls).auth.insecure_no_auth is False
-        os.environ[f"{prefix}_AUTH__INSECURE_NO_AUTH"] = "true"
-        try:
-            assert load_settings(cls).auth.insecure_no_auth is True
-        finally:
-            del os.environ[f"{prefix}_AUTH__INSECURE_NO_AUTH"]
+        monkeypatch.setenv(f"{prefix}_AUTH__INSECURE_NO_AUTH", "true")
+        assert load_settings(cls).auth.insecure_no_auth is True
 
 
 def test_the_viewer_makes_a_session_token_unless_told_not_to(capsys):
