@@ -77,7 +77,7 @@ def start_server(index: Path, name: str, env_extra: dict[str, str]) -> tuple[sub
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
            "RETRIEVER_TORCH_THREADS": "1", "RETRIEVER_FAISS_THREADS": "1", "RETRIEVER_BATCH_THREADS": "1",
-           "RETRIEVER_LOG_LEVEL": "warning",
+           "RETRIEVER_LOG_LEVEL": "warning", "RETRIEVER_AUTH__INSECURE_NO_AUTH": "true",  # loopback, measured
            **env_extra}
     # `searchr1 serve retriever`, loading only the retriever's commands (other services' CLI modules are
     # irrelevant here and may be mid-change in a shared checkout)

@@ -1,5 +1,7 @@
-"""Optional bearer-token auth for HTTP (ASGI middleware) and gRPC (server interceptor), plus the
-client-side helpers. With no token configured, nothing is checked.
+"""Bearer-token auth for HTTP (ASGI middleware) and gRPC (server interceptor), the client-side helpers,
+and the start-up rule every server that takes a token follows (`require_token`): an empty token refuses
+to start unless `auth.insecure_no_auth` (`--insecure-no-auth`) says to serve without one, and then a
+WARNING is printed.
 
 Health stays open so probes work without the secret; metrics stay open by default so Prometheus does
 too, and are closed with `open_paths(metrics_open=False)`. gRPC reflection (the service's schema) needs
@@ -15,6 +17,8 @@ from typing import Any
 
 import grpc
 
+from searchr1.core.settings import AuthSettings
+
 HEALTH_GRPC_PREFIX = "/grpc.health.v1.Health/"
 REFLECTION_GRPC_PREFIX = "/grpc.reflection."
 LIVE_PATH = "/healthz"
@@ -23,6 +27,23 @@ READY_PATH = "/readyz"
 """Readiness: 200 when the process can do its work, 503 while a dependency (Redis) is away."""
 HEALTH_PATHS = (LIVE_PATH, READY_PATH)
 DEFAULT_OPEN_PATHS = (*HEALTH_PATHS, "/metrics")
+
+
+class MissingToken(ValueError):
+    """A server was asked to start without a token and without `auth.insecure_no_auth`."""
+
+
+def require_token(token: str | None, auth: AuthSettings, *, server: str, setting: str) -> str | None:
+    """Start-up check of a server's `token` (`setting` names where it is set, e.g. `RETRIEVER_TOKEN`):
+    None when a token is set; the warning to print when it is empty and `auth.insecure_no_auth` is on;
+    otherwise `MissingToken` with what to do."""
+    if token:
+        return None
+    if auth.insecure_no_auth:
+        return (f"{server} serves WITHOUT authentication (auth.insecure_no_auth is on): anyone who can reach "
+                f"its port can call it; set {setting} for anything but a private loopback run")
+    raise MissingToken(f"{server} has no token: set {setting} to a secret (e.g. `openssl rand -hex 16`), or "
+                       f"serve without auth on purpose with --insecure-no-auth (auth.insecure_no_auth = true)")
 
 
 def open_paths(*, metrics_open: bool = True) -> tuple[str, ...]:

@@ -43,6 +43,23 @@ def settings_or_exit(cls: type[M], config: str | Path | None, **overrides: Any) 
         fail(str(exc))
 
 
+def token_or_exit(token: str | None, auth: Any, *, server: str, setting: str) -> None:
+    """`core.auth.require_token` for a server's start: an empty token without `auth.insecure_no_auth`
+    exits 2 with what to set; with it the server starts after a WARNING on stderr."""
+    from searchr1.core.auth import MissingToken, require_token
+
+    try:
+        warning = require_token(token, auth, server=server, setting=setting)
+    except MissingToken as exc:
+        fail(str(exc))
+    if warning:
+        typer.echo(f"WARNING: {warning}", err=True)
+
+
+INSECURE_HELP = ("Serve without a bearer token on purpose (auth.insecure_no_auth): anyone who reaches the port "
+                 "may call it. Without it, an empty token refuses to start.")
+
+
 @functools.cache
 def _tree(module: str) -> ast.Module:
     spec = importlib.util.find_spec(module)

@@ -18,7 +18,9 @@ dead-lettered with the reason "schema version N is not supported" instead of bei
 Version 2: `SamplingParams` fields are optional (None = the worker's setting; an explicit value,
 the default included, is honoured), and `TrajectoryGroup.sampling_temperature` records the temperature
 a group was sampled at. Version 3: `Trajectory.segments` records which weight version sampled which
-response tokens (interruptible rollouts), and a group's `policy_version` is its oldest version.
+response tokens (interruptible rollouts), and a group's `policy_version` is its oldest version. `Task.vocab_size`
+(optional, so entries written without it read the same) bounds the token ids of the group that
+answers the task.
 """
 
 from __future__ import annotations
@@ -93,6 +95,10 @@ class Task(_Wire):
     before sampling the task, instead of producing a group the learner would drop as stale."""
     metadata: dict[str, str] = Field(default_factory=dict)
     """Free-form string tags (question type, entity kind, …) carried through to the group."""
+    vocab_size: int | None = Field(default=None, ge=1, le=1 << 31)
+    """The policy's vocabulary size (its embedding's rows), set by the dispatcher: every token id of the
+    group answering this task must be below it (`TrajectoryGroup` refuses one that is not). None: ids
+    are only checked to be non-negative."""
 
 
 class Trajectory(_Wire):
@@ -179,6 +185,20 @@ class TrajectoryGroup(_Wire):
     """Seconds spent per stage (generate, search, score, total)."""
     created_at: float = Field(default_factory=time.time)
     """Unix time the group was published."""
+
+    @model_validator(mode="after")
+    def _ids_in_vocabulary(self) -> TrajectoryGroup:
+        """Every token id below the task's `vocab_size` (an id past it would index past the embedding)."""
+        limit = self.task.vocab_size
+        if limit is None:
+            return self
+        for i, t in enumerate(self.trajectories):
+            for part, ids in (("prompt_ids", t.prompt_ids), ("response_ids", t.response_ids)):
+                if ids and max(ids) >= limit:
+                    at = next(j for j, x in enumerate(ids) if x >= limit)
+                    raise ValueError(f"trajectory {i}: {part}[{at}] = {ids[at]} is outside the vocabulary "
+                                     f"[0, {limit}) of the task's policy")
+        return self
 
     @property
     def rewards(self) -> list[float]:

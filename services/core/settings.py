@@ -74,6 +74,16 @@ class RedisSettings(Section):
     """Run name: every key is prefixed `searchr1:{run}:` so runs share a server safely."""
 
 
+class AuthSettings(Section):
+    """How a server that takes a bearer token treats an empty one: the `auth` table of the retriever, the
+    reward service, the learner (its snapshot server) and the viewer; `searchr1.core.auth.require_token`
+    applies it at start-up."""
+
+    insecure_no_auth: bool = False
+    """Serve without a token (anyone who reaches the port may call it): without this switch a server whose
+    token is empty refuses to start; with it, it starts and logs a WARNING. For a private loopback demo."""
+
+
 class RetrySettings(Section):
     """How a service client retries (the policy is `searchr1.core.retry`): the one declaration of these
     knobs, shared by the retriever and reward clients and their settings tables."""

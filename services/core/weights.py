@@ -188,6 +188,19 @@ async def latest(redis: aioredis.Redis, keys: StreamKeys) -> WeightVersion | Non
     return read_version(await redis.hget(keys.weights, b"latest"))
 
 
+async def latest_fenced(redis: aioredis.Redis, keys: StreamKeys) -> tuple[WeightVersion | None, int]:
+    """The latest announced version and the fencing token it was announced with, read together."""
+    raw, fence = await redis.hmget(keys.weights, [b"latest", b"fence"])
+    return read_version(raw), int(fence) if fence is not None else 0
+
+
+async def is_published(redis: aioredis.Redis, keys: StreamKeys, announced: WeightVersion) -> bool:
+    """Whether the learner announced exactly `announced` (same version, uri and digest) through `announce`,
+    which records every announcement it makes: a record written any other way is not a published version."""
+    record = await published(redis, keys, announced.version)
+    return record is not None and (record.uri, record.sha256) == (announced.uri, announced.sha256)
+
+
 class SnapshotError(RuntimeError):
     """A snapshot that cannot be fetched or whose digest does not match its announcement."""
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from searchr1.core.redaction import redact_url
+
 ATTEMPT_TIMEOUT_S = 2.0
 
 
@@ -77,7 +79,7 @@ class RedisPingGate:
 
     @property
     def description(self) -> str:
-        return f"PING {self.url}"
+        return f"PING {redact_url(self.url)}"
 
     async def check(self) -> tuple[bool, str]:
         from redis import asyncio as aioredis
@@ -86,9 +88,9 @@ class RedisPingGate:
         client = aioredis.Redis.from_url(self.url, socket_timeout=ATTEMPT_TIMEOUT_S,
                                          socket_connect_timeout=ATTEMPT_TIMEOUT_S)
         try:
-            return bool(await client.ping()), f"PING {self.url}: PONG"
+            return bool(await client.ping()), f"{self.description}: PONG"
         except (RedisError, OSError) as exc:
-            return False, f"PING {self.url}: {type(exc).__name__}"
+            return False, f"{self.description}: {type(exc).__name__}"
         finally:
             await client.aclose()
 

@@ -11,6 +11,7 @@ corpus missing, a `[launcher.*]` entry that contradicts the placement) is collec
 from __future__ import annotations
 
 import os
+import secrets
 import sys
 from pathlib import Path
 from typing import Any
@@ -130,7 +131,8 @@ class _Planner:
             self.preflight.append(RedisPingGate(settings.redis.url))
             return settings.redis.url
         redis_port = self.ports.get(settings.redis.port, "redis")
-        redis_url = f"redis://{host}:{redis_port}/0"
+        password = secrets.token_hex(16)  # per run: in the processes' environment and Redis's stdin only
+        redis_url = f"redis://:{password}@{host}:{redis_port}/0"
         try:
             binary = find_redis_server()
         except RedisNotFound as exc:
@@ -138,11 +140,12 @@ class _Planner:
             binary = "redis-server"
         self.specs.append(ProcessSpec(
             name="redis", stage="redis",
-            argv=[binary, "--port", str(redis_port), "--bind", host, "--save", "", "--appendonly", "yes",
+            argv=[binary, "-", "--port", str(redis_port), "--bind", host, "--save", "", "--appendonly", "yes",
                   "--appendfsync", settings.redis.appendfsync, "--dir", str(self.run_root / "redis"),
                   "--protected-mode", "no"],
             gates=[RedisPingGate(redis_url)], health_timeout_s=settings.redis.health_timeout_s,
             make_dirs=[self.run_root / "redis"], restart=restart_rule(settings, settings.redis.restart),
+            stdin=f"requirepass {password}\n".encode(),
         ))
         return redis_url
 
@@ -227,7 +230,7 @@ def build_plan(settings: LauncherSettings, config: str | Path, run_dir: str | Pa
         "config": str(config_path), "host": host, "run": settings.run, "run_dir": str(run_root),
         "log_dir": str(run_root / "logs"), "redis_url": redis_url, "index_dir": str(index_dir),
         "retriever_grpc": f"{host}:{grpc_port}", "retriever_http": f"http://{host}:{http_port}",
-        "reward_url": f"http://{host}:{reward_port}",
+        "reward_url": f"http://{host}:{reward_port}", "token": secrets.token_urlsafe(24),
     }
     if not index_dir.exists() and not web_search_backend(config_path):
         plan.index_build(index_dir, common)

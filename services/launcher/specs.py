@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from searchr1.core.redaction import redact_config
 from searchr1.core.settings import ConfigError, read_config_file
 from searchr1.launcher.health import Gate
 from searchr1.launcher.placement import Placement
@@ -49,11 +50,9 @@ DEFAULT_TEMPLATES: dict[str, list[str]] = {
     "retriever": ["serve", "retriever", "--index", "{index_dir}", "--host", "{host}",
                   "--grpc-port", "{grpc_port}", "--http-port", "{http_port}", "--config", "{config}"],
     "reward": ["serve", "reward", "--host", "{host}", "--port", "{port}", "--config", "{config}"],
-    "rollout": ["serve", "rollout", "--config", "{config}", "--worker-id", "{worker_id}",
-                "--redis", "{redis_url}", "--run", "{run}", "--retriever", "{retriever_grpc}",
-                "--reward", "{reward_url}", "--metrics-port", "{metrics_port}"],
-    "learner": ["train", "--config", "{config}", "--redis", "{redis_url}", "--run", "{run}",
-                "--metrics-port", "{metrics_port}"],
+    "rollout": ["serve", "rollout", "--config", "{config}", "--worker-id", "{worker_id}", "--run", "{run}",
+                "--retriever", "{retriever_grpc}", "--reward", "{reward_url}", "--metrics-port", "{metrics_port}"],
+    "learner": ["train", "--config", "{config}", "--run", "{run}", "--metrics-port", "{metrics_port}"],
     # `searchr1 demo`'s evaluation runs: the retriever and reward service, then this as the main process.
     "eval": ["eval", "--config", "{config}", "--retriever", "{retriever_grpc}", "--reward", "{reward_url}"],
 }
@@ -70,13 +69,26 @@ DEFAULT_ENV: dict[str, dict[str, str]] = {
     "rollout": {"ROLLOUT_WEIGHTS__DOWNLOAD_DIR": "{run_dir}/rollout-weights/{worker_id}"},
 }
 
+# Secrets reach the processes through their environment, never their argv (which `ps` shows every user of
+# the host): the Redis URL (it carries the password of the Redis `up` starts) and the run's bearer token,
+# which every server requires and every client sends. A process's `[launcher.<name>] env` overrides them.
+SECRET_ENV: dict[str, dict[str, str]] = {
+    "retriever": {"RETRIEVER_TOKEN": "{token}"},
+    "reward": {"REWARD_TOKEN": "{token}"},
+    "rollout": {"ROLLOUT_REDIS__URL": "{redis_url}", "ROLLOUT_RETRIEVER__TOKEN": "{token}",
+                "ROLLOUT_REWARD__TOKEN": "{token}", "ROLLOUT_WEIGHTS__TOKEN": "{token}"},
+    "learner": {"LEARNER_REDIS__URL": "{redis_url}", "LEARNER_WEIGHTS__TOKEN": "{token}"},
+}
+
 PLACEHOLDERS = {
     "config": "absolute path of the run config",
     "host": "loopback interface (settings.host)",
     "run": "run name",
     "run_dir": "absolute run directory",
     "log_dir": "RUN_DIR/logs",
-    "redis_url": "redis://host:port/0 of the started (or external) Redis",
+    "redis_url": "redis://:password@host:port/0 of the started (or external) Redis (a secret: the processes "
+                 "get it as ROLLOUT_REDIS__URL / LEARNER_REDIS__URL)",
+    "token": "the run's bearer token, generated per run (a secret: the processes get it by environment)",
     "index_dir": "absolute index directory",
     "corpus": "absolute corpus path (index build)",
     "index_kind": "index kind (index build)",
@@ -116,6 +128,8 @@ class ProcessSpec:
     """Directories created just before the process starts."""
     restart: RestartSettings | None = None
     """Restart rule after a crash once the run is up (None: a death ends the run)."""
+    stdin: bytes | None = None
+    """Written to the process's stdin, then closed (Redis reads its password there); None: /dev/null."""
 
 
 @dataclass
@@ -179,8 +193,9 @@ def render_template(name: str, template: list[str], values: dict[str, str]) -> l
 
 
 def render_env(name: str, configured: dict[str, str], values: dict[str, str]) -> dict[str, str]:
-    """The process's environment additions: DEFAULT_ENV[name] overridden by `configured`, rendered."""
-    merged = {**DEFAULT_ENV.get(name, {}), **configured}
+    """The process's environment additions: DEFAULT_ENV[name] and SECRET_ENV[name] overridden by
+    `configured`, rendered."""
+    merged = {**DEFAULT_ENV.get(name, {}), **SECRET_ENV.get(name, {}), **configured}
     return {key: render_template(f"{name} env", [value], values)[0] for key, value in merged.items()}
 
 
@@ -194,7 +209,7 @@ def dry_run_lines(plan: LaunchPlan) -> list[str]:
         gpus = "all" if devices is None else devices or "none"
         lines.append(f"{spec.name} ({spec.stage}, GPUs: {gpus})")
         lines.append(f"  $ {shlex.join(spec.argv)}")
-        for key, value in spec.env.items():
+        for key, value in redact_config(spec.env).items():
             lines.append(f"  {key}={value}")
     if plan.placement is not None:
         p = plan.placement
@@ -210,11 +225,12 @@ def eval_plan(plan: LaunchPlan, eval_args: list[str], templates: dict[str, list[
     process (template `eval` + `eval_args`) against the plan's retriever and reward service: what
     `searchr1 demo` uses to evaluate a checkpoint through the real services. The eval process runs the
     rollout engine, so it gets the rollout workers' environment (e.g. `VLLM_CPU_KVCACHE_SPACE`) less the
-    launcher's own per-worker defaults (a worker's weight-copy directory)."""
+    launcher's own per-worker defaults (a worker's weight-copy directory) and the Redis URL (it runs without
+    Redis); it keeps the tokens it sends to the retriever and the reward service."""
     template = {**DEFAULT_TEMPLATES, **(templates or {})}["eval"]
     keep = [s for s in plan.specs if s.stage in ("index-build", "retriever", "reward")]
     rollout_env = next((s.env for s in plan.specs if s.stage == "rollout"), {})
-    env = {k: v for k, v in rollout_env.items() if k not in DEFAULT_ENV["rollout"]}
+    env = {k: v for k, v in rollout_env.items() if k not in {*DEFAULT_ENV["rollout"], "ROLLOUT_REDIS__URL"}}
     main = ProcessSpec(name="eval", stage="eval", main=True, health_timeout_s=3600.0, env=env,
                        argv=list(plan.base_command) + render_template("eval", template, plan.values) + list(eval_args))
     return LaunchPlan(specs=[*keep, main], run_dir=plan.run_dir, redis_url=plan.redis_url, run=plan.run,

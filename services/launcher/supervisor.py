@@ -8,9 +8,8 @@ stage order (SIGTERM to each process group, wait `grace_period_s`, then SIGKILL)
 Restarts (`restarts.py`, `[launcher.restart]`): a process whose spec has a restart rule, that has passed
 its health checks once and that exits non-zero or dies of a signal is restarted in place — what is left of
 its process group killed, the back-off waited, the same command started again (same ports, same
-directories, its log appended to), and gated on its health checks again — while everything else keeps
-running. The launcher
-says `restarting X (exit …, attempt n, backoff s)`, appends one JSON line per restart to
+directories, its log appended to, the same `stdin`), and gated on its health checks again — while
+everything else keeps running. The launcher says `restarting X (exit …, attempt n, backoff s)`, appends one JSON line per restart to
 `RUN_DIR/restarts.jsonl` (name, exit code, attempt, back-off, when it died and when it was healthy again,
 null if it died again first) and keeps a per-process count in `RUN_DIR/processes.json` and the status
 line. A process that dies before it was ever healthy (a configuration error, not a crash to ride out),
@@ -23,8 +22,8 @@ gate or times out; 2 when the plan is refused before anything starts.
 
 Every child runs in its own session/process group (`start_new_session=True`), so a terminal's Ctrl-C
 reaches only the launcher, which then stops the children in order, and a child's own children (vLLM's
-engine process, say) are signalled with it. On Linux each child also gets PR_SET_PDEATHSIG=SIGTERM, so
-even a launcher killed with SIGKILL does not leave its children running.
+engine process) are signalled with it. On Linux each child also gets PR_SET_PDEATHSIG=SIGTERM: even a
+launcher killed with SIGKILL leaves no child running. A spec's `stdin` bytes are written to it and closed.
 
 The console (`LogMux`, `LiveView`): each process's whole output goes to `RUN_DIR/logs/<name>.log`; the
 console gets the launcher's own messages, the lines that matter (this system's warnings, errors,
@@ -186,13 +185,15 @@ class Supervisor:
         for directory in spec.make_dirs:
             directory.mkdir(parents=True, exist_ok=True)
         try:
+            stdin = asyncio.subprocess.DEVNULL if spec.stdin is None else asyncio.subprocess.PIPE
             proc = await asyncio.create_subprocess_exec(
-                *spec.argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True,
-                preexec_fn=pdeathsig_preexec() if self.die_with_launcher else None,
-            )
+                *spec.argv, stdin=stdin, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
+                start_new_session=True, preexec_fn=pdeathsig_preexec() if self.die_with_launcher else None)
         except OSError as exc:
             raise Stop(EXIT_FAILED, f"cannot start {spec.name}: {exc}") from exc
+        if proc.stdin is not None and spec.stdin is not None:  # a secret config (Redis's password), not argv
+            proc.stdin.write(spec.stdin)
+            proc.stdin.close()
         running = Running(spec, proc, time.monotonic())
         assert proc.stdout is not None and proc.stderr is not None
         running.pumps = [asyncio.create_task(self.mux.pump(spec.name, proc.stdout)),

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from searchr1.core.commandline import field_help, settings_or_exit
+from searchr1.core.commandline import INSECURE_HELP, field_help, settings_or_exit, token_or_exit
 
 if TYPE_CHECKING:
     from searchr1.cli import Groups
@@ -58,6 +58,8 @@ def train(
         min=0, max=65535, help=field_help(LEARNER_SETTINGS, "metrics_port"))] = None,
     max_steps: Annotated[int | None, typer.Option(min=1, help="Stop after this many steps.")] = None,
     replay: Annotated[Path | None, typer.Option(help=field_help(LEARNER_SETTINGS, "archive.replay_from"))] = None,
+    insecure_no_auth: Annotated[bool | None, typer.Option(
+        "--insecure-no-auth", help=INSECURE_HELP + " (The snapshot server of weights.http.)")] = None,
 ) -> None:
     """Train the policy with GRPO/PPO on groups from the trajectories stream (the learner service).
 
@@ -66,7 +68,11 @@ def train(
 
     settings = settings_or_exit(
         LearnerSettings, config, model__path=model, dispatcher__dataset=dataset, redis__url=redis_url,
-        redis__run=run, metrics_port=metrics_port, archive__replay_from=replay)
+        redis__run=run, metrics_port=metrics_port, archive__replay_from=replay,
+        auth__insecure_no_auth=insecure_no_auth)
+    if settings.weights.http:
+        token_or_exit(settings.weights.token, settings.auth, server="the learner's snapshot server",
+                      setting="LEARNER_WEIGHTS__TOKEN ([learner.weights] token)")
     raise typer.Exit(run_train(settings, max_steps))
 
 

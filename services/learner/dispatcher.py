@@ -46,7 +46,8 @@ class Dispatcher:
 
     def __init__(self, stream: TypedStream[Task], specs: Sequence[Question], settings: DispatcherSettings,
                  *, epoch: int = 0, cursor: int = 0, on_publish=None, staleness: StalenessPolicy | None = None,
-                 version: int = 0, downstream: TypedStream | None = None) -> None:
+                 version: int = 0, downstream: TypedStream | None = None, vocab_size: int | None = None,
+                 record=None) -> None:
         if not specs:
             raise ValueError("the dispatcher needs at least one task")
         self.stream = stream
@@ -62,6 +63,11 @@ class Dispatcher:
         self.min_policy_version = staleness.min_policy_version(version) if staleness is not None else 0
         """Stamped on every task published from now on; raised as the learner reports new versions."""
         self._order = epoch_order(len(self.specs), settings.seed, self.epoch)
+        self.vocab_size = vocab_size
+        """The policy's vocabulary size, stamped on every task (None: not known, not stamped)."""
+        self.record = record
+        """Called (in a thread) with the ids of each batch once published: the run's durable dispatch record
+        (`tools/dispatch_log.py`), which the audit reads where trimming deleted the stream's entries."""
 
     @property
     def exhausted(self) -> bool:
@@ -85,7 +91,7 @@ class Dispatcher:
             task_id=f"{spec.task_id}@e{self.epoch}", question=spec.question, golden_answers=spec.golden_answers,
             data_source=spec.data_source, group_size=self.s.group_size, epoch=self.epoch,
             min_policy_version=self.min_policy_version,
-            sampling=task_sampling(self.s.top_p), metadata=spec.metadata,
+            sampling=task_sampling(self.s.top_p), metadata=spec.metadata, vocab_size=self.vocab_size,
         )
         self.cursor += 1
         if self.cursor >= len(self.specs):
@@ -114,6 +120,8 @@ class Dispatcher:
             if self.budget is not None:
                 self.budget -= len(batch)
             await self.stream.publish_many(batch)
+            if self.record is not None:
+                await asyncio.to_thread(self.record, [t.task_id for t in batch])
             if self.on_publish:
                 self.on_publish(len(batch))
         return len(batch)

@@ -90,6 +90,7 @@ async def _run(settings: LearnerSettings, info: DistInfo, stop: asyncio.Event, m
     from searchr1.learner.dispatcher import Dispatcher
     from searchr1.learner.publisher import weights_app
     from searchr1.learner.tools.data import load_tasks, oversample
+    from searchr1.learner.tools.dispatch_log import DispatchLog, dispatch_log_path
 
     training = await asyncio.to_thread(build_training, settings, info)
     publisher = WeightPublisher(settings.weights.dir, keep=settings.weights.keep)
@@ -124,18 +125,23 @@ async def _run(settings: LearnerSettings, info: DistInfo, stop: asyncio.Event, m
         from searchr1.learner.transport import build_transport
 
         learner.transport = build_transport(settings.weights, publisher, redis, learner.keys, link)
+    dispatch_log = None
     try:
         state = await learner.start()
         dispatcher = None
         if info.is_main and settings.dispatcher.enabled and settings.dispatcher.dataset:
             pos = state.dispatcher or {}
+            dispatch_log = DispatchLog(dispatch_log_path(settings.log_dir, settings.redis.run))
             specs = oversample(load_tasks(settings.dispatcher.dataset), settings.dispatcher.source_repeats)
             dispatcher = Dispatcher(learner.tasks, specs, settings.dispatcher,
                                     epoch=pos.get("epoch", 0), cursor=pos.get("cursor", 0),
                                     on_publish=metrics.tasks.inc, staleness=learner.staleness,
-                                    version=state.version, downstream=learner.source.trajectories)
+                                    version=state.version, downstream=learner.source.trajectories,
+                                    vocab_size=training.vocab_size(), record=dispatch_log.record)
         return await learner.run(stop, max_steps=max_steps, dispatcher=dispatcher)
     finally:
+        if dispatch_log is not None:
+            dispatch_log.close()
         if learner.transport is not None:
             learner.transport.close()
         if http is not None:

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from searchr1.core.settings import RedisSettings, Section, ServiceSettings
+from searchr1.core.settings import AuthSettings, RedisSettings, Section, ServiceSettings
 from searchr1.learner.algo.temperature import TRAINING_TEMPERATURE, check_rollout_temperature
 from searchr1.learner.guard import GuardSettings
 
@@ -317,6 +317,8 @@ class LearnerSettings(ServiceSettings):
     server has its own, `weights.token`."""
     metrics_open: bool = True
     """False: /metrics answers only requests carrying `token` (401 otherwise); needs `token`."""
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    """With `weights.http`, an empty `weights.token` refuses to start unless `auth.insecure_no_auth` is on."""
     consumer: str = Field(default="learner-0", min_length=1)
     """Consumer name in the trajectories group."""
     visibility_timeout_ms: int = Field(default=600_000, ge=1)

@@ -74,7 +74,8 @@ class BroadcastTransport:
         await asyncio.to_thread(self.publisher.write, version, model, state)
         digest = await asyncio.to_thread(self.publisher.digest, version)
         wv = WeightVersion(version=version, uri=self.publisher.uri(version), sha256=digest)
-        await _call(self.link, lambda: record_snapshot(self.redis, self.keys, wv), "record snapshot")
+        await _call(self.link, lambda: record_snapshot(self.redis, self.keys, wv, fence=self.publisher.fence),
+                    "record snapshot")
         await asyncio.to_thread(self.publisher.prune, version)
 
     async def publish(self, version: int, model: Any, state: dict) -> WeightVersion:
@@ -84,7 +85,8 @@ class BroadcastTransport:
         named = sorted(drop_shared(model, state).items())
         wv = WeightVersion(version=version, uri=self.broadcaster.uri(version),
                            sha256=self.broadcaster.header_digest(version, named))
-        await _call(self.link, lambda: announce(self.redis, self.keys, wv), "announce weights")
+        await _call(self.link, lambda: announce(self.redis, self.keys, wv, fence=self.publisher.fence),
+                    "announce weights")
         try:
             await asyncio.to_thread(self.broadcaster.send, version, named)
         except BroadcastFailed as exc:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from searchr1.core.commandline import field_help, settings_or_exit
+from searchr1.core.commandline import INSECURE_HELP, field_help, settings_or_exit, token_or_exit
 
 if TYPE_CHECKING:
     from searchr1.cli import Groups
@@ -166,6 +166,7 @@ def serve_retriever(
     grpc_port: Annotated[int | None, typer.Option(help=field_help(RETRIEVER_SETTINGS, "grpc_port"))] = None,
     http_port: Annotated[int | None, typer.Option(help=field_help(RETRIEVER_SETTINGS, "http_port"))] = None,
     metrics_port: Annotated[int | None, typer.Option(help=field_help(RETRIEVER_SETTINGS, "metrics_port"))] = None,
+    insecure_no_auth: Annotated[bool | None, typer.Option("--insecure-no-auth", help=INSECURE_HELP)] = None,
 ) -> None:
     """Serve an index, or a web search API (`backend = "web"`), over gRPC (Search, health, reflection) and
     HTTP POST /retrieve (Search-R1's API).
@@ -176,7 +177,9 @@ def serve_retriever(
 
 
     settings = settings_or_exit(RetrieverSettings, config, index=index, corpus=corpus, host=host,
-                                grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port)
+                                grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port,
+                                auth__insecure_no_auth=insecure_no_auth)
+    token_or_exit(settings.token, settings.auth, server="the retriever", setting="RETRIEVER_TOKEN ([retriever] token)")
     from searchr1.retriever.server import run
 
     raise typer.Exit(run(settings))

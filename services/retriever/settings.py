@@ -10,7 +10,7 @@ from typing import ClassVar, Literal
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from searchr1.core.settings import Section, ServiceSettings
+from searchr1.core.settings import AuthSettings, Section, ServiceSettings
 from searchr1.retriever.web.settings import WebSettings
 
 
@@ -111,6 +111,8 @@ class RetrieverSettings(ServiceSettings):
     no auth."""
     metrics_open: bool = True
     """With a token set: False makes /metrics require it too (on the HTTP port and on `metrics_port`)."""
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    """An empty `token` refuses to start unless `auth.insecure_no_auth` is on."""
     torch_threads: int = Field(default=1, ge=1, le=1024)
     """torch intra-op threads for the query encoder on batches below `batch_threads_from` queries."""
     faiss_threads: int = Field(default=1, ge=1, le=1024)

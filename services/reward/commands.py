@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from searchr1.core.commandline import field_help, settings_or_exit
+from searchr1.core.commandline import INSECURE_HELP, field_help, settings_or_exit, token_or_exit
 
 if TYPE_CHECKING:
     from searchr1.cli import Groups
@@ -24,12 +24,15 @@ def serve_reward(
     port: Annotated[int | None, typer.Option(min=0, max=65535, help=field_help(REWARD_SETTINGS, "port"))] = None,
     config: Annotated[Path | None, typer.Option("--config", "-c", help="Run config (TOML/YAML), its "
                                                     "reward table.")] = None,
+    insecure_no_auth: Annotated[bool | None, typer.Option("--insecure-no-auth", help=INSECURE_HELP)] = None,
 ) -> None:
     """Serve the reward service: POST /v1/score, GET /v1/scorers, /healthz and /metrics on one port."""
     from searchr1.reward.settings import RewardSettings
 
 
-    settings = settings_or_exit(RewardSettings, config, host=host, port=port)
+    settings = settings_or_exit(RewardSettings, config, host=host, port=port,
+                                auth__insecure_no_auth=insecure_no_auth)
+    token_or_exit(settings.token, settings.auth, server="the reward service", setting="REWARD_TOKEN ([reward] token)")
     from searchr1.reward.app import run
 
     raise typer.Exit(run(settings))

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from searchr1.core.settings import Section, ServiceSettings
+from searchr1.core.settings import AuthSettings, Section, ServiceSettings
 
 
 class EmbeddingSettings(Section):
@@ -57,6 +57,8 @@ class RewardSettings(ServiceSettings):
     """Bearer token required on /v1/* when set (health stays open; metrics too unless `metrics_open` is False)."""
     metrics_open: bool = True
     """With a token set: False makes /metrics require it too."""
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    """An empty `token` refuses to start unless `auth.insecure_no_auth` is on."""
     max_batch_items: int = Field(default=4096, ge=1, le=65536)
     """Items accepted in one request; more is a 422."""
     inline_max_items: int = Field(default=32, ge=0, le=65536)

@@ -13,7 +13,7 @@ import os
 import socket
 from typing import TYPE_CHECKING
 
-from searchr1.core.catchup import acknowledge, latest_snapshot
+from searchr1.core.catchup import acknowledge, latest_snapshot_fenced
 from searchr1.core.schemas import WeightVersion
 from searchr1.core.weights import SnapshotError, fetch_snapshot
 from searchr1.rollout.broadcast_ext import receive_broadcast
@@ -40,9 +40,13 @@ async def load_broadcast(loader: WeightLoader, announced: WeightVersion) -> str 
                     announced.version, exc)
         # the engine may hold part of the failed update: reload the latest snapshot even when it is not
         # newer than the version loaded before (the version tag then follows the weights back)
-        snap = await latest_snapshot(loader.redis, loader.keys)
+        snap, fence = await latest_snapshot_fenced(loader.redis, loader.keys)
         if snap is None:
             log.error("no recovery snapshot recorded: the engine may hold part of version %d", announced.version)
+            return None
+        if fence < loader.fence:
+            log.error("refusing recovery snapshot %d: recorded with fencing token %d, older than the %d this "
+                      "worker has seen (a stale learner's)", snap.version, fence, loader.fence)
             return None
         try:
             path = await fetch_snapshot(snap, loader.download_dir, token=loader.token)

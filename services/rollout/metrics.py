@@ -67,6 +67,9 @@ class RolloutMetrics:
         self.turns_interrupted = Counter("searchr1_rollout_turns_interrupted_total",
                                          "Turns interrupted by a weight swap and resumed (partial rollouts).",
                                          registry=r)
+        self.weight_refusals = Counter("searchr1_rollout_weight_refusals_total",
+                                       "Weight announcements refused: an older fencing token than seen, or a "
+                                       "version the learner never published.", registry=r)
         self.task_queue_lag = Gauge("searchr1_rollout_task_queue_lag",
                                     "Tasks not yet delivered to any rollout worker.", registry=r)
         self.inflight_tasks = Gauge("searchr1_rollout_inflight_tasks", "Tasks this worker is rolling out.",

@@ -4,8 +4,11 @@ place. The worker calls `maybe_update` only when no trajectory is in flight, so 
 by exactly one version.
 
 A snapshot that fails verification is skipped (and logged); the worker keeps the weights it has and
-tries again when a newer version is announced. With a `RedisLink`, reading the announcement waits for
-Redis through an outage.
+tries again when a newer version is announced. So is an announcement the worker must not trust: one
+made with an older fencing token (`core/lease.py`) than the newest this worker has seen (a stale
+learner's, or one restored from old Redis data), and one the learner never published (no matching
+record in `weights:published`, which `core.weights.announce` writes with every announcement). With a
+`RedisLink`, reading the announcement waits for Redis through an outage.
 
 Nothing here blocks the event loop: verification and downloads run their disk work in threads
 (`fetch_snapshot`), and both engines reload off the loop (vLLM in its engine-core process, the
@@ -26,7 +29,7 @@ from searchr1.core.metrics import in_stage
 from searchr1.core.redis_link import RedisLink
 from searchr1.core.schemas import WeightVersion
 from searchr1.core.streams import StreamKeys
-from searchr1.core.weights import SnapshotError, fetch_snapshot, latest, prune_copies
+from searchr1.core.weights import SnapshotError, fetch_snapshot, is_published, latest_fenced, prune_copies
 from searchr1.rollout.broadcast_loader import is_broadcast, load_broadcast
 from searchr1.rollout.engine import Generator
 from searchr1.rollout.metrics import RolloutMetrics
@@ -50,20 +53,37 @@ class WeightLoader:
     _sha256: str | None = None
     """Digest of the snapshot loaded (None: the weights the engine started with)."""
     _failed_sha256: str | None = None
+    fence: int = 0
+    """The newest fencing token seen on an announcement: one made with an older token is refused."""
+
+    async def _redis(self, call, what: str):
+        return await (self.link.call(call, what) if self.link is not None else call())
 
     async def newer(self) -> WeightVersion | None:
-        """The announced version if it is not the one loaded (and not one that already failed): a newer
-        one, or an older one the learner published before (`searchr1 weights rollback`; announcements
-        only go back that way), or the same version written again with other bytes."""
-        if self.link is not None:
-            announced = await self.link.call(lambda: latest(self.redis, self.keys), "weights")
-        else:
-            announced = await latest(self.redis, self.keys)
+        """The announced version if it is not the one loaded (and not one that already failed or was
+        refused): a newer one, or an older one the learner published before (`searchr1 weights rollback`;
+        announcements only go back that way), or the same version written again with other bytes; and
+        only if it carries no older fencing token than seen before and the learner published it."""
+        announced, fence = await self._redis(lambda: latest_fenced(self.redis, self.keys), "weights")
+        newest_seen, self.fence = self.fence, max(self.fence, fence)
         if announced is None or announced.sha256 == self._failed_sha256:
             return None
         if announced.version == self.version and self._sha256 in (None, announced.sha256):
             return None
+        if fence < newest_seen:
+            return self._refuse(announced, f"announced with fencing token {fence}, older than the {newest_seen} "
+                                           f"this worker has seen (a stale learner's announcement)")
+        if not await self._redis(lambda: is_published(self.redis, self.keys, announced), "weights"):
+            return self._refuse(announced, "the learner never published it (no matching record in "
+                                           "weights:published)")
         return announced
+
+    def _refuse(self, announced: WeightVersion, why: str) -> None:
+        """Never load `announced` (logged once: its digest is remembered as failed)."""
+        self._failed_version, self._failed_sha256 = announced.version, announced.sha256
+        self.metrics.weight_refusals.inc()
+        log.error("refusing weight version %d (%s): %s", announced.version, announced.uri, why)
+        return None
 
     @in_stage("weight_reload", lambda self: self.metrics.stages)
     async def load(self, announced: WeightVersion) -> bool:

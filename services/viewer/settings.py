@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from searchr1.core.settings import ServiceSettings
+from searchr1.core.settings import AuthSettings, ServiceSettings
 
 
 class ViewerSettings(ServiceSettings):
@@ -22,6 +22,9 @@ class ViewerSettings(ServiceSettings):
     token: str | None = None
     """Bearer token every page needs when set (health stays open). A browser passes it once as
     `?token=…`; the viewer then keeps it in a cookie for the session."""
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    """An empty `token` makes `searchr1 view` generate one for the session (printed in the URL) unless
+    `auth.insecure_no_auth` is on."""
     page_size: int = Field(default=50, ge=1, le=1000)
     """Trajectories per page of the run page's listing."""
     cache_dir: Path | None = Path.home() / ".cache" / "searchr1" / "viewer"

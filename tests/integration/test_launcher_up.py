@@ -19,6 +19,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -50,7 +51,9 @@ if words[0] == "train" and os.environ.get("LEARNER_LOG_DIR") and not a.fake_json
 name = {"retriever": "retriever", "reward": "reward", "rollout": a.worker_id}.get(words[-1], None) \
     if words[0] == "serve" else ("learner" if words[0] == "train" else "index-build")
 record_dir = Path(os.environ["FAKE_RECORD_DIR"])
-record = {"name": name, "pid": os.getpid(), "argv": sys.argv[1:], "started_at": time.time()}
+record = {"name": name, "pid": os.getpid(), "argv": sys.argv[1:], "started_at": time.time(),
+          "env": {k: v for k, v in os.environ.items() if k.endswith(("_TOKEN", "_REDIS__URL"))}}
+a.redis = a.redis or os.environ.get("LEARNER_REDIS__URL") or os.environ.get("ROLLOUT_REDIS__URL", "")
 
 def save():
     tmp = record_dir / f".{name}.json"
@@ -280,8 +283,21 @@ def test_learner_exit_ends_the_run_with_its_code_in_dependency_order(tmp_path):
     assert (run_dir / "learner" / "t.jsonl").is_file()  # LEARNER_LOG_DIR / {run}.jsonl
     # … Redis was started by the launcher and reachable by the learner …
     assert recs["learner"]["redis_ok"] is True
-    redis_url = recs["learner"]["argv"][recs["learner"]["argv"].index("--redis") + 1]
-    assert redis_url.startswith("redis://127.0.0.1:")
+    redis_url = recs["learner"]["env"]["LEARNER_REDIS__URL"]
+    assert redis_url.startswith("redis://:") and "@127.0.0.1:" in redis_url
+    # … with the secrets (Redis's generated password, the run's generated token) in the environment of the
+    # processes that need them and in no argv: neither the services' nor Redis's (processes.json)
+    password, token = urlsplit(redis_url).password, recs["retriever"]["env"]["RETRIEVER_TOKEN"]
+    assert password and len(password) >= 16 and token and len(token) >= 16
+    assert recs["reward"]["env"]["REWARD_TOKEN"] == token == recs["learner"]["env"]["LEARNER_WEIGHTS__TOKEN"]
+    assert all(recs[w]["env"][f"ROLLOUT_{k}__TOKEN"] == token
+               for w in ("rollout-0", "rollout-1") for k in ("RETRIEVER", "REWARD", "WEIGHTS"))
+    assert recs["rollout-1"]["env"]["ROLLOUT_REDIS__URL"] == redis_url
+    argvs = [r["argv"] for r in recs.values()] + [r["argv"] for r in json.loads(
+        (run_dir / "processes.json").read_text()).values()]
+    assert not [a for a in argvs if password in " ".join(a) or token in " ".join(a)], argvs
+    logs = "".join(p.read_text() for p in (run_dir / "logs").glob("*.log"))
+    assert password not in out + logs and token not in out + logs
     # … everything else was stopped with SIGTERM, in reverse order, and nothing is left behind
     for name in ("retriever", "reward", "rollout-0", "rollout-1"):
         assert "stopped_at" in recs[name], (name, out)
@@ -370,10 +386,15 @@ def test_crashed_service_is_restarted_with_backoff_and_the_run_goes_on(tmp_path)
         wait_for(lambda: json.loads((run_dir / "processes.json").read_text())["redis"]["restarts"] == 1
                  and len((run_dir / "restarts.jsonl").read_text().splitlines()) == 2, what="redis restarted")
         import redis as redis_py
-        url = records_of(records)["learner"]["argv"][records_of(records)["learner"]["argv"].index("--redis") + 1]
+        url = records_of(records)["learner"]["env"]["LEARNER_REDIS__URL"]
         client = redis_py.Redis.from_url(url)
         assert client.xlen("searchr1:t:tasks") == 3  # written by the learner stand-in before the kill
         client.close()
+        # the restarted Redis still requires the run's password (given on its stdin again)
+        anonymous = redis_py.Redis.from_url(url.replace(f":{urlsplit(url).password}@", ""))
+        with pytest.raises(redis_py.AuthenticationError):
+            anonymous.xlen("searchr1:t:tasks")
+        anonymous.close()
     finally:
         proc.send_signal(signal.SIGINT)
         code, out = finish(proc)
@@ -499,7 +520,8 @@ def test_external_redis_is_used_and_checked(tmp_path, redis_server):
     assert code == 0, out
     assert "redis" not in json.loads((run_dir / "processes.json").read_text())  # none started
     learner = records_of(records)["learner"]
-    assert learner["redis_ok"] is True and learner["argv"][learner["argv"].index("--redis") + 1] == redis_server.url
+    assert learner["redis_ok"] is True and learner["env"]["LEARNER_REDIS__URL"] == redis_server.url
+    assert "--redis" not in learner["argv"]
 
     from searchr1.core.servers import free_port
 

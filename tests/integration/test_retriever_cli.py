@@ -20,7 +20,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from searchr1.core.servers import free_port
 
 SEARCHR1 = [sys.executable, "-m", "searchr1.cli"]
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1",
+       "RETRIEVER_AUTH__INSECURE_NO_AUTH": "true"}  # a loopback test server
 
 
 def _corpus(path: Path) -> Path:

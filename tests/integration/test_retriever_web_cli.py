@@ -24,7 +24,7 @@ KEY = "sk-cli-secret-4242"
 
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RETRIEVER_") and k != "SERPER_API_KEY"}
-    return {**env, "OMP_NUM_THREADS": "1", **extra}
+    return {**env, "OMP_NUM_THREADS": "1", "RETRIEVER_AUTH__INSECURE_NO_AUTH": "true", **extra}
 
 
 async def test_serve_web_backend_from_the_config(tmp_path):

@@ -339,7 +339,7 @@ def test_cli_serves_health_and_stops_on_sigterm(tmp_path):
     cfg = tmp_path / "run.toml"
     cfg.write_text('[reward.scorer_params.searchr1_em]\nformat_score = 0.25\n')
     proc = subprocess.Popen([sys.executable, "-m", "searchr1.cli", "serve", "reward", "--host", "127.0.0.1",
-                             "--port", str(port), "--config", str(cfg)],
+                             "--port", str(port), "--config", str(cfg), "--insecure-no-auth"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         deadline = time.monotonic() + 60
@@ -363,6 +363,8 @@ def test_cli_serves_health_and_stops_on_sigterm(tmp_path):
         out, err = proc.communicate(timeout=30)
         assert proc.returncode == 0, err
         assert "ready on http://127.0.0.1:" in out and "stopped" in out
+        # served without a token only because --insecure-no-auth said so, and said so loudly
+        assert "WARNING" in err and "the reward service serves WITHOUT authentication" in err
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -54,7 +54,8 @@ class Served:
 def serve_retriever(index: Path) -> Iterator[Served]:
     """`searchr1 serve retriever` on free loopback ports, until the block exits (SIGTERM)."""
     grpc_port, http_port = free_port(), free_port()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1",
+           "RETRIEVER_AUTH__INSECURE_NO_AUTH": "true"}
     proc = subprocess.Popen([sys.executable, "-m", "searchr1.cli", "serve", "retriever", "--index", str(index),
                              "--host", "127.0.0.1", "--grpc-port", str(grpc_port), "--http-port", str(http_port)],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)

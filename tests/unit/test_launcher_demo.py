@@ -83,7 +83,9 @@ def test_eval_plan_keeps_services_and_runs_eval_as_main(tmp_path, monkeypatch):
     assert [sp.stage for sp in plan.specs] == ["retriever", "reward", "eval"]
     main = plan.specs[-1]
     assert main.main and main.gates == []
-    assert main.env == {"VLLM_CPU_KVCACHE_SPACE": "1"}  # the eval runs the rollout engine: same env
+    token = plan.values["token"]  # the eval runs the rollout engine: same env, less Redis (it uses none)
+    assert main.env == {"VLLM_CPU_KVCACHE_SPACE": "1", "ROLLOUT_RETRIEVER__TOKEN": token,
+                        "ROLLOUT_REWARD__TOKEN": token, "ROLLOUT_WEIGHTS__TOKEN": token}
     argv = main.argv
     i = argv.index("eval")
     assert argv[i:i + 3] == ["eval", "--config", str(cfg.resolve())]

@@ -14,7 +14,7 @@ from searchr1.core.settings import load_settings
 from searchr1.launcher.placement import PlacementError, PlacementSettings, plan_placement
 from searchr1.launcher.planner import build_plan
 from searchr1.launcher.settings import LauncherSettings
-from searchr1.launcher.specs import dry_run_lines
+from searchr1.launcher.specs import SECRET_ENV, dry_run_lines
 
 LAYOUTS = {
     8: """
@@ -91,7 +91,7 @@ def test_processes_are_placed_exactly_as_plan_placement_says(gpus: int, tmp_path
 def test_eight_gpu_layout_values(tmp_path: Path):
     cfg = _config(tmp_path, LAYOUTS[8])
     specs = {s.name: s for s in build_plan(load_settings(LauncherSettings, cfg), cfg, tmp_path / "run").specs}
-    placed = [{k: v for k, v in s.env.items() if k != "ROLLOUT_WEIGHTS__DOWNLOAD_DIR"}
+    placed = [{k: v for k, v in s.env.items() if k not in {"ROLLOUT_WEIGHTS__DOWNLOAD_DIR", *SECRET_ENV["rollout"]}}
               for n, s in specs.items() if n.startswith("rollout-")]
     assert placed == [
         {"CUDA_VISIBLE_DEVICES": "0,1", "ROLLOUT_ENGINE__TENSOR_PARALLEL_SIZE": "2",
@@ -101,7 +101,8 @@ def test_eight_gpu_layout_values(tmp_path: Path):
     assert specs["learner"].argv[:11] == ["torchrun", "--nnodes", "1", "--nproc_per_node", "3", "--master_addr",
                                          "127.0.0.1", "--master_port", "29611", "-m", "searchr1.cli"]
     assert specs["learner"].env["CUDA_VISIBLE_DEVICES"] == "4,5,6" and specs["learner"].env["LEARNER_DEVICE"] == "cuda"
-    assert specs["retriever"].env == {"CUDA_VISIBLE_DEVICES": "7", "RETRIEVER_SEARCH__DEVICE": "cuda",
+    assert specs["retriever"].env == {"RETRIEVER_TOKEN": specs["reward"].env["REWARD_TOKEN"],
+                                      "CUDA_VISIBLE_DEVICES": "7", "RETRIEVER_SEARCH__DEVICE": "cuda",
                                       "RETRIEVER_SEARCH__FAISS_GPU": "false"}
 
 

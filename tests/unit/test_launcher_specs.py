@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -12,7 +13,7 @@ from searchr1.core.settings import ConfigError, load_settings
 from searchr1.launcher.health import GrpcHealthGate, HttpGate, RedisPingGate
 from searchr1.launcher.planner import build_plan
 from searchr1.launcher.settings import LauncherSettings
-from searchr1.launcher.specs import DEFAULT_TEMPLATES, render_template
+from searchr1.launcher.specs import DEFAULT_TEMPLATES, dry_run_lines, render_template
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,8 +42,10 @@ def test_order_commands_and_gates(tmp_path, cfg):
     assert [p.name for p in plan.specs] == ["redis", "retriever", "reward", "rollout-0", "rollout-1", "learner"]
     assert [p.stage for p in plan.specs] == ["redis", "retriever", "reward", "rollout", "rollout", "learner"]
     redis, retriever, reward, r0, r1, learner = plan.specs
-    assert redis.argv[1:3] == ["--port", plan.redis_url.rsplit(":", 1)[1].split("/")[0]]
-    assert plan.redis_url.startswith("redis://127.0.0.1:") and plan.redis_url.endswith("/0")
+    assert redis.argv[1:4] == ["-", "--port", plan.redis_url.rsplit(":", 1)[1].split("/")[0]]
+    password = urlsplit(plan.redis_url).password
+    assert plan.redis_url == f"redis://:{password}@127.0.0.1:{_flag(redis.argv, '--port')}/0" and len(password) == 32
+    assert redis.stdin == f"requirepass {password}\n".encode()  # the password: on stdin, not in argv
     gport, hport = _flag(retriever.argv, "--grpc-port"), _flag(retriever.argv, "--http-port")
     assert retriever.argv == ["searchr1", "serve", "retriever", "--index", str(tmp_path / "index"),
                               "--host", "127.0.0.1", "--grpc-port", gport, "--http-port", hport,
@@ -52,19 +55,28 @@ def test_order_commands_and_gates(tmp_path, cfg):
                            "--config", str(cfg.resolve())]
     m1 = _flag(r1.argv, "--metrics-port")
     assert r1.argv == ["searchr1", "serve", "rollout", "--config", str(cfg.resolve()), "--worker-id", "rollout-1",
-                       "--redis", plan.redis_url, "--run", "r1", "--retriever", f"127.0.0.1:{gport}",
+                       "--run", "r1", "--retriever", f"127.0.0.1:{gport}",
                        "--reward", f"http://127.0.0.1:{rport}", "--metrics-port", m1]
     lport = _flag(learner.argv, "--metrics-port")
-    assert learner.argv == ["searchr1", "train", "--config", str(cfg.resolve()), "--redis", plan.redis_url,
-                            "--run", "r1", "--metrics-port", lport]
-    assert learner.env == {"LEARNER_LOG_DIR": f"{tmp_path / 'run'}/learner",
+    assert learner.argv == ["searchr1", "train", "--config", str(cfg.resolve()), "--run", "r1", "--metrics-port", lport]
+    token = retriever.env["RETRIEVER_TOKEN"]
+    assert len(token) >= 32
+    assert learner.env == {"LEARNER_REDIS__URL": plan.redis_url, "LEARNER_WEIGHTS__TOKEN": token,
+                           "LEARNER_LOG_DIR": f"{tmp_path / 'run'}/learner",
                            "LEARNER_WEIGHTS__DIR": f"{tmp_path / 'run'}/weights",
                            "LEARNER_CHECKPOINT__DIR": f"{tmp_path / 'run'}/checkpoints",
                            "LEARNER_ARCHIVE__DIR": f"{tmp_path / 'run'}/archive",
                            "LEARNER_WEIGHTS__BROADCAST__RECEIVERS": "2"}
     assert plan.metrics_jsonl == tmp_path / "run" / "learner" / "r1.jsonl"
-    assert retriever.env == reward.env == {}
-    assert r1.env == {"ROLLOUT_WEIGHTS__DOWNLOAD_DIR": f"{tmp_path / 'run'}/rollout-weights/rollout-1"}
+    assert retriever.env == {"RETRIEVER_TOKEN": token} and reward.env == {"REWARD_TOKEN": token}
+    assert r1.env == {"ROLLOUT_WEIGHTS__DOWNLOAD_DIR": f"{tmp_path / 'run'}/rollout-weights/rollout-1",
+                      "ROLLOUT_REDIS__URL": plan.redis_url, "ROLLOUT_RETRIEVER__TOKEN": token,
+                      "ROLLOUT_REWARD__TOKEN": token, "ROLLOUT_WEIGHTS__TOKEN": token}
+    # no process's argv (Redis's included) carries a secret; --dry-run's text hides them
+    assert not [s.name for s in plan.specs if password in " ".join(s.argv) or token in " ".join(s.argv)]
+    dry = "\n".join(dry_run_lines(plan))
+    assert password not in dry and token not in dry and "RETRIEVER_TOKEN=***" in dry
+    assert build_plan(s, cfg, tmp_path / "run").values["token"] != token  # one per run
     assert learner.main and not any(p.main for p in plan.specs[:-1])
     # every 0-port resolved to a distinct real port
     ports = [int(p) for p in (gport, hport, rport, _flag(r0.argv, "--metrics-port"), m1, lport,
@@ -130,7 +142,8 @@ def test_external_redis_starts_none(cfg, tmp_path):
                                 redis={"url": "redis://10.0.0.1:6380/2"}), cfg, tmp_path / "run")
     assert plan.specs[0].name == "retriever"
     assert plan.redis_url == "redis://10.0.0.1:6380/2"
-    assert _flag(plan.specs[-1].argv, "--redis") == "redis://10.0.0.1:6380/2"
+    assert plan.specs[-1].env["LEARNER_REDIS__URL"] == "redis://10.0.0.1:6380/2"
+    assert "--redis" not in plan.specs[-1].argv
 
 
 def test_missing_redis_server_is_a_problem(cfg, tmp_path, monkeypatch):

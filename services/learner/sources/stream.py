@@ -235,6 +235,8 @@ class StreamSource:
             acc.merge(part)
             flat, solved = flat + len(split.flat), solved + split.all_solved
             self.metrics.dropped.labels("flat").inc(len(split.flat))
+            for g in split.flat:  # the audit's record of a group acked untrained (its entry may be trimmed)
+                log.info("dropping group of task %s: equal rewards (dynamic sampling)", g.task.task_id)
             self.grant(len(split.flat), self._state.version)
             if len(acc.groups) >= want or await self.data_exhausted():
                 break

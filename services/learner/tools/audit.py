@@ -6,6 +6,12 @@ Redis, the trajectory archive, the checkpoints and the logs is `audit_sources.py
 moment, every task is trained on exactly once, or accounted for as dropped (stale), dead-lettered or still
 in flight — none lost, none trained twice.
 
+The dispatched task ids are those of the tasks stream's entries together with the dispatcher's durable
+record (`dispatch_log.py`): on a run that trims acked entries (`tasks.trim_acked_every` > 0) the stream
+keeps only what some consumer group still needs, and the record keeps the rest. A trimmed task's fate
+is then read where it was recorded: the archive (trained), the dead stream (dead-lettered), the learner's
+log (dropped); only the unacked entries, which are never trimmed, come from the streams.
+
 A task id (`{dataset id}@e{epoch}`) falls in the first of these that holds:
 
 - **trained once** / **trained twice**: the kept archive rows (one per group) that hold it — two groups of
@@ -15,7 +21,8 @@ A task id (`{dataset id}@e{epoch}`) falls in the first of these that holds:
   as far as the run is concerned (they are re-read and trained again, possibly in another step);
 - **dead-lettered**: in the dead stream (a task or a group), with the reason recorded there;
 - **dropped**: a group for it was acked by the learner without being trained (the staleness policy or a
-  sampling filter set it aside; the reason is the learner's log line when found);
+  sampling filter set it aside): an acked group in the trajectories stream, or the learner's log line
+  (which gives the reason, and is all that is left of a trimmed group);
 - **in flight**: a task or group entry not yet delivered, or delivered and not yet acked (the run ended
   with it queued, or a consumer died holding it and it awaits reclaiming);
 - **lost**: none of the above — published, and then nothing.
@@ -81,6 +88,8 @@ class AuditReport:
 
     dispatched: int = 0
     task_entries: int = 0
+    dispatch_records: int = 0
+    """Lines of the dispatcher's durable record (0: a run without one, whose stream must be whole)."""
     trained_once: int = 0
     trained_twice: list[str] = field(default_factory=list)
     dropped: dict[str, str] = field(default_factory=dict)
@@ -114,7 +123,8 @@ class AuditReport:
 
     def as_json(self) -> dict:
         return {
-            "dispatched": self.dispatched, "task_entries": self.task_entries, "trained_once": self.trained_once,
+            "dispatched": self.dispatched, "task_entries": self.task_entries,
+            "dispatch_records": self.dispatch_records, "trained_once": self.trained_once,
             "trained_twice": len(self.trained_twice), "trained_twice_ids": self.trained_twice,
             "dropped": len(self.dropped), "dropped_reasons": dict(Counter(self.dropped.values())),
             "dead_lettered": len(self.dead), "dead_reasons": dict(Counter(self.dead.values())),
@@ -144,12 +154,15 @@ def kept_rows(rows: Sequence[TrainedRow]) -> tuple[list[TrainedRow], list[int]]:
 def audit(tasks: Sequence[StreamRecord], groups: Sequence[StreamRecord], dead: Sequence[DeadRecord],
           trained: Sequence[TrainedRow], checkpoint: CheckpointRecord | None = None, *,
           drop_reasons: Mapping[str, str] | None = None, learner_resumes: Sequence[int] = (),
-          announced_version: int | None = None, worker_versions: Mapping[str, int] | None = None) -> AuditReport:
-    """Account for every dispatched task id (see the module docstring for the order of the categories)."""
+          announced_version: int | None = None, worker_versions: Mapping[str, int] | None = None,
+          dispatch_log: Sequence[str] = ()) -> AuditReport:
+    """Account for every dispatched task id (see the module docstring for the order of the categories);
+    `dispatch_log` is the dispatcher's durable record of the task ids it published."""
     drop_reasons = drop_reasons or {}
-    report = AuditReport(task_entries=len(tasks), learner_resumes=list(learner_resumes),
+    report = AuditReport(task_entries=len(tasks), dispatch_records=len(dispatch_log),
+                         learner_resumes=list(learner_resumes),
                          announced_version=announced_version, worker_versions=dict(worker_versions or {}))
-    dispatched = list(dict.fromkeys(t.task_id for t in tasks))
+    dispatched = list(dict.fromkeys([*dispatch_log, *(t.task_id for t in tasks)]))
     report.dispatched = len(dispatched)
     kept, report.superseded_steps = kept_rows(trained)
     steps_of: Counter[str] = Counter(r.task_id for r in kept)  # groups trained per task id
@@ -177,8 +190,8 @@ def audit(tasks: Sequence[StreamRecord], groups: Sequence[StreamRecord], dead: S
             report.trained_twice.append(tid)
         elif tid in dead_reason:
             report.dead[tid] = dead_reason[tid]
-        elif tid in acked_groups:
-            version = acked_groups[tid].policy_version
+        elif tid in acked_groups or tid in drop_reasons:
+            version = acked_groups[tid].policy_version if tid in acked_groups else None
             report.dropped[tid] = drop_reasons.get(tid) or f"acked untrained (sampled at version {version})"
         elif tid in queued:
             report.in_flight.append(tid)
@@ -201,7 +214,8 @@ def table_rows(report: AuditReport) -> list[tuple[str, str]]:
 
     final = report.announced_version if report.announced_version is not None else report.checkpoint_version
     rows = [
-        ("tasks dispatched", f"{report.dispatched} ({report.task_entries} stream entries)"),
+        ("tasks dispatched", f"{report.dispatched} ({report.task_entries} stream entries, "
+                             f"{report.dispatch_records} recorded dispatches)"),
         ("trained exactly once", str(report.trained_once)),
         ("dropped (stale/filtered)", f"{len(report.dropped)}" + (f": {reasons(report.dropped)}" if report.dropped else "")),
         ("dead-lettered", f"{len(report.dead)}" + (f": {reasons(report.dead)}" if report.dead else "")),

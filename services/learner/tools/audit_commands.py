@@ -28,6 +28,8 @@ def register_audit(app: typer.Typer) -> None:
         archive: Annotated[Path | None, typer.Option("--archive", help="Archive dir (RUN_DIR/archive).")] = None,
         checkpoints: Annotated[Path | None, typer.Option("--checkpoints",
                                                          help="Checkpoint dir (RUN_DIR/checkpoints).")] = None,
+        dispatched: Annotated[Path | None, typer.Option("--dispatched", help="The dispatcher's record of the task "
+                                                        "ids it published (RUN_DIR/learner/RUN.dispatched).")] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
     ) -> None:
         """Account for every task a run dispatched: trained once, dropped, dead-lettered, in flight, lost
@@ -43,6 +45,7 @@ def register_audit(app: typer.Typer) -> None:
             read_streams,
             run_identity,
         )
+        from searchr1.learner.tools.dispatch_log import dispatch_log_path, read_dispatched
 
         if not run_dir.is_dir():
             raise typer.BadParameter(f"{run_dir} is not a directory", param_hint="RUN_DIR")
@@ -61,7 +64,8 @@ def register_audit(app: typer.Typer) -> None:
         resumes, drops, workers = read_logs(run_dir / "logs")
         report = audit(tasks, groups, dead, read_archive(archive or run_dir / "archive"),
                        read_checkpoint(checkpoints or run_dir / "checkpoints"), drop_reasons=drops,
-                       learner_resumes=resumes, announced_version=announced, worker_versions=workers)
+                       learner_resumes=resumes, announced_version=announced, worker_versions=workers,
+                       dispatch_log=read_dispatched(dispatched or dispatch_log_path(run_dir / "learner", run)))
         if as_json:
             typer.echo(json.dumps(report.as_json(), indent=2))
         else:

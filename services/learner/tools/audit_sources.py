@@ -172,7 +172,8 @@ def read_logs(log_dir: Path) -> tuple[list[int], dict[str, str], dict[str, int]]
 
 
 def run_identity(run_dir: Path) -> tuple[str | None, str | None]:
-    """The run name and Redis URL `searchr1 up` gave the learner (`RUN_DIR/processes.json`), if recorded."""
+    """The run name `searchr1 up` gave the learner (`RUN_DIR/processes.json`), if recorded, and the Redis URL
+    when a command template put it on the command line (`up`'s own give it by environment: None)."""
     table_path = run_dir / "processes.json"
     if not table_path.is_file():
         return None, None
