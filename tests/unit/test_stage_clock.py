@@ -89,24 +89,34 @@ def test_bad_stage_use_is_an_error():
 
 
 def test_concurrent_tasks_on_one_loop():
-    """Real asyncio tasks entering across awaits: while any task generates, the time is generation's."""
-    c = StageClock(("gen", "search"), idle="idle")
+    """Real asyncio tasks entering across awaits: while any task generates, the time is generation's.
+    The clock is advanced by the test between the tasks' steps, so the figures do not depend on the
+    machine's load."""
+    t = FakeClock()
+    c = StageClock(("gen", "search"), idle="idle", clock=t)
 
-    async def trajectory(gen_s: float, search_s: float) -> None:
+    async def trajectory(gen_done: asyncio.Event, search_done: asyncio.Event) -> None:
         with c.stage("gen"):
-            await asyncio.sleep(gen_s)
+            await gen_done.wait()
         with c.stage("search"):
-            await asyncio.sleep(search_s)
+            await search_done.wait()
 
     async def main() -> None:
-        await asyncio.gather(trajectory(0.05, 0.20), trajectory(0.15, 0.05))
+        a_gen, a_search, b_gen, b_search = (asyncio.Event() for _ in range(4))
+        tasks = [asyncio.create_task(trajectory(a_gen, a_search)), asyncio.create_task(trajectory(b_gen, b_search))]
+        await asyncio.sleep(0)  # both tasks enter "gen" at t = 0
+        for event, at in ((a_gen, 0.05), (b_gen, 0.15), (b_search, 0.20), (a_search, 0.25)):
+            t.now = 100.0 + at
+            event.set()
+            await asyncio.sleep(0)
+        await asyncio.gather(*tasks)
 
     asyncio.run(main())
     totals = c.totals()
     # generation until 0.15 s (the second task), search alone from 0.15 to 0.25 s
-    assert totals["gen"] == pytest.approx(0.15, abs=0.04)
-    assert totals["search"] == pytest.approx(0.10, abs=0.04)
-    assert sum(totals.values()) == pytest.approx(0.25, abs=0.05)
+    assert totals["gen"] == pytest.approx(0.15)
+    assert totals["search"] == pytest.approx(0.10)
+    assert totals["idle"] == pytest.approx(0.0)
 
 
 def test_in_stage_decorates_sync_and_async_methods_and_skips_a_missing_clock():
