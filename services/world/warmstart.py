@@ -128,6 +128,17 @@ def _train(st: _Start, ws: WarmstartSettings, init: str | Path | None, console: 
     return result, copied, curve
 
 
+def _model_record(st: _Start, init: str | Path | None) -> dict[str, Any]:
+    """The trained model's shape: the world's model settings for a fresh model, the loaded model's own
+    config for `--init` (a real model's architecture is not the world's)."""
+    if init is None:
+        return st.model_settings.model_dump(mode="json")
+    cfg = st.model.config
+    keys = ("model_type", "architectures", "hidden_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "intermediate_size", "vocab_size", "tie_word_embeddings")
+    return {k: getattr(cfg, k) for k in keys if hasattr(cfg, k)}
+
+
 def _final_checks(st: _Start, ws: WarmstartSettings, test: list[Any],
                   console: Any) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     """The greedy self-check on the test questions (gold passage supplied) and the reading check."""
@@ -181,7 +192,7 @@ def run_warmstart(world_dir: str | Path, out: str | Path, ws: WarmstartSettings,
         "first_loss": result.losses[0][1] if result.losses else None,
         "final_loss": result.losses[-1][1] if result.losses else None,
         "losses": result.losses, "trace_kinds": result.kinds, "settings": ws.model_dump(mode="json"),
-        "model": st.model_settings.model_dump(mode="json"), "sha256": digest,
+        "model": _model_record(st, init), "sha256": digest,
         "sha256_note": "searchr1.core.weights.snapshot_digest of the directory before warmstart.json was written",
         "copy_pretraining": None if copied is None else {
             "steps": copied.steps, "batch_size": ws.copy_batch_size, "final_accuracy": copied.accuracy,

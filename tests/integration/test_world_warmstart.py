@@ -135,6 +135,9 @@ def test_short_warm_start_lowers_the_loss_and_writes_a_loadable_model(world_dir,
                          show_progress=False, init=out)
     assert more["init"] == str(out) and more["losses"][0][1] < 0.9 * losses[0]
     assert more["copy_pretraining"] is None  # a continued model has had its copy pre-training
+    # the report describes the loaded model's own config, not the world's model settings
+    assert more["model"]["hidden_size"] == model.config.hidden_size
+    assert more["model"]["vocab_size"] == model.config.vocab_size and "init_seed" not in more["model"]
 
 
 def test_sampler_is_deterministic_and_refreshes_the_world(parts, world_dir):
