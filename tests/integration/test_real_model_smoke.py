@@ -28,8 +28,10 @@ from tests.support.rollout_stack import start_retriever, start_vllm
 PREFIX = "<think> I need to search for this. </think>\n<search>"
 QUESTION, GOLD = "what is the capital of france", "Paris"
 GROUP, SAMPLES = 6, 8
-MEAN_GAP_BOUND = 0.02
-"""Bound on the mean |log π_learner − log π_engine| per sampled token (fp32 on both sides)."""
+MEAN_GAP_BOUND = 5e-4
+"""Bound on the mean |log π_learner − log π_engine| per sampled token (fp32 on both sides). Measured on
+2 cores: 9e-6 after an in-place reload; an engine whose LM head kept its start-up weights after the
+reload (vLLM CPU's packed GEMM not re-packed) showed 1.75e-3, so the bound tells the two apart."""
 
 
 class Recording:
@@ -151,7 +153,7 @@ async def test_real_model_rollout_step_reload_and_logprob_gap(tmp_path):
                                                 for k, v in figures.items()}))
         assert gap.tokens >= SAMPLES
         assert gap.mean_abs_diff < MEAN_GAP_BOUND
-        assert 0.5 < gap.ratio_p01 <= gap.ratio_p50 <= gap.ratio_p99 < 2.0
+        assert 0.99 < gap.ratio_p01 <= gap.ratio_p50 <= gap.ratio_p99 < 1.01
         # the engine serves the learner's new weights, not the old ones: the step's change is far larger
         assert stale_gap.mean_abs_diff > 3 * gap.mean_abs_diff
     finally:
