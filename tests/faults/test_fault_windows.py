@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from searchr1.core.schemas import TrajectoryGroup
+from searchr1.core.faults import POISON_TOKEN_ID
 from searchr1.core.streams import StreamKeys
 from searchr1.launcher.specs import DEFAULT_TEMPLATES
 from tests.faults.harness import LEARNER_STEPS, Fault, FaultRun, run_config
@@ -169,41 +169,35 @@ def test_second_learner_refused(tmp_path, fault_world):
     assert not (run.root / "second-learner" / "checkpoints").exists()
 
 
-def _poison(group: TrajectoryGroup) -> TrajectoryGroup:
-    bad = group.trajectories[0]
-    bad = bad.model_copy(update={"response_ids": [10**7, *bad.response_ids[1:]]})
-    task = group.task.model_copy(update={"task_id": f"poison-{group.task.task_id}"})
-    return group.model_copy(update={"task": task, "trajectories": [bad, *group.trajectories[1:]]})
-
-
 @pytest.mark.faults
 @pytest.mark.timeout(1200)
 def test_schema_valid_poison(tmp_path, fault_world):
-    """A group that passes the schema with a token id far past the vocabulary, injected into the
-    trajectories stream after step 1: dead-lettered alone with its reason, its batch-mates train, the
-    learner never restarts."""
-    run = _start(tmp_path, fault_world, LEARNER_STEPS)
+    """A worker publishes one group that passes the schema with a token id far past the vocabulary (the
+    `rollout.poison_group` test hook, its 3rd group): the learner dead-letters it alone with its reason,
+    its batch-mates train, nothing restarts; the audit finds its task dead-lettered."""
+    marker = tmp_path / "fault.fired"
+    run = _start(tmp_path, fault_world, LEARNER_STEPS, rollout_env={
+        "SEARCHR1_FAULT_POINT": "rollout.poison_group@3", "SEARCHR1_FAULT_MARKER": str(marker)})
     try:
-        run.wait(lambda: run.steps() >= 1, 900, "step 1")
-        r = redis_client(run)
-        fault = Fault("learner", "a schema-valid poison group after step 1")
-        fault.killed_at = time.time()
+        run.wait(marker.is_file, 900, "the poison group")
+        fault = Fault("rollout", "a schema-valid poison group (its 3rd)")
+        fault.killed_at = marker.stat().st_mtime
         steps_then = run.steps()
-        tid = inject_copy(r, "faults", _poison)
-        dead_key = StreamKeys("faults").dead
-        reasons = run.wait(lambda: [f[b"reason"].decode() for _, f in r.xrange(dead_key)], 300, "the dead letter")
-        fault.healthy_after_s = time.time() - fault.killed_at
+        r = redis_client(run)
+        reasons = run.wait(lambda: [f[b"reason"].decode() for _, f in r.xrange(StreamKeys("faults").dead)], 300,
+                           "the dead letter")
+        fault.healthy_after_s = time.time() - fault.killed_at  # dead-lettered
         run.wait(lambda: run.steps() > steps_then, 300, "the next step")
         fault.next_step_after_s = time.time() - fault.killed_at
         run.faults.append(fault)
-        assert len(reasons) == 1 and "outside the vocabulary" in reasons[0], reasons
-        print(f"dead letter of {tid}: {reasons[0]}")
+        assert len(reasons) == 1 and f"token id {POISON_TOKEN_ID} outside the vocabulary" in reasons[0], reasons
     except BaseException:
         run.stop()
         raise
     figures = _finish_and_audit(run)
     assert figures["learner_resumes"] == [] and _restarts(run) == []
-    assert figures["dead_lettered"] == 0 and figures["dropped"] == 0, figures  # the poison was no dispatched task
+    assert figures["dead_lettered"] == 1 and len(figures["dead_reasons"]) == 1, figures
+    assert "outside the vocabulary" in next(iter(figures["dead_reasons"])), figures
 
 
 @pytest.mark.faults
