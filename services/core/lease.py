@@ -179,18 +179,26 @@ class Lease:
 
     async def keep(self, stop: asyncio.Event) -> None:
         """Renew every `ttl / 3` until `stop` or the lease is lost (a Redis error counts as a failed
-        renewal; the lease runs out by itself if Redis stays away)."""
+        renewal; the lease runs out by itself if Redis stays away). A renewal may take a sixth of the TTL:
+        one lost in a partition (a black-holed connection, no reply and no reset) is abandoned, its
+        connection dropped, and tried again on a new one a thirtieth of the TTL later, so a learner keeps
+        its lease through a partition of up to about half the TTL (the client's 30 s reply timeout alone
+        would outlast the lease)."""
         period = self.ttl_ms / 3000
+        wait = period
         while not stop.is_set() and self.lost is None:
             try:
-                await asyncio.wait_for(stop.wait(), timeout=period)
+                await asyncio.wait_for(stop.wait(), timeout=wait)
                 return
             except TimeoutError:
                 pass
             try:
-                await self.renew()
+                await asyncio.wait_for(self.renew(), timeout=period / 2)
+                wait = period
             except Exception as exc:  # noqa: BLE001  # Redis away: `valid()` runs out on its own
-                log.warning("could not renew lease %s: %s", self.key, exc)
+                log.warning("could not renew lease %s: %s", self.key, type(exc).__name__ if
+                            isinstance(exc, TimeoutError) else exc)
+                wait = period / 10
 
     async def release(self) -> None:
         """Give the lease up (only if it is still ours), so a successor need not wait for the TTL."""

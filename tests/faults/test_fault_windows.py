@@ -33,8 +33,11 @@ from tests.faults.windows import (
     window,
 )
 
-WORKER_STEPS = 16
-"""A partitioned worker's run: steps enough for it to come back and load the final weights."""
+WORKER_STEPS = 40
+"""A partitioned worker's run: steps enough for it to come back and load the final weights (the other
+worker trains about a step a second meanwhile, and the partitioned one's calls wait out their 30 s reply
+timeout)."""
+PARTITION_S = 15.0
 
 
 def _start(tmp_path: Path, world: Path, steps: int, **kwargs) -> FaultRun:
@@ -100,7 +103,8 @@ def test_duplicate_within_step(tmp_path, fault_world):
 @pytest.mark.parametrize("target", ["rollout-0", "learner"])
 def test_partition_black_holes_redis(tmp_path, fault_world, target):
     """The target's Redis connection goes through a proxy that stops forwarding without closing anything
-    for 20 s: its `/readyz` turns 503, and it goes on once packets flow again; nothing is lost."""
+    for `PARTITION_S`: its `/readyz` turns 503, and it goes on once packets flow again, never restarted
+    (the learner keeps its lease); nothing is lost."""
     rng = random.Random(5)
     redis_port = free_port()
     proxies: list[ThreadedProxy] = []
@@ -115,8 +119,8 @@ def test_partition_black_holes_redis(tmp_path, fault_world, target):
     try:
         run = _start(tmp_path, fault_world, steps, redis_port=redis_port, extra_toml=_templates(kind, url))
         try:
-            fault = window(run, target, "its Redis connection black-holed for 20 s", proxies[0].blackhole,
-                           proxies[0].restore, after_step=1, hold_s=20.0, watch=target)
+            fault = window(run, target, f"its Redis connection black-holed for {PARTITION_S:.0f} s",
+                           proxies[0].blackhole, proxies[0].restore, after_step=1, hold_s=PARTITION_S, watch=target)
             assert str(proxies[0].proxy.port) in " ".join(argv_of(run, target))  # it was partitioned
         except BaseException:
             run.stop()
@@ -126,9 +130,8 @@ def test_partition_black_holes_redis(tmp_path, fault_world, target):
         for p in proxies:
             p.close()
     assert fault.not_ready_seen, "the partitioned process stayed ready"
-    print("restarts:", _restarts(run), "resumes:", figures["learner_resumes"])
-    if target != "learner":
-        assert _restarts(run) == [] and figures["learner_resumes"] == []
+    # the learner keeps its lease through the partition (its renewals are retried on new connections)
+    assert _restarts(run) == [] and figures["learner_resumes"] == [], (_restarts(run), figures)
 
 
 @pytest.mark.faults
