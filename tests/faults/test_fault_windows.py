@@ -38,6 +38,9 @@ WORKER_STEPS = 40
 worker trains about a step a second meanwhile, and the partitioned one's calls wait out their 30 s reply
 timeout)."""
 PARTITION_S = 15.0
+SECOND_LEARNER_STEPS = 40
+"""Steps enough for the first learner to be still training when the second one has started (about a step
+a second here; the second learner's start takes tens of seconds)."""
 
 
 def _start(tmp_path: Path, world: Path, steps: int, **kwargs) -> FaultRun:
@@ -139,7 +142,8 @@ def test_partition_black_holes_redis(tmp_path, fault_world, target):
 def test_second_learner_refused(tmp_path, fault_world):
     """A second `searchr1 train` against the running run exits with the lease error naming the holder;
     the first keeps training and is never restarted."""
-    run = _start(tmp_path, fault_world, LEARNER_STEPS)
+    run = _start(tmp_path, fault_world, SECOND_LEARNER_STEPS)
+    second = None
     try:
         run.wait(lambda: run.steps() >= 1, 900, "step 1")
         holder = run.pid("learner")
@@ -148,12 +152,14 @@ def test_second_learner_refused(tmp_path, fault_world):
         steps_then = run.steps()
         port = redis_client(run).connection_pool.connection_kwargs["port"]
         second = second_learner(run, run.config, f"redis://127.0.0.1:{port}/0")
-        while second.poll() is None:  # the first learner trains on meanwhile
+        deadline = time.monotonic() + 300
+        while second.poll() is None and time.monotonic() < deadline:  # the first learner trains on meanwhile
             if fault.next_step_after_s is None and run.steps() > steps_then:
                 fault.next_step_after_s = time.time() - fault.killed_at
             time.sleep(0.2)
+        assert second.poll() is not None, "the second learner neither refused nor stopped"
+        assert run.steps() < SECOND_LEARNER_STEPS and run.proc.poll() is None, "the run ended first"
         fault.healthy_after_s = time.time() - fault.killed_at  # the second one refused and gone
-        second.wait()
         out, err = ((run.root / f"second-learner.{x}").read_text() for x in ("out", "err"))
         run.faults.append(fault)
         assert second.returncode == 3, out + err
@@ -167,6 +173,10 @@ def test_second_learner_refused(tmp_path, fault_world):
     except BaseException:
         run.stop()
         raise
+    finally:
+        if second is not None and second.poll() is None:
+            second.kill()
+            second.wait()
     figures = _finish_and_audit(run)
     assert figures["learner_resumes"] == [] and _restarts(run) == []
     assert not (run.root / "second-learner" / "checkpoints").exists()
