@@ -185,7 +185,7 @@ class Lease:
         its lease through a partition of up to about half the TTL (the client's 30 s reply timeout alone
         would outlast the lease)."""
         period = self.ttl_ms / 3000
-        wait = period
+        wait, failing = period, 0
         while not stop.is_set() and self.lost is None:
             try:
                 await asyncio.wait_for(stop.wait(), timeout=wait)
@@ -194,11 +194,15 @@ class Lease:
                 pass
             try:
                 await asyncio.wait_for(self.renew(), timeout=period / 2)
-                wait = period
             except Exception as exc:  # noqa: BLE001  # Redis away: `valid()` runs out on its own
-                log.warning("could not renew lease %s: %s", self.key, type(exc).__name__ if
-                            isinstance(exc, TimeoutError) else exc)
-                wait = period / 10
+                if not failing:
+                    log.warning("could not renew lease %s (trying again every %.1f s): %s", self.key,
+                                period / 10, "no reply" if isinstance(exc, TimeoutError) else exc)
+                wait, failing = period / 10, failing + 1
+            else:
+                if failing:
+                    log.warning("renewed lease %s after %d failed attempt(s)", self.key, failing)
+                wait, failing = period, 0
 
     async def release(self) -> None:
         """Give the lease up (only if it is still ours), so a successor need not wait for the TTL."""
