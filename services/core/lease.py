@@ -182,8 +182,8 @@ class Lease:
         renewal; the lease runs out by itself if Redis stays away). A renewal may take a sixth of the TTL:
         one lost in a partition (a black-holed connection, no reply and no reset) is abandoned, its
         connection dropped, and tried again on a new one a thirtieth of the TTL later, so a learner keeps
-        its lease through a partition of up to about half the TTL (the client's 30 s reply timeout alone
-        would outlast the lease)."""
+        its lease through a partition of 0.4 TTL whenever it begins (0.73 TTL when it begins right after
+        a renewal); the client's 30 s reply timeout alone would outlast the lease."""
         period = self.ttl_ms / 3000
         wait, failing = period, 0
         while not stop.is_set() and self.lost is None:
