@@ -1,13 +1,14 @@
 """Kill-to-next-step under `docker compose` with the shipped defaults: the tiny world as in
-test_compose_up.py (two rollout workers, configs/compose.toml shrunk the same way). Once training has
-begun, a few seconds after a step (the next version's tasks are being generated, one on each worker), one
-worker's main process (`searchr1 serve rollout`, under the container's init) is killed with SIGKILL from
-inside its container; the container exits non-zero and restarts (`restart: on-failure`) under the same
-host name, so the same consumer name. The figure is the time from the kill to the learner's next step
-(its step log's wall-clock `time`, read from inside the learner's container), printed with the time the
-container took to start again. The task the dead worker held does not wait out a visibility timeout: the
-restarted worker re-reads it at once, or the live one reclaims it after `rollout.tasks.visibility_timeout_ms`
-(30 s; heartbeats keep live workers' tasks).
+test_compose_up.py (two rollout workers, configs/compose.toml shrunk the same way, lockstep). Once training
+has begun, as soon as one worker holds a task (pending under its consumer name in the tasks group), its
+main process (`searchr1 serve rollout`, under the container's init) is killed with SIGKILL from inside its
+container; the container exits non-zero and restarts (`restart: on-failure`) under the same host name (the
+consumer name is `host-pid`: the same again when the restarted process gets the same pid). The figure is
+the time from the kill to the learner's next step (its step log's wall-clock `time`, read from inside the
+learner's container), printed with the time the container took to start again. The task the dead worker
+held does not wait out a visibility timeout of minutes: a restarted worker of the same name re-reads it at
+once, else the live one reclaims it after `rollout.tasks.visibility_timeout_ms` (30 s; heartbeats keep
+live workers' tasks).
 
 Marked `slow` as well as `deploy`: `make test-deploy` leaves it out; `make bench-compose-kill` runs it.
 """
@@ -28,17 +29,32 @@ from tests.deploy.test_compose_up import ROOT, _free_port, _small_config
 
 pytestmark = [pytest.mark.deploy, pytest.mark.slow, pytest.mark.timeout(5400)]
 
-KILL_MAIN = ("import os, signal\n"
-             "for p in filter(str.isdigit, os.listdir('/proc')):\n"
-             "    try:\n"
-             "        argv = open(f'/proc/{p}/cmdline', 'rb').read().split(b'\\0') + [b'', b'', b'']\n"
-             "    except OSError:\n"
-             "        continue\n"
-             "    if int(p) not in (1, os.getpid()) and argv[1].endswith(b'searchr1') and argv[2:4] == [b'serve', b'rollout']:\n"
-             "        os.kill(int(p), signal.SIGKILL); print(p)\n")
-"""Run inside the worker's container: SIGKILL its main process (not the init, PID 1)."""
-AFTER_STEP_S = 5.0
-"""How long after a step the worker is killed: the next version's tasks are in generation by then."""
+KILL_WHILE_HOLDING = """
+import os, signal, socket, time
+import redis
+r = redis.Redis.from_url(os.environ["ROLLOUT_REDIS__URL"])
+me = socket.gethostname() + "-"
+deadline = time.time() + 900
+while time.time() < deadline:
+    held = [c for c in r.xpending("searchr1:compose:tasks", "rollout")["consumers"]
+            if c["pending"] and c["name"].decode().startswith(me)]
+    if held:
+        break
+    time.sleep(0.1)
+else:
+    raise SystemExit("this worker never held a task")
+for p in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        argv = open(f"/proc/{p}/cmdline", "rb").read().split(b"\\0") + [b"", b"", b""]
+    except OSError:
+        continue
+    if int(p) not in (1, os.getpid()) and argv[1].endswith(b"searchr1") and argv[2:4] == [b"serve", b"rollout"]:
+        os.kill(int(p), signal.SIGKILL)
+        print(time.time(), p, held[0]["name"].decode(), held[0]["pending"])
+"""
+"""Run inside a worker's container: wait until this worker holds a task (pending under its consumer name,
+`host-pid`), then SIGKILL its main process (not the init, PID 1); prints the time, the pid, the consumer
+and how many tasks it held."""
 STEPS_LOG = "runs/compose/learner/compose.jsonl"
 """The learner's step log inside its container (configs/compose.toml `[learner] log_dir`, run `compose`)."""
 
@@ -96,13 +112,11 @@ def _deploy_kill_and_measure(workdir: Path, log: Path, override: Path, project: 
         try:
             dk.run([*compose, "up", "-d", "--no-build", "--scale", "rollout=2", "redis", "init", "retriever",
                     "reward", "rollout", "learner"], env=env, log=log, timeout=3600)
-            before = len(_wait_steps(compose, env, lambda s: len(s) >= 2, 3600, "two training steps"))
-            _wait_steps(compose, env, lambda s: len(s) > before, 1800, "a step to kill after")
-            time.sleep(AFTER_STEP_S)
+            _wait_steps(compose, env, lambda s: len(s) >= 2, 3600, "two training steps")
             victim = dk.run([*compose, "ps", "-q", "rollout"], env=env).split()[0]
-            killed_at = time.time()
-            killed = dk.run([dk.DOCKER, "exec", victim, "python", "-c", KILL_MAIN], env=env, log=log).split()
-            assert killed, "no worker process found in its container"
+            out = dk.run([dk.DOCKER, "exec", victim, "python", "-c", KILL_WHILE_HOLDING], env=env, log=log)
+            stamp, pid, consumer, held = out.split()[-4:]
+            killed_at = float(stamp)
             steps = _wait_steps(compose, env, lambda s: any(r["time"] > killed_at for r in s), 1800,
                                 "the next step after the kill")
             next_step = min(r["time"] for r in steps if r["time"] > killed_at) - killed_at
@@ -110,8 +124,8 @@ def _deploy_kill_and_measure(workdir: Path, log: Path, override: Path, project: 
             while (inspect := json.loads(dk.run([dk.DOCKER, "inspect", victim], env=env))[0])["RestartCount"] < 1:
                 assert time.monotonic() < deadline, inspect["State"]
                 time.sleep(2)
-            print(f"compose kill -9 of one rollout worker of two (its main process, pid {killed[0]} in its "
-                  f"container): next training step {next_step:.1f} s after the kill; the container restarted "
+            print(f"compose kill -9 of one rollout worker of two (its main process, pid {pid} in its "
+                  f"container, consumer {consumer}, holding {held} task(s)): next training step {next_step:.1f} s after the kill; the container restarted "
                   f"{inspect['RestartCount']} time(s), last started {inspect['State']['StartedAt']} (killed at "
                   f"{time.strftime('%H:%M:%S', time.gmtime(killed_at))} UTC); "
                   f"steps before the kill {sum(r['time'] <= killed_at for r in steps)}")
