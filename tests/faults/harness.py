@@ -50,9 +50,12 @@ def build_world(out: Path) -> Path:
 
 
 def run_config(root: Path, world: Path, *, steps: int = STEPS, learner_env: dict[str, str] | None = None,
-               rollout_env: dict[str, str] | None = None) -> Path:
+               rollout_env: dict[str, str] | None = None, extra_toml: str = "", redis_port: int = 0) -> Path:
     """The run config: two workers, small groups, every step checkpointed, short visibility timeouts (a
-    dead consumer's entries are reclaimed within seconds) and quick restarts."""
+    dead consumer's entries are reclaimed within seconds) and quick restarts. Redis fsyncs its
+    append-only file every second, as in docker-compose.yml and the Kubernetes manifests (a `kill -9` of
+    Redis loses nothing either way: its writes are in the page cache before it answers; only a host crash
+    can lose the last second). `extra_toml` is appended (tables the config does not already have)."""
     def env(table: dict[str, str] | None) -> str:
         return "{ " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in (table or {}).items()) + " }"
 
@@ -62,6 +65,10 @@ def run_config(root: Path, world: Path, *, steps: int = STEPS, learner_env: dict
         run = "faults"
         run_dir = "{root / 'run'}"
         grace_period_s = 10.0
+
+        [launcher.redis]
+        appendfsync = "everysec"
+        port = {redis_port}
 
         [launcher.restart]
         backoff_initial_s = 0.5
@@ -149,7 +156,7 @@ def run_config(root: Path, world: Path, *, steps: int = STEPS, learner_env: dict
         dataset = "{world / 'train.parquet'}"
         group_size = 2
         seed = 0
-        """))
+        """) + textwrap.dedent(extra_toml))
     return cfg
 
 
@@ -163,6 +170,10 @@ class Fault:
     checkpoint_at_kill: int | None = None
     healthy_after_s: float | None = None
     next_step_after_s: float | None = None
+    healed_after_s: float | None = None
+    """A window fault (a partition, Redis refusing writes): when it ended, from its start."""
+    not_ready_seen: bool | None = None
+    """A window fault: whether the target's `/readyz` answered 503 during it."""
 
 
 @dataclass
@@ -305,5 +316,22 @@ def describe(fault: Fault) -> str:
     def s(v: float | None) -> str:
         return "-" if v is None else f"{v:.1f}s"
 
-    return (f"fault: {fault.target} ({fault.how}): healthy again after {s(fault.healthy_after_s)}, "
+    window = "" if fault.healed_after_s is None else (
+        f"ended after {s(fault.healed_after_s)}, not ready during it: {fault.not_ready_seen}, ")
+    return (f"fault: {fault.target} ({fault.how}): {window}healthy again after {s(fault.healthy_after_s)}, "
             f"next step after {s(fault.next_step_after_s)}")
+
+
+def table_row(run: FaultRun, figures: dict) -> str:
+    """The case's row of the table in docs/reliability.md ("Fault injection")."""
+    def s(v: float | None) -> str:
+        return "—" if v is None else f"{v:.1f} s"
+
+    faults = "; ".join(f"{f.target}, {f.how}" for f in run.faults) or "—"
+    healthy = ", ".join(s(f.healthy_after_s) for f in run.faults) or "—"
+    nxt = ", ".join(s(f.next_step_after_s) for f in run.faults) or "—"
+    resumed = ", ".join(f"step {r}" for r in figures["learner_resumes"]) or "—"
+    return (f"| {faults} | {run.target_steps} | {figures['dispatched']} ({figures['task_entries']} entries) | "
+            f"{figures['trained_once']} | {figures['dropped']} | {figures['dead_lettered']} | "
+            f"{figures['in_flight']} | {figures['lost']} | {figures['trained_twice']} | {resumed} | "
+            f"{healthy} | {nxt} |")

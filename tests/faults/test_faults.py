@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.harness import LEARNER_STEPS, STEPS, FaultRun, describe, run_config
+from tests.faults.harness import LEARNER_STEPS, STEPS, FaultRun, describe, run_config, table_row
 
 
 def _start(tmp_path: Path, world: Path, steps: int, **env) -> FaultRun:
@@ -37,6 +37,7 @@ def _finish_and_audit(run: FaultRun) -> dict:
     print(table)
     for fault in run.faults:
         print(describe(fault))
+    print("table row:", table_row(run, figures))
     assert figures["lost"] == 0, (figures["lost_ids"], table)
     assert figures["trained_twice"] == 0, (figures["trained_twice_ids"], table)
     assert figures["ok"], table

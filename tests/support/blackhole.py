@@ -11,16 +11,17 @@ class BlackholeProxy:
     """Forwards `127.0.0.1:<port>` to `target_host:target_port` until `blackhole()`; then bytes in either
     direction are read and dropped while every socket stays open, until `restore()`."""
 
-    def __init__(self, target_host: str, target_port: int) -> None:
+    def __init__(self, target_host: str, target_port: int, port: int = 0) -> None:
         self.target = (target_host, target_port)
         self.forwarding = True
-        self.port = 0
+        self.port = port
+        """The port it listens on (0: a free one, known after `start`)."""
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task] = set()
         self._writers: list[asyncio.StreamWriter] = []
 
     async def start(self) -> BlackholeProxy:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
