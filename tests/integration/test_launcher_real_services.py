@@ -17,6 +17,13 @@ import httpx
 from test_launcher_up import FAKE_SERVICE, finish, pid_alive, wait_for
 
 
+def _processes(run_dir) -> dict:
+    try:
+        return json.loads((run_dir / "processes.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def test_real_retriever_and_reward_under_the_launcher(tmp_path):
     corpus = tmp_path / "corpus.jsonl"
     rows = [("Paris", "Paris is the capital of France."), ("Berlin", "Berlin is the capital of Germany."),
@@ -66,6 +73,9 @@ def test_real_retriever_and_reward_under_the_launcher(tmp_path):
         wait_for(lambda: (records / "learner.json").exists()
                  and "healthy_at" in json.loads((records / "learner.json").read_text()), timeout=180,
                  what="the learner stand-in to be up (after the real retriever and reward)")
+        # the launcher records the learner in processes.json once it has started it; the stand-in's own
+        # record can come first
+        wait_for(lambda: "learner" in _processes(run_dir), timeout=60, what="processes.json to list the learner")
         table = json.loads((run_dir / "processes.json").read_text())
         assert list(table) == ["redis", "index-build", "retriever", "reward", "learner"]
         assert table["retriever"]["argv"][3:5] == ["serve", "retriever"]
