@@ -50,8 +50,8 @@ from searchr1.learner.algo.losses import (
     truncated_importance_weights,
     value_loss,
 )
+from searchr1.learner.algo.mismatch import CorrectionParams, MismatchSums, correction_weights
 from searchr1.learner.algo.reference import ema_due, ema_update_
-from searchr1.learner.algo.tis import apply_tis
 from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.train.kl_term import KLTerm, MicroBatch, PolicyForward
 from searchr1.learner.train.model import DistInfo, forward_values
@@ -106,6 +106,10 @@ class Trainer:
         if (a.kl_loss_on or a.kl_in_reward) and reference is None:
             raise ValueError("a KL term needs a reference model")
         self.policy_loss = POLICY_LOSSES[a.policy_loss]
+        self.correction = CorrectionParams(a.tis_cap, a.seq_mask_band, a.icepop_band)
+        self._correcting = a.mismatch_correction != "tis" or a.tis_cap is not None
+        self.mismatch = MismatchSums()
+        """The step's train–inference mismatch sums over its on-policy tokens (reset by `train_step`)."""
         # the KL loss's forwards and per-token values, in the shape chosen here (kl_term.py)
         self.kl_term = KLTerm(a, enabled=a.kl_loss_on)
         # per-step state, set by `_place` at the start of each `train_step`
@@ -121,6 +125,7 @@ class Trainer:
         batch = self._outcome_advantages(batch)
         local, bounds = self._place(batch)
         stale = local.policy_version < version
+        self.mismatch = MismatchSums()
         pre = self._prepass(local)
         if self.is_ppo:
             local = self._gae(local, pre)
@@ -132,6 +137,7 @@ class Trainer:
                 self._update_critic(local, rows, pre, stats)
         out = {k: v / b.mini_batches for k, v in stats.values.items()}
         out.update(ratios.figures(self.info, self.device))
+        out.update(all_reduce_figures(self.mismatch, self.info, self.device).figures())
         out["lr"] = self.scheduler.get_last_lr()[0]  # the rate this step's updates used
         self.scheduler.step()
         if self.is_ppo:
@@ -266,17 +272,23 @@ class Trainer:
     def _off_policy_weights(self, mb: Batch, r: list[int], stale: Tensor, old: Tensor,
                             mask: Tensor) -> tuple[Tensor, Tensor]:
         """Per-token truncated importance weights (1 on rows sampled with the current weights; with
-        `algorithm.tis_cap`, those rows get TIS weights against the engine's log-probs) and the advantages
-        they multiply."""
+        `algorithm.mismatch_correction`, those rows get the correction's weights against the engine's
+        log-probs, and the step's mismatch sums count them) and the advantages they multiply."""
         adv = torch.zeros(mb.size, device=self.device) if not r or mb.advantages is None else mb.advantages
         weights = torch.ones_like(mask)
         if r and bool(stale[r].any()):
             w = truncated_importance_weights(old, mb.behavior_logprobs, mask, self.s.algorithm.is_cap)
             weights = torch.where(stale[r].unsqueeze(-1), w, weights)
             adv = (adv.unsqueeze(-1) if adv.dim() == 1 else adv) * weights
-        if r and self.s.algorithm.tis_cap is not None:  # train–inference mismatch on the on-policy rows
-            adv, weights = apply_tis(adv, weights, old, mb.behavior_logprobs, mask, self.s.algorithm.tis_cap,
-                                     ~stale[r])
+        if r:  # train–inference mismatch on the on-policy rows: the chosen correction (`algo/mismatch.py`)
+            on = (~stale[r]).unsqueeze(-1)
+            a = self.s.algorithm
+            w = correction_weights(a.mismatch_correction, old, mb.behavior_logprobs, mask, self.correction)
+            w = torch.where(on, w.to(weights.dtype), torch.ones_like(weights))
+            self.mismatch.add(old, mb.behavior_logprobs, mask.bool() & on, w)
+            if self._correcting:
+                adv = (adv.unsqueeze(-1) if adv.dim() == 1 else adv) * w
+                weights = weights * w
         return weights, adv
 
     def _policy_terms(self, fwd: PolicyForward, old: Tensor, adv: Tensor, mask: Tensor) -> PolicyTerms:
