@@ -169,8 +169,9 @@ class Learner:
     def score_workers(self, groups: list[TrajectoryGroup]):
         """Per worker, the mismatch of its groups against the weights this step starts from (every rank)."""
         b, trainer = self.s.batch, self.training.trainer
-        return worker_mismatch(trainer.policy, groups, pad_id=self.training.pad_id, max_seq_len=b.max_seq_len,
-                               micro_batch_size=b.micro_batch_size, device=trainer.device, info=self.info)
+        with trainer.autocast():
+            return worker_mismatch(trainer.policy, groups, pad_id=self.training.pad_id, max_seq_len=b.max_seq_len,
+                                   micro_batch_size=b.micro_batch_size, device=trainer.device, info=self.info)
 
     async def screen(self, step: StepGroups) -> StepGroups:
         """Desync screen: judge each worker's groups (`algo/desync.py`) and carry out the decision — a
