@@ -37,12 +37,16 @@ def run_train(settings: LearnerSettings, max_steps: int | None) -> int:
     logging.getLogger("searchr1.learner").info("OpenMP waits: %s", waits)
     from searchr1.core.lease import LeaseHeld, LeaseLost
     from searchr1.learner.process import run_learner
+    from searchr1.learner.redis_budget import RedisBudgetError
 
     try:
         state = asyncio.run(run_learner(settings, max_steps=max_steps))
     except (LeaseHeld, LeaseLost) as exc:  # another learner runs this run: nothing was written
         typer.echo(f"error: {exc}", err=True)
         return 3
+    except RedisBudgetError as exc:  # the run's settings, not a fault: nothing was written
+        typer.echo(f"error: {exc}", err=True)
+        return 2
     typer.echo(f"stopped at step {state.step} (policy version {state.version})")
     return 0
 

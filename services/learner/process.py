@@ -13,6 +13,7 @@ from searchr1.core.lease import Lease
 from searchr1.core.redaction import redact_config
 from searchr1.learner.metrics import LearnerMetrics, StepLog
 from searchr1.learner.publisher import WeightPublisher
+from searchr1.learner.redis_budget import enforce_redis_budget
 from searchr1.learner.service import Learner
 from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.sources.archive import ArchiveSource
@@ -71,6 +72,7 @@ async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = No
     keeper = None
     try:
         await lease.acquire(wait_s=settings.lease_ttl_ms / 1000)
+        await enforce_redis_budget(settings, redis)  # RedisBudgetError: Redis cannot hold what is kept unacked
         keeper = asyncio.create_task(lease.keep(done))  # renewed from here on, through the model's loading
         return await _run(settings, info, stop, max_steps, redis, lease)
     finally:
