@@ -140,72 +140,27 @@ def _plan_lines(plan, settings, idle: list[int]) -> list[str]:
     return lines
 
 
-def compose_gpu(config: Path, settings, learner, base: dict[str, Any], *, model_repo: str,
-                encoder_repo: str = "intfloat/e5-base-v2", encoder_dir: str = "models/e5-base-v2",
-                source: str = "") -> str:
-    """The compose project (YAML text) for the run config at `config` whose [placement] is `settings`
-    (PlacementSettings) and whose learner settings are `learner`, built from docker-compose.yml `base`."""
-    from searchr1.core.settings import load_settings
-    from searchr1.launcher.placement import LEARNER_SHM, plan_placement
-    from searchr1.launcher.settings import LauncherSettings
-    from searchr1.learner.redis_budget import redis_need_bytes
+DATA_ENV = {"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": "${HF_ENDPOINT:-https://huggingface.co}", "HF_TOKEN": "${HF_TOKEN:-}",
+            "SEARCHR1_DATA_REPO": "${SEARCHR1_DATA_REPO:-RUC-NLPIR/FlashRAG_datasets}",
+            "SEARCHR1_INDEX_REPO": "${SEARCHR1_INDEX_REPO:-PeterJinGo/wiki-18-e5-index}",
+            "SEARCHR1_CORPUS_REPO": "${SEARCHR1_CORPUS_REPO:-PeterJinGo/wiki-18-corpus}"}
+"""The data service's sources, each overridable from .env (a Hub mirror, a local dataset copy)."""
+AFTER_DATA = {"data": {"condition": "service_completed_successfully"}}
 
-    launch = load_settings(LauncherSettings, config)
-    plan = plan_placement(settings)
-    run = launch.run
-    mount = str(config) if config.is_absolute() else f"./{config}"
-    src = base["services"]
-    services: dict[str, Any] = {}
 
-    redis = copy.deepcopy(src["redis"])
-    need_mb = max(4096, -(-redis_need_bytes(learner) * 5 // 4 // 2**20))  # 25 % headroom, at least 4 GiB
-    redis["entrypoint"] = [redis["entrypoint"][0], redis["entrypoint"][1],
-                           redis["entrypoint"][2].replace("${REDIS_MAXMEMORY:-4gb}", f"${{REDIS_MAXMEMORY:-{need_mb}mb}}")]
-    services["redis"] = redis
+def _redis(template: dict[str, Any], need_bytes: int) -> tuple[dict[str, Any], int]:
+    """Redis with maxmemory defaulting to `need_bytes` + 25 % (at least 4 GiB); returns it and the MB."""
+    redis = copy.deepcopy(template)
+    need_mb = max(4096, -(-need_bytes * 5 // 4 // 2**20))
+    entry = redis["entrypoint"]
+    redis["entrypoint"] = [*entry[:2], entry[2].replace("${REDIS_MAXMEMORY:-4gb}", f"${{REDIS_MAXMEMORY:-{need_mb}mb}}")]
+    return redis, need_mb
 
-    data = _searchr1(src["init"], mount)
-    data["restart"] = "no"
-    data["depends_on"] = {}
-    data["environment"] = {"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": "${HF_ENDPOINT:-https://huggingface.co}",
-                           "HF_TOKEN": "${HF_TOKEN:-}",
-                           "SEARCHR1_DATA_REPO": "${SEARCHR1_DATA_REPO:-RUC-NLPIR/FlashRAG_datasets}",
-                           "SEARCHR1_INDEX_REPO": "${SEARCHR1_INDEX_REPO:-PeterJinGo/wiki-18-e5-index}",
-                           "SEARCHR1_CORPUS_REPO": "${SEARCHR1_CORPUS_REPO:-PeterJinGo/wiki-18-corpus}"}
-    index_dir = launch.retriever.index_dir
-    if index_dir is None:
-        raise SystemExit(f"{config}: [launcher.retriever] index_dir is not set (the index the retriever serves)")
-    learner_model = learner.model.path
-    data["command"] = [data_script(learner.dispatcher.dataset, learner_model, model_repo, str(index_dir),
-                                   encoder_dir, encoder_repo)]
-    services["data"] = data
-    after_data = {"data": {"condition": "service_completed_successfully"}}
 
-    retriever = _searchr1(src["retriever"], mount, plan.retriever.env, plan.retriever.gpus)
-    retriever["command"] = ["serve", "retriever", "--index", str(index_dir), "--host", "0.0.0.0", "--grpc-port",
-                            "50051", "--http-port", "8000", "--config", CONFIG_IN_CONTAINER]
-    budget = readiness_budget_s(index_bytes(ROOT / index_dir, launch.retriever.kind or "flat"),
-                                launch.retriever.health_timeout_s)
-    retriever["healthcheck"] = {**retriever["healthcheck"], "interval": "30s", "retries": 10,
-                                "start_period": f"{budget}s"}
-    retriever["depends_on"] = after_data
-    services["retriever"] = retriever
+def _learner(template: dict[str, Any], mount: str, plan, run: str, start_s: float) -> dict[str, Any]:
+    from searchr1.launcher.placement import LEARNER_SHM
 
-    reward = _searchr1(src["reward"], mount)
-    reward["command"] = _with_run_config(reward["command"], run)
-    reward["depends_on"] = after_data
-    services["reward"] = reward
-
-    rollout_deps = {**after_data, "redis": {"condition": "service_healthy"},
-                    "retriever": {"condition": "service_healthy"}, "reward": {"condition": "service_healthy"}}
-    rollout_start = f"{int(launch.rollout.health_timeout_s)}s"
-    for i, worker in enumerate(plan.rollout):
-        s = _searchr1(src["rollout-gpu"], mount, worker.env, worker.gpus, "rollout")
-        s["command"] = _with_run_config(s["command"], run)
-        s["depends_on"] = rollout_deps
-        s["healthcheck"] = {**s["healthcheck"], "start_period": rollout_start}
-        services[f"rollout-gpu-{i}"] = s
-
-    lrn = _searchr1(src["learner-gpu"], mount, plan.learner.env, plan.learner.gpus, "learner")
+    lrn = _searchr1(template, mount, plan.learner.env, plan.learner.gpus, "learner")
     lrn["entrypoint"] = [*plan.learner.command_prefix, "-m", "searchr1.cli"]
     # torchrun reads every option-like word of the line, and `--run` is ambiguous to it (--run-path):
     # the run's name goes through the environment instead
@@ -215,11 +170,60 @@ def compose_gpu(config: Path, settings, learner, base: dict[str, Any], *, model_
         del command[at:at + 2]
     lrn["command"] = command
     lrn["environment"]["LEARNER_REDIS__RUN"] = run
-    lrn["depends_on"] = {**after_data, "redis": {"condition": "service_healthy"}}
-    lrn["healthcheck"] = {**lrn["healthcheck"], "start_period": f"{int(launch.learner.health_timeout_s)}s"}
+    lrn["depends_on"] = {**AFTER_DATA, "redis": {"condition": "service_healthy"}}
+    lrn["healthcheck"] = {**lrn["healthcheck"], "start_period": f"{int(start_s)}s"}
     if len(plan.learner.gpus) > 1:
         lrn["shm_size"] = LEARNER_SHM.replace("Gi", "gb")  # NCCL's shared-memory transport
-    services["learner-gpus"] = lrn
+    return lrn
+
+
+def _retriever(template: dict[str, Any], mount: str, plan, index_dir: str, budget_s: int) -> dict[str, Any]:
+    retriever = _searchr1(template, mount, plan.retriever.env, plan.retriever.gpus)
+    retriever["command"] = ["serve", "retriever", "--index", index_dir, "--host", "0.0.0.0", "--grpc-port",
+                            "50051", "--http-port", "8000", "--config", CONFIG_IN_CONTAINER]
+    retriever["healthcheck"] = {**retriever["healthcheck"], "interval": "30s", "retries": 10,
+                                "start_period": f"{budget_s}s"}
+    retriever["depends_on"] = AFTER_DATA
+    return retriever
+
+
+def compose_gpu(config: Path, settings, learner, base: dict[str, Any], *, model_repo: str,
+                encoder_repo: str = "intfloat/e5-base-v2", encoder_dir: str = "models/e5-base-v2",
+                source: str = "") -> str:
+    """The compose project (YAML text) for the run config at `config` whose [placement] is `settings`
+    (PlacementSettings) and whose learner settings are `learner`, built from docker-compose.yml `base`."""
+    from searchr1.core.settings import load_settings
+    from searchr1.launcher.placement import plan_placement
+    from searchr1.launcher.settings import LauncherSettings
+    from searchr1.learner.redis_budget import redis_need_bytes
+
+    launch = load_settings(LauncherSettings, config)
+    plan = plan_placement(settings)
+    run, index_dir = launch.run, launch.retriever.index_dir
+    if index_dir is None:
+        raise SystemExit(f"{config}: [launcher.retriever] index_dir is not set (the index the retriever serves)")
+    mount = str(config) if config.is_absolute() else f"./{config}"
+    src = base["services"]
+    services: dict[str, Any] = {}
+    services["redis"], need_mb = _redis(src["redis"], redis_need_bytes(learner))
+    data = _searchr1(src["init"], mount)
+    data.update(restart="no", depends_on={}, environment=dict(DATA_ENV), command=[data_script(
+        learner.dispatcher.dataset, learner.model.path, model_repo, index_dir, encoder_dir, encoder_repo)])
+    services["data"] = data
+    size = index_bytes(ROOT / index_dir, launch.retriever.kind or "flat")
+    budget = readiness_budget_s(size, launch.retriever.health_timeout_s)
+    services["retriever"] = _retriever(src["retriever"], mount, plan, index_dir, budget)
+    reward = _searchr1(src["reward"], mount)
+    reward.update(command=_with_run_config(reward["command"], run), depends_on=AFTER_DATA)
+    services["reward"] = reward
+    rollout_deps = {**AFTER_DATA, "redis": {"condition": "service_healthy"},
+                    "retriever": {"condition": "service_healthy"}, "reward": {"condition": "service_healthy"}}
+    for i, worker in enumerate(plan.rollout):
+        s = _searchr1(src["rollout-gpu"], mount, worker.env, worker.gpus, "rollout")
+        s.update(command=_with_run_config(s["command"], run), depends_on=rollout_deps,
+                 healthcheck={**s["healthcheck"], "start_period": f"{int(launch.rollout.health_timeout_s)}s"})
+        services[f"rollout-gpu-{i}"] = s
+    services["learner-gpus"] = _learner(src["learner-gpu"], mount, plan, run, launch.learner.health_timeout_s)
     for name in ("prometheus", "alertmanager", "grafana"):
         services[name] = copy.deepcopy(src[name])
     trainers = [n for n, s in services.items() if "train" in (s.get("command") or [])[:1]]
@@ -232,9 +236,8 @@ def compose_gpu(config: Path, settings, learner, base: dict[str, Any], *, model_
             "# Use: docker compose -f docker-compose.gpu.yml up -d    (secrets in .env, as docker-compose.yml)",
             f"# Run {run!r}; every searchr1 service reads {source or config} as /app/{CONFIG_IN_CONTAINER}.",
             "# GPUs:", *_plan_lines(plan, settings, idle),
-            f"# Retriever readiness budget: {budget} s (index {index_bytes(ROOT / index_dir, launch.retriever.kind or 'flat')}"
-            " bytes); Redis maxmemory default "
-            f"{need_mb} MB (what the learner keeps unacked, +25 %).", ""]
+            f"# Retriever readiness budget: {budget} s (index of {size} bytes).",
+            f"# Redis maxmemory default: {need_mb} MB (what the learner keeps unacked, +25 %; REDIS_MAXMEMORY).", ""]
     volumes = {k: None for k in ("data", "inputs", "models", "cache", "redis", "prometheus", "alertmanager")}
     body = yaml.dump({"services": services, "volumes": volumes}, Dumper=_Dumper, sort_keys=False,
                      default_flow_style=False, width=110)
