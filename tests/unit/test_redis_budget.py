@@ -71,3 +71,10 @@ def test_shipped_searchr1_configs_fit_compose_and_the_k8s_redis(config):
     need = redis_need_bytes(s)
     assert need <= 4 * GIB  # docker-compose.yml's REDIS_MAXMEMORY default
     assert need <= _k8s_redis_maxmemory(), (config, need / 2**20)
+
+
+def test_the_tiny_world_fits_the_k8s_cpu_overlays_redis():
+    text = (ROOT / "deploy/k8s/overlays/cpu/kustomization.yaml").read_text()
+    cap = int(re.search(r"name: REDIS_MAXMEMORY, value: (\d+)mb", text).group(1)) * 2**20
+    assert redis_need_bytes(load_settings(LearnerSettings, ROOT / "deploy/k8s/base/compose.toml")) <= cap
+    assert redis_need_bytes(load_settings(LearnerSettings, ROOT / "configs/compose.toml")) <= 4 * GIB
