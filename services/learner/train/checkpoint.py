@@ -16,6 +16,7 @@ import json
 import logging
 import random
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,13 +111,14 @@ class Component:
 class Checkpointer:
     """Saves and restores `Component`s plus a `TrainState` under `root`."""
 
-    def __init__(self, root: Path, keep: int, info: DistInfo | None = None) -> None:
+    def __init__(self, root: Path, keep: int, info: DistInfo | None = None, *, fence: int = 0,
+                 guard: Callable[[], None] | None = None) -> None:
         self.root = Path(root)
         self.keep = keep
         self.info = info or DistInfo()
-        self.fence = 0
-        """The fencing token written into each checkpoint (set by the loop from its lease)."""
-        self.guard: Any = None
+        self.fence = fence
+        """The fencing token written into each checkpoint (the run's lease's)."""
+        self.guard = guard
         """Called with no argument right before a checkpoint is written; raises to stop the write (the
         learner's lease check)."""
 
