@@ -24,16 +24,12 @@ import time
 from collections.abc import Collection
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import Field
 
 from searchr1.core.settings import Section
-
-if TYPE_CHECKING:
-    from searchr1.learner.metrics import StepLog
-    from searchr1.learner.train.checkpoint import Checkpointer, Component
 
 log = logging.getLogger("searchr1.learner.guard")
 _STEP_DIR = re.compile(r"^step(\d{8})$")
@@ -171,36 +167,8 @@ class CollapseGuard:
         return {"event": "guard_stop", "first_bad_step": d.first_bad_step, "reasons": list(d.reasons),
                 "rollbacks": self.policy.rollbacks}
 
-    def record(self, step: int, event: dict[str, Any], step_log: StepLog | None) -> None:
-        """Append `event` to `guard-events.jsonl` (and the step log). Blocking: run it in a thread."""
+    def record(self, step: int, event: dict[str, Any]) -> None:
+        """Append `event` to `guard-events.jsonl`. Blocking: run it in a thread."""
         self.events.parent.mkdir(parents=True, exist_ok=True)
         with self.events.open("a", encoding="utf-8") as f:
             f.write(json.dumps({"step": step, "time": time.time(), **event}) + "\n")
-        if step_log is not None:
-            step_log.write(step, event)
-
-
-def roll_back(components: list[Component], checkpointer: Checkpointer, path: Path, lr_factor: float) -> float:
-    """Load `path` into `components` (not the step counters) and cut the learning rate: the schedule's base
-    becomes the base in force before the rollback (every earlier cut included, whatever the checkpoint
-    saved) times `lr_factor`, at the checkpoint's point of the schedule. Returns the learning rate now.
-    Blocking: run it in a thread."""
-    before = {c.name: list(c.scheduler.base_lrs) for c in components
-              if c.optimizer is not None and hasattr(c.scheduler, "base_lrs")}
-    checkpointer.load(components, path)
-    lr = 0.0
-    for c in components:
-        if c.optimizer is None:
-            continue
-        sched = c.scheduler
-        if c.name in before:
-            sched.base_lrs = [b * lr_factor for b in before[c.name]]
-            lambdas = getattr(sched, "lr_lambdas", [lambda _: 1.0] * len(sched.base_lrs))
-            for group, base, fn in zip(c.optimizer.param_groups, sched.base_lrs, lambdas):
-                group["lr"] = base * fn(sched.last_epoch)
-            sched._last_lr = [g["lr"] for g in c.optimizer.param_groups]  # what the next step reports
-        else:
-            for group in c.optimizer.param_groups:
-                group["lr"] *= lr_factor
-        lr = lr or c.optimizer.param_groups[0]["lr"]
-    return lr

@@ -54,7 +54,7 @@ from searchr1.learner.algo.figures import by_source, group_figures
 from searchr1.learner.algo.group_filters import mask_overlong
 from searchr1.learner.algo.health import health_figures
 from searchr1.learner.dispatcher import Dispatcher
-from searchr1.learner.guard import CollapseGuard, Decision, roll_back
+from searchr1.learner.guard import CollapseGuard, Decision
 from searchr1.learner.metrics import LearnerMetrics, StepLog
 from searchr1.learner.publisher import WeightPublisher
 from searchr1.learner.settings import LearnerSettings
@@ -64,6 +64,7 @@ from searchr1.learner.train.build import Training
 from searchr1.learner.train.checkpoint import Checkpointer, TrainState
 from searchr1.learner.train.distributed import broadcast_groups
 from searchr1.learner.train.model import DistInfo, export_weights
+from searchr1.learner.train.rollback import roll_back
 from searchr1.learner.transport import WeightTransport
 
 __all__ = ["Learner"]
@@ -296,7 +297,9 @@ class Learner:
             self.state.version += 1  # the rolled-back weights, announced as a new version
             await self.publish_weights()
             event = self.guard.rolled_back(d, lr, self.state.version)
-        await asyncio.to_thread(self.guard.record, self.state.step, event, self.step_log)
+        await asyncio.to_thread(self.guard.record, self.state.step, event)
+        if self.step_log is not None:
+            await asyncio.to_thread(self.step_log.write, self.state.step, event)
 
     async def run(self, stop: asyncio.Event, max_steps: int | None = None) -> TrainState:
         """Train until `stop`, `max_steps` (default `optim.total_steps`) or the dispatcher runs dry.
