@@ -93,7 +93,7 @@ async def start_reward() -> Reward:
     return Reward(server)
 
 
-STEERING = "searchr1.rollout.steering:SearchSteering"
+STEERING = "searchr1.rollout.tools.steering:SearchSteering"
 
 
 async def start_vllm(model_dir: Path, *, max_num_seqs: int = 256):
