@@ -69,7 +69,7 @@ def build_learner(
     metrics = metrics or LearnerMetrics()
     keys = StreamKeys(settings.redis.run)
     fence, check = (lease.token, lease.check) if lease is not None else (0, None)
-    checkpointer = Checkpointer(settings.checkpoint.dir, settings.checkpoint.keep, info, fence=fence, guard=check)
+    checkpointer = Checkpointer(settings.checkpoint.dir, settings.checkpoint.keep, info, lease=lease)
     if publisher is None:
         publisher = WeightPublisher(settings.weights.dir, keep=settings.weights.keep, base_url=base_url,
                                     fence=fence, guard=check)

@@ -34,7 +34,7 @@ def test_build_learner_wires_every_collaborator_at_construction(tmp_path):
     learner = build_learner(s, training, metrics=metrics, redis=redis, lease=lease,  # type: ignore[arg-type]
                             tasks=[Question("q0", "question?", ["a"])])
     assert learner.checkpointer.fence == learner.publisher.fence == 7
-    assert learner.checkpointer.guard == lease.check and learner.publisher.guard == lease.check
+    assert learner.checkpointer.lease is lease and learner.publisher.guard == lease.check
     assert isinstance(learner.dispatcher, Dispatcher) and learner.dispatcher.vocab_size == 321
     assert isinstance(learner.source, StreamSource)
     assert learner.source.dispatcher is learner.dispatcher and learner.source.vocab_size == 321
