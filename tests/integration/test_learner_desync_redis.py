@@ -19,13 +19,12 @@ from searchr1.core.schemas import TrajectoryGroup, decode
 from searchr1.core.streams import StreamKeys, trajectories_stream
 from searchr1.learner.algo.batch import build_batch
 from searchr1.learner.metrics import LearnerMetrics, StepLog
-from searchr1.learner.publisher import WeightPublisher
+from searchr1.learner.process import build_learner
 from searchr1.learner.service import Learner
 from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.train.build import build_training
-from searchr1.learner.train.checkpoint import Checkpointer
 from searchr1.learner.train.model import DistInfo, forward_logprobs
-from searchr1.rollout.engine import HfGenerator
+from searchr1.rollout.hf_engine import HfGenerator
 from searchr1.rollout.metrics import RolloutMetrics
 from searchr1.rollout.weights import WeightLoader
 from tests.support.synthetic import synthetic_group
@@ -49,10 +48,9 @@ def _learner(tmp_path, redis_url, redis, model_dir) -> Learner:
         weights={"dir": str(tmp_path / "weights"), "keep": 3}, checkpoint={"dir": str(tmp_path / "ckpt")},
         log_dir=str(tmp_path / "logs"), read_block_ms=100,
         desync={"enabled": True, "abs_threshold": 1e-3, "ratio": 10.0, "min_tokens": 4})
-    training = build_training(s, DistInfo())
-    return Learner(s, training, Checkpointer(s.checkpoint.dir, s.checkpoint.keep),
-                   WeightPublisher(s.weights.dir, keep=s.weights.keep), LearnerMetrics(),
-                   StepLog(s.log_dir / "t.jsonl"), redis=redis)
+    metrics = LearnerMetrics()
+    training = build_training(s, DistInfo(), metrics.stages)
+    return build_learner(s, training, metrics=metrics, step_log=StepLog(s.log_dir / "t.jsonl"), redis=redis)
 
 
 def _sampled(task_id: str, worker_id: str, version: int, engine: HfGenerator) -> TrajectoryGroup:
