@@ -43,7 +43,6 @@ how many entries to keep in flight; that is each service's loop.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Awaitable, Callable, Collection, Sequence, Sized
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -53,6 +52,7 @@ from redis import asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from searchr1.core.dead_letters import DeadLetter as DeadLetter
+from searchr1.core.dead_letters import dead_record
 from searchr1.core.dead_letters import read_dead as read_dead
 from searchr1.core.redis_link import RedisLink
 from searchr1.core.redis_link import connect as connect
@@ -70,9 +70,10 @@ TASKS_GROUP = "rollout"
 """Consumer group of the tasks stream: the rollout workers (the learner's dispatcher only publishes)."""
 TRAJECTORIES_GROUP = "learner"
 """Consumer group of the trajectories stream: the learner (rank 0)."""
-DEAD_MAXLEN = 10_000
+DEAD_MAXLEN = 1_000
 """About how many dead letters the dead stream keeps (the oldest go first; the reason of each is also
-logged by the process that buried it)."""
+logged by the process that buried it). Each is at most about 66 KB (`dead_letters.dead_record`), so the
+dead stream stays under about 66 MB."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,8 +359,7 @@ class TypedStream(Generic[T]):
         await self._bury(mid, payload, reason)
 
     async def _bury(self, mid: str, payload: bytes, reason: str) -> None:
-        record = {b"source": self.key, b"source_id": mid, b"reason": reason, b"payload": payload,
-                  b"at": repr(time.time())}
+        record = dead_record(self.key, mid, reason, payload)  # bounded in bytes
 
         async def send() -> None:
             async with self.redis.pipeline(transaction=True) as pipe:
