@@ -198,8 +198,9 @@ class BroadcastSettings(Section):
     receivers: int = Field(default=1, ge=1, le=4096)
     """Rollout engines in the group (one per worker); a generation forms once all of them have joined."""
     host: str = "127.0.0.1"
-    """Address of the group's store announced to the workers (torch's `TCPStore` listens on every
-    interface, unauthenticated: keep its port on the cluster's private network)."""
+    """Address the group's store listens on (only this one) and announces to the workers. Each version
+    is signed with `weights.token` (HMAC-SHA256) and the workers reject one their token does not verify;
+    the store itself takes no token: keep its port on the cluster's private network."""
     public_host: str | None = None
     """Host name the workers use to reach the store, if not `host`."""
     port: int = Field(default=29510, ge=0, le=65535)
