@@ -76,6 +76,21 @@ logged by the process that buried it). Each is at most about 66 KB (`dead_letter
 dead stream stays under about 66 MB."""
 
 
+_RELEASE_SCRIPT = """
+local n = 0
+for i = 4, #ARGV do
+  local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1, ARGV[2])
+  if #p == 1 then
+    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'IDLE', ARGV[3], 'JUSTID')
+    n = n + 1
+  end
+end
+return n
+"""
+"""`TypedStream.release`: ARGV = group, consumer, idle ms, ids; each id still this consumer's gets that
+idle time (JUSTID: the delivery count stays)."""
+
+
 @dataclass(frozen=True, slots=True)
 class StreamKeys:
     """Redis key names of one run."""
@@ -273,6 +288,18 @@ class TypedStream(Generic[T]):
         await self._call(lambda: self.redis.xclaim(self.key, self.group, consumer, min_idle_time=0,
                                                    message_ids=mine, justid=True), "xclaim justid")
         return len(mine)
+
+    async def release(self, consumer: str, ids: Collection[str]) -> int:
+        """Hand back those of `ids` still pending for `consumer` (a worker that stops without finishing
+        them): their idle time is set past the visibility timeout, so the next `reclaim` of any consumer
+        takes them at once; the delivery count is unchanged. One script: never touches an entry another
+        consumer has reclaimed meanwhile. Returns how many were released."""
+        if not ids:
+            return 0
+        idle = str(self.visibility_timeout_ms + 1)
+        released = await self._call(lambda: self.redis.eval(
+            _RELEASE_SCRIPT, 1, self.key, self.group, consumer, idle, *sorted(ids, key=_id_order)), "release")
+        return int(released)
 
     async def reclaim(self, consumer: str, count: int = 16) -> list[Entry[T]]:
         """Claim entries idle past the visibility timeout for `consumer`; bury those delivered
