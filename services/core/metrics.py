@@ -124,7 +124,7 @@ class BoundedWSGIServer(ThreadingWSGIServer):
         self._open: dict[socket.socket, float] = {}  # connection → when it was accepted
         self.refused = 0
 
-    def process_request(self, request, client_address) -> None:  # type: ignore[no-untyped-def]
+    def process_request(self, request, client_address) -> None:
         now = time.monotonic()
         with self._lock:
             for conn, since in list(self._open.items()):
@@ -140,14 +140,14 @@ class BoundedWSGIServer(ThreadingWSGIServer):
             return
         super().process_request(request, client_address)
 
-    def process_request_thread(self, request, client_address) -> None:  # type: ignore[no-untyped-def]
+    def process_request_thread(self, request, client_address) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
             with self._lock:
                 self._open.pop(request, None)
 
-    def handle_error(self, request, client_address) -> None:  # type: ignore[no-untyped-def]
+    def handle_error(self, request, client_address) -> None:
         """A client that timed out or went away is not an error of the server: no traceback."""
         exc = sys.exc_info()[1]
         if not isinstance(exc, OSError):
