@@ -57,6 +57,7 @@ from searchr1.core.dead_letters import read_dead as read_dead
 from searchr1.core.redis_link import RedisLink
 from searchr1.core.redis_link import connect as connect
 from searchr1.core.schemas import SchemaError, Task, TrajectoryGroup, decode, encode
+from searchr1.core.stream_release import release_pending
 from searchr1.core.stream_trim import trim_acked
 
 T = TypeVar("T", bound=BaseModel)
@@ -74,21 +75,6 @@ DEAD_MAXLEN = 1_000
 """About how many dead letters the dead stream keeps (the oldest go first; the reason of each is also
 logged by the process that buried it). Each is at most about 66 KB (`dead_letters.dead_record`), so the
 dead stream stays under about 66 MB."""
-
-
-_RELEASE_SCRIPT = """
-local n = 0
-for i = 4, #ARGV do
-  local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1, ARGV[2])
-  if #p == 1 then
-    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'IDLE', ARGV[3], 'JUSTID')
-    n = n + 1
-  end
-end
-return n
-"""
-"""`TypedStream.release`: ARGV = group, consumer, idle ms, ids; each id still this consumer's gets that
-idle time (JUSTID: the delivery count stays)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,16 +276,10 @@ class TypedStream(Generic[T]):
         return len(mine)
 
     async def release(self, consumer: str, ids: Collection[str]) -> int:
-        """Hand back those of `ids` still pending for `consumer` (a worker that stops without finishing
-        them): their idle time is set past the visibility timeout, so the next `reclaim` of any consumer
-        takes them at once; the delivery count is unchanged. One script: never touches an entry another
-        consumer has reclaimed meanwhile. Returns how many were released."""
-        if not ids:
-            return 0
-        idle = str(self.visibility_timeout_ms + 1)
-        released = await self._call(lambda: self.redis.eval(
-            _RELEASE_SCRIPT, 1, self.key, self.group, consumer, idle, *sorted(ids, key=_id_order)), "release")
-        return int(released)
+        """Hand back those of `ids` still pending for `consumer`, for any consumer's next `reclaim` to take
+        at once (`searchr1.core.stream_release`); returns how many."""
+        return await self._call(lambda: release_pending(self.redis, self.key, self.group, consumer, ids,
+                                                        self.visibility_timeout_ms), "release")
 
     async def reclaim(self, consumer: str, count: int = 16) -> list[Entry[T]]:
         """Claim entries idle past the visibility timeout for `consumer`; bury those delivered

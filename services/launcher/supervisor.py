@@ -21,9 +21,8 @@ Exit codes: the main process's (the learner's; `128+n` if it died of signal n) w
 gate or times out; 2 when the plan is refused before anything starts.
 
 Every child runs in its own session/process group (`start_new_session=True`), so a terminal's Ctrl-C
-reaches only the launcher, which then stops the children in order. A child's own children (vLLM's
-engine process) are left to it (a rollout worker shuts its engine down after its last call), get SIGTERM
-once it is gone, and SIGKILL with it after the grace period. On Linux each child also gets PR_SET_PDEATHSIG=SIGTERM: even a
+reaches only the launcher, which then stops the children in order; a child's own children (vLLM's engine)
+are left to it, then get SIGTERM once it is gone and SIGKILL after the grace period. On Linux each child also gets PR_SET_PDEATHSIG=SIGTERM: even a
 launcher killed with SIGKILL leaves no child running. A spec's `stdin` bytes are written to it and closed.
 
 The console (`LogMux`, `LiveView`): each process's whole output goes to `RUN_DIR/logs/<name>.log`; the
