@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from searchr1.core.settings import AuthSettings, RedisSettings, Section, ServiceSettings
+from searchr1.core.settings import AuthSettings, RedisSettings, Section, ServiceSettings, check_block_ms
 from searchr1.learner.algo.temperature import TRAINING_TEMPERATURE, check_rollout_temperature
 from searchr1.learner.guard import GuardSettings
 
@@ -217,8 +217,9 @@ class BroadcastSettings(Section):
     receivers: int = Field(default=1, ge=1, le=4096)
     """Rollout engines in the group (one per worker); a generation forms once all of them have joined."""
     host: str = "127.0.0.1"
-    """Address of the group's store announced to the workers (torch's `TCPStore` listens on every
-    interface, unauthenticated: keep its port on the cluster's private network)."""
+    """Address the group's store listens on (only this one) and announces to the workers. Each version
+    is signed with `weights.token` (HMAC-SHA256) and the workers reject one their token does not verify;
+    the store itself takes no token: keep its port on the cluster's private network."""
     public_host: str | None = None
     """Host name the workers use to reach the store, if not `host`."""
     port: int = Field(default=29510, ge=0, le=65535)
@@ -364,7 +365,12 @@ class LearnerSettings(ServiceSettings):
     max_deliveries: int = Field(default=5, ge=1)
     """Groups delivered this often without ack are dead-lettered."""
     read_block_ms: int = Field(default=1000, ge=1)
-    """How long one stream read blocks."""
+    """How long one stream read blocks (under half the Redis reply timeout of 30 s)."""
+
+    @field_validator("read_block_ms")
+    @classmethod
+    def _block_below_reply_timeout(cls, v: int) -> int:
+        return check_block_ms("read_block_ms", v)
     lease_ttl_ms: int = Field(default=30_000, ge=1_000, le=600_000)
     """The learner's lease on its run (one learner per run, core/lease.py): renewed every third of this;
     a second learner refuses to start while it is held, and a crashed learner's lease expires after it."""

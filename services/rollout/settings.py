@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from searchr1.core.settings import RedisSettings, RetrySettings, Section, ServiceSettings
+from searchr1.core.settings import RedisSettings, RetrySettings, Section, ServiceSettings, check_block_ms
 
 if TYPE_CHECKING:
     from searchr1.rollout.agent import AgentLimits, Sampling
@@ -132,7 +132,12 @@ class TaskSettings(Section):
     max_concurrent: int = Field(default=8, ge=1, le=1024)
     """Tasks (groups) this worker rolls out at once; trajectories of all of them share the engine."""
     block_ms: int = Field(default=500, ge=1)
-    """How long one read of the tasks stream blocks."""
+    """How long one read of the tasks stream blocks (under half the Redis reply timeout of 30 s)."""
+
+    @field_validator("block_ms")
+    @classmethod
+    def _block_below_reply_timeout(cls, v: int) -> int:
+        return check_block_ms("tasks.block_ms", v)
     visibility_timeout_ms: int = Field(default=30_000, ge=1)
     """A task idle this long is reclaimed by another worker (a killed worker's task is redone). Live
     workers reset the idle time of the tasks they hold every quarter of it (a heartbeat), so a slow

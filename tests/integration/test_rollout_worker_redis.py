@@ -269,3 +269,22 @@ async def test_a_resync_request_reloads_the_announced_weights_at_the_same_versio
     finally:
         stop.set()
         await asyncio.wait_for(run, 10)
+
+
+async def test_a_stopped_worker_releases_the_tasks_it_abandons(redis, tmp_path):
+    """Tasks a stopping worker abandons are released: another worker reclaims them at once (long before
+    the 60 s visibility timeout), with their delivery count unchanged."""
+    gen = HangingGen()
+    keys = StreamKeys("rel")
+    st = await _stack(redis, keys, gen, tmp_path, visibility_timeout_ms=60_000, weight_poll_s=3600.0,
+                      drain_timeout_s=0.5)
+    await st.tasks.publish(Task(task_id="long", question="capital of france", golden_answers=["Paris"], group_size=2))
+    stop = asyncio.Event()
+    run = asyncio.create_task(st.worker.run(stop))
+    await asyncio.wait_for(gen.started.wait(), 20)
+    stop.set()
+    await asyncio.wait_for(run, 10)
+    other = tasks_stream(redis, keys, visibility_timeout_ms=60_000)
+    taken = await other.reclaim("w2")
+    assert [e.value.task_id for e in taken] == ["long"] and taken[0].deliveries == 2
+    assert await other.release("w", [taken[0].id]) == 0  # no longer the stopped worker's: left alone
