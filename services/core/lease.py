@@ -15,7 +15,11 @@ holder that finds its value replaced, or cannot renew in time, has lost the leas
 `LeaseLost` and the holder must stop before writing anything (checkpoints, snapshots, announcements).
 
 Everything the holder writes carries its token; readers that see a higher token than the one in front
-of them know the writer was fenced off.
+of them know the writer was fenced off. The writes that decide what is true are also checked inside
+Redis, in the same Lua script as the write (`FENCE_CHECK`, with `fence_keys()` and `fence_args()`): a
+write is refused when the run's fence counter has moved past the writer's token (another learner
+acquired the lease since, even if the lease key itself was lost) or the lease key holds another value.
+`verify()` runs that check alone, right before a write Redis does not hold (a checkpoint on disk).
 """
 
 from __future__ import annotations
@@ -51,6 +55,25 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
 return 0
+"""
+
+
+FENCE_CHECK = """
+local function fenced_off(lease_key, fence_key, token, value)
+  local newest = tonumber(redis.call('GET', fence_key) or '0')
+  if newest > tonumber(token) then return true end
+  local current = redis.call('GET', lease_key)
+  return current ~= false and current ~= value
+end
+"""
+"""A Lua function `fenced_off(lease_key, fence_key, token, value)` for scripts that write on a lease
+holder's behalf: true when a newer token was handed out (the fence counter is past `token`) or the lease
+is someone else's. A lease key that is gone (expired, or lost by Redis) with no newer token does not
+fence: nobody else can have written."""
+
+_VERIFY = FENCE_CHECK + """
+if fenced_off(KEYS[1], KEYS[2], ARGV[1], ARGV[2]) then return 0 end
+return 1
 """
 
 
@@ -108,6 +131,27 @@ class Lease:
     @property
     def value(self) -> str:
         return f"{self.token} {self.holder}"
+
+    def fence_keys(self) -> list[str]:
+        """The KEYS a fenced script passes to `fenced_off` (lease key, fence counter)."""
+        return [self.key, self.fence_key]
+
+    def fence_args(self) -> list[str]:
+        """The ARGV a fenced script passes to `fenced_off` (token, lease value)."""
+        return [str(self.token), self.value]
+
+    def fenced_error(self, what: str) -> LeaseLost:
+        """Mark the lease lost because Redis refused `what`, and return the error to raise."""
+        self.mark_lost(f"{what} refused by Redis: fencing token {self.token} is no longer the run's newest")
+        return LeaseLost(self.lost or what)
+
+    async def verify(self) -> None:
+        """Check in Redis that no newer token was handed out and the lease is not another holder's;
+        raise `LeaseLost` otherwise (also when the local view already says so)."""
+        self.check()
+        ok = await self.redis.eval(_VERIFY, 2, *self.fence_keys(), *self.fence_args())
+        if not int(ok):
+            raise self.fenced_error(f"lease {self.key!r} check")
 
     async def acquire(self, wait_s: float = 0.0) -> int:
         """Take the lease and a new fencing token; raise `LeaseHeld` naming the holder if it is still
