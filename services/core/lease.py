@@ -29,6 +29,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 
 from redis import asyncio as aioredis
 
@@ -221,9 +222,12 @@ class Lease:
             self.mark_lost(f"lease {self.key!r} was not renewed within {self.ttl_ms * (1 - self.margin):.0f} ms")
         raise LeaseLost(self.lost or f"lease {self.key!r} was never acquired")
 
-    async def keep(self, stop: asyncio.Event) -> None:
+    async def keep(self, stop: asyncio.Event, alive: Callable[[], bool] = lambda: True) -> None:
         """Renew every `ttl / 3` until `stop` or the lease is lost (a Redis error counts as a failed
-        renewal; the lease runs out by itself if Redis stays away). A renewal may take a sixth of the TTL:
+        renewal; the lease runs out by itself if Redis stays away). Once `alive()` is False (the holder's
+        progress watchdog, `searchr1.core.watchdog`: its loop made no progress for too long) the holder
+        stops renewing and marks the lease lost, so a hung holder lets it expire for another process
+        instead of holding the run forever. A renewal may take a sixth of the TTL:
         one lost in a partition (a black-holed connection, no reply and no reset) is abandoned, its
         connection dropped, and tried again on a new one a thirtieth of the TTL later, so a learner keeps
         its lease through a partition of 0.4 TTL whenever it begins (0.73 TTL when it begins right after
@@ -236,6 +240,9 @@ class Lease:
                 return
             except TimeoutError:
                 pass
+            if not alive():
+                self.mark_lost(f"lease {self.key!r} no longer renewed: the holder made no progress")
+                return
             try:
                 await asyncio.wait_for(self.renew(), timeout=period / 2)
             except Exception as exc:  # noqa: BLE001  # Redis away: `valid()` runs out on its own

@@ -11,6 +11,8 @@ import os
 from searchr1.core.aio import stop_task
 from searchr1.core.lease import Lease
 from searchr1.core.redaction import redact_config
+from searchr1.core.redis_link import RedisLink
+from searchr1.core.watchdog import Watchdog
 from searchr1.learner.metrics import LearnerMetrics, StepLog
 from searchr1.learner.publisher import WeightPublisher
 from searchr1.learner.service import Learner
@@ -62,17 +64,22 @@ async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = No
     stop = stop or asyncio.Event()
     install_shutdown_signals(stop)
     if not info.is_main:
-        return await _run(settings, info, stop, max_steps, None, None)
+        return await _run(settings, info, stop, max_steps, None, None, LearnerMetrics())
     # one learner per run: a second one refuses here, before it loads a model
     redis = connect(settings.redis.url)
     lease = Lease(redis, settings.redis.run, ttl_ms=settings.lease_ttl_ms,
                   holder=f"{default_holder()}/{settings.consumer}")
+    metrics = LearnerMetrics()
+    link = RedisLink("learner", **metrics.redis.link_callbacks())
+    # progress, not mere life: a hung loop stops renewing the lease and answers 503 on /healthz
+    watchdog = Watchdog("learner", settings.stall_timeout_s, excused=lambda: not link.up)
     done = asyncio.Event()
     keeper = None
     try:
         await lease.acquire(wait_s=settings.lease_ttl_ms / 1000)
-        keeper = asyncio.create_task(lease.keep(done))  # renewed from here on, through the model's loading
-        return await _run(settings, info, stop, max_steps, redis, lease)
+        # renewed from here on, through the model's loading, while the loop makes progress
+        keeper = asyncio.create_task(lease.keep(done, alive=watchdog.alive))
+        return await _run(settings, info, stop, max_steps, redis, lease, metrics, link, watchdog)
     finally:
         done.set()
         if keeper is not None:
@@ -82,10 +89,11 @@ async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = No
 
 
 async def _run(settings: LearnerSettings, info: DistInfo, stop: asyncio.Event, max_steps: int | None,
-               redis, lease: Lease | None) -> TrainState:
-    """`run_learner` once the run's lease is held (rank 0) or on the other ranks (no Redis)."""
+               redis, lease: Lease | None, metrics: LearnerMetrics, link: RedisLink | None = None,
+               watchdog: Watchdog | None = None) -> TrainState:
+    """`run_learner` once the run's lease is held (rank 0: with its Redis link and progress watchdog) or on
+    the other ranks (no Redis)."""
     from searchr1.core.metrics import start_metrics_server
-    from searchr1.core.redis_link import RedisLink
     from searchr1.core.servers import HttpServer
     from searchr1.learner.dispatcher import Dispatcher
     from searchr1.learner.publisher import weights_app
@@ -94,9 +102,8 @@ async def _run(settings: LearnerSettings, info: DistInfo, stop: asyncio.Event, m
 
     training = await asyncio.to_thread(build_training, settings, info)
     publisher = WeightPublisher(settings.weights.dir, keep=settings.weights.keep)
-    metrics = LearnerMetrics()
     step_log = None
-    http = metrics_server = link = None
+    http = metrics_server = None
     if info.is_main:
         wandb_run = None
         if settings.wandb_project:
@@ -105,7 +112,6 @@ async def _run(settings: LearnerSettings, info: DistInfo, stop: asyncio.Event, m
             wandb_run = wandb.init(project=settings.wandb_project, name=settings.redis.run,
                                    config=redact_config(settings.model_dump(mode="json")))
         step_log = StepLog(settings.log_dir / f"{settings.redis.run}.jsonl", wandb_run)
-        link = RedisLink("learner", **metrics.redis.link_callbacks())
         if settings.weights.http:
             http = HttpServer(weights_app(publisher, token=settings.weights.token), settings.weights.host,
                               settings.weights.port)
@@ -113,18 +119,19 @@ async def _run(settings: LearnerSettings, info: DistInfo, stop: asyncio.Event, m
             publisher.base_url = f"http://{settings.weights.public_host or settings.weights.host}:{http.port}"
         if settings.metrics_port is not None:
             metrics_server = start_metrics_server(metrics.registry, host=settings.metrics_host,
-                                                  port=settings.metrics_port, ready=lambda: link.up,
+                                                  port=settings.metrics_port, ready=lambda: link is None or link.up,
+                                                  live=None if watchdog is None else watchdog.alive,
                                                   token=None if settings.metrics_open else settings.token)
     archive = None
     if info.is_main and settings.archive.enabled:
         archive = await asyncio.to_thread(ArchiveWriter, settings.archive_dir, settings.archive.every_steps)
-    learner = Learner(settings, training, Checkpointer(settings.checkpoint.dir, settings.checkpoint.keep, info),
-                      publisher, metrics, step_log, redis=redis, info=info, archive=archive, link=link,
-                      lease=lease)
+    checkpointer = Checkpointer(settings.checkpoint.dir, settings.checkpoint.keep, info, lease=lease)
+    learner = Learner(settings, training, checkpointer, publisher, metrics, step_log, redis=redis, info=info,
+                      archive=archive, link=link, lease=lease, watchdog=watchdog)
     if info.is_main and settings.weights.transport != "snapshot":
         from searchr1.learner.transport import build_transport
 
-        learner.transport = build_transport(settings.weights, publisher, redis, learner.keys, link)
+        learner.transport = build_transport(settings.weights, publisher, redis, learner.keys, link, lease)
     dispatch_log = None
     try:
         state = await learner.start()

@@ -18,7 +18,11 @@ checkpoint and (re)announces its current version (version 0 = the initial weight
 
 One learner per run: rank 0 holds the run's lease (`core/lease.py`) from before the models load until it
 exits, and makes sure it is still its own before every checkpoint, snapshot, announcement and ack
-(`hold_lease`); its fencing token goes into each of them. A second learner refuses to start.
+(`hold_lease`); its fencing token goes into each of them. The writes Redis holds are fenced inside Redis
+by one script each (acks: `core/streams.py`; announcements: `core/weights.py`; the recovery-snapshot record:
+`core/catchup.py`); before a checkpoint the token is checked against Redis (`Lease.verify`), and the
+checkpoint itself is fenced on disk (`train/fences.py`). A second learner refuses to start. A loop that makes
+no progress for `stall_timeout_s` stops renewing the lease and fails `/healthz` (the progress watchdog).
 
 Redis away: every Redis call of rank 0 (reads, acks, the dispatcher's publishes, weight announcements)
 goes through one `RedisLink` and waits for Redis to come back, so an ack waits behind its checkpoint
@@ -50,6 +54,7 @@ from searchr1.core.metrics import in_stage
 from searchr1.core.redis_link import RedisLink
 from searchr1.core.schemas import TrajectoryGroup
 from searchr1.core.streams import StreamKeys, tasks_stream, trajectories_stream
+from searchr1.core.watchdog import Watchdog
 from searchr1.learner.algo.batch import Batch, build_batch
 from searchr1.learner.algo.figures import by_source, group_figures
 from searchr1.learner.algo.group_filters import mask_overlong
@@ -99,6 +104,7 @@ class Learner:
         link: RedisLink | None = None,
         source: GroupSource | None = None,
         lease: Lease | None = None,
+        watchdog: Watchdog | None = None,
     ) -> None:
         self.s = settings
         self.training = training
@@ -120,6 +126,9 @@ class Learner:
         self.transport: Any = None
         """A `WeightTransport` (`transport.py`) set by `run_learner` on rank 0; None: write and announce."""
         self.link = link
+        self.watchdog = watchdog
+        """Beaten at each stage of a step and each pass of a read (rank 0): a loop that stops making progress
+        stops renewing the lease and fails `/healthz` (`process.py`)."""
         self.tasks = None
         if redis is not None:
             if self.link is None:
@@ -128,22 +137,28 @@ class Learner:
             if source is None:
                 trajectories = trajectories_stream(redis, self.keys, link=self.link,
                                                    visibility_timeout_ms=settings.visibility_timeout_ms,
-                                                   max_deliveries=settings.max_deliveries)
-                source = StreamSource(settings, trajectories, self.tasks, self.staleness, metrics)
+                                                   max_deliveries=settings.max_deliveries, fence=lease)
+                source = StreamSource(settings, trajectories, self.tasks, self.staleness, metrics,
+                                      beat=self.beat)
                 source.vocab_size = training.vocab_size()
         self.source: GroupSource | None = source
         self.lease = lease
         """The run's lease (rank 0 of a learner on Redis): checked before every checkpoint, snapshot,
         announcement and ack; its fencing token goes into each of them."""
         if lease is not None:
-            checkpointer.guard = publisher.guard = lease.check
+            publisher.guard = lease.check
+
+    def beat(self) -> None:
+        """The loop made progress (the watchdog's beat; nothing without one)."""
+        if self.watchdog is not None:
+            self.watchdog.beat()
 
     # ------------------------------------------------------------------ start-up
 
     async def start(self) -> TrainState:
         """Resume from the latest checkpoint, prepare the group source and announce the current version."""
         if self.lease is not None:
-            self.checkpointer.fence = self.publisher.fence = self.lease.token
+            self.publisher.fence = self.lease.token
         restored = await asyncio.to_thread(self.checkpointer.load, self.training.components)
         if restored is not None:
             self.state = restored
@@ -177,18 +192,25 @@ class Learner:
         self.stages.append("archive")
         fault_point("learner.after_archive")  # test hook (core/faults.py): off unless its env var is set
 
-    async def hold_lease(self) -> None:
+    async def hold_lease(self, in_redis: bool = False) -> None:
         """Before a write: make sure the run's lease is still this learner's. Renewed through the Redis
         link when its last renewal is too old (waiting for Redis through an outage); raises `LeaseLost`
         when another learner took it or it expired meanwhile (the process stops; a restart resumes from
-        the checkpoint)."""
-        if self.lease is None or self.lease.valid():
+        the checkpoint). `in_redis`: also check the token against the lease in Redis (`Lease.verify`),
+        for a write Redis does not fence itself (a checkpoint)."""
+        if self.lease is None:
             return
-        if self.link is not None:
-            await self.link.call(self.lease.renew, "renew lease")
-        else:
-            await self.lease.renew()
-        self.lease.check()
+        if not self.lease.valid():
+            if self.link is not None:
+                await self.link.call(self.lease.renew, "renew lease")
+            else:
+                await self.lease.renew()
+            self.lease.check()
+        if in_redis:
+            if self.link is not None:
+                await self.link.call(self.lease.verify, "verify lease")
+            else:
+                await self.lease.verify()
 
     @in_stage("checkpoint", _stages)
     def checkpoint(self) -> None:
@@ -247,6 +269,7 @@ class Learner:
         batch = self.make_batch(groups)
         figures = await asyncio.to_thread(self.train, batch)
         self.stages.append("train")
+        self.beat()
         figures.update(filter_figures)
         step_seconds = time.perf_counter() - t0
         figures.update(group_figures(groups, self.state.version))
@@ -264,8 +287,9 @@ class Learner:
         if self.state.step % self.s.checkpoint.every == 0:
             if self.dispatcher is not None:  # read on the loop thread, where the dispatcher runs
                 self.state.dispatcher = self.dispatcher.position()
-            await self.hold_lease()
+            await self.hold_lease(in_redis=True)
             await asyncio.to_thread(self.checkpoint)
+            self.beat()
             await self.ack()
         await self.publish_weights()
         if self.source is not None:  # the next tasks are sampled with the weights just announced
@@ -315,6 +339,7 @@ class Learner:
             watch_task = asyncio.create_task(self.link.watch(self.redis, halt))
         try:
             while self.state.step < limit and not stop.is_set() and not (self.guard and self.guard.stopped):
+                self.beat()
                 await self.step_once(stop)
                 if await self.source.finished():
                     log.info("no groups left to train on (dataset or archive exhausted): stopping")

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,8 +97,11 @@ class StreamSource:
     """The trajectories stream (consumer group `learner`) as the loop's group source, on rank 0."""
 
     def __init__(self, settings: LearnerSettings, trajectories: TypedStream[TrajectoryGroup],
-                 tasks: TypedStream[Any], staleness: StalenessPolicy, metrics: LearnerMetrics) -> None:
+                 tasks: TypedStream[Any], staleness: StalenessPolicy, metrics: LearnerMetrics, *,
+                 beat: Callable[[], None] = lambda: None) -> None:
         self.s = settings
+        self.beat = beat
+        """Called on each pass of a read: waiting for groups is progress (the learner's watchdog)."""
         self.trajectories = trajectories
         self.tasks = tasks
         self.staleness = staleness
@@ -159,6 +162,7 @@ class StreamSource:
         reclaimed = await self.trajectories.reclaim(self.s.consumer, count=want, held=self.holding)
         got.entries.extend(e for e in reclaimed if e.id not in self.holding)  # held: in a step already
         while len(got.entries) < want and not stop.is_set():
+            self.beat()
             self.holding.update(e.id for e in got.entries)
             got.entries.extend(await self.trajectories.reread_own(self.s.consumer, self.holding,
                                                                   want - len(got.entries)))
