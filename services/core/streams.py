@@ -8,7 +8,8 @@ and their groups: docs/architecture.md, "Streams").
   dead stream with its reason and acked, never returned and never crashing the reader;
 - `ack(*ids)` → XACK (the caller acks only after the work the entry stands for is safe); with a `fence`
   (the learner's lease, `searchr1.core.lease`), the XACK runs in one Lua script that first checks the
-  writer's fencing token against the run's lease in Redis and refuses (`FencedOff`) a stale one;
+  writer's fencing token against the run's lease in Redis and refuses a stale one (`LeaseLost`; a dead
+  letter, which acks too, is fenced the same way);
 - trimming (`trim_every`): every `trim_every` acks or publishes through this object, the entries every
   consumer group of the stream has acked are deleted (`searchr1.core.stream_trim`: one Lua script reads
   the groups and runs XTRIM MINID below the oldest entry some group still needs, never a pending or
@@ -179,6 +180,15 @@ end
 return n
 """
 """XACK of ARGV[4..] in group ARGV[1], unless the lease (KEYS[2], KEYS[3]) fences off token ARGV[2]."""
+
+_BURY_FENCED = FENCE_CHECK + """
+if fenced_off(KEYS[3], KEYS[4], ARGV[3], ARGV[4]) then return -1 end
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', unpack(ARGV, 6))
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+return 1
+"""
+"""Dead-letter entry ARGV[2] (record fields ARGV[6..]) and ack it, unless the lease (KEYS[3], KEYS[4])
+fences off token ARGV[3]."""
 
 
 def _sid(raw: bytes | str) -> str:
@@ -468,6 +478,16 @@ class TypedStream(Generic[T]):
     async def _bury(self, mid: str, payload: bytes, reason: str) -> None:
         record = {b"source": self.key, b"source_id": mid, b"reason": reason, b"payload": payload,
                   b"at": repr(time.time())}
+
+        fence = self.fence
+        if fence is not None:  # a dead letter is an ack: fenced like one
+            flat = [x for kv in record.items() for x in kv]
+            done = await self._call(lambda: self.redis.eval(
+                _BURY_FENCED, 4, self.key, self.dead_key, *fence.fence_keys(), self.group, mid,
+                *fence.fence_args(), self.dead_maxlen, *flat), "bury")
+            if int(done) < 0:
+                raise fence.fenced_error(f"dead letter of {mid} of {self.key}")
+            return
 
         async def send() -> None:
             async with self.redis.pipeline(transaction=True) as pipe:

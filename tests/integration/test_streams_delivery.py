@@ -141,3 +141,24 @@ async def test_the_learner_heartbeat_never_takes_back_a_group_another_learner_re
     await source.heartbeat()
     [row] = await redis.xpending_range(traj.key, traj.group, "-", "+", 10)
     assert row["consumer"] == b"other-learner"
+
+
+async def test_a_fenced_dead_letter_is_refused_once_a_newer_learner_holds_the_run(redis):
+    """A dead letter acks its entry: a stale learner cannot bury a group either; the new holder can."""
+    from tests.support.synthetic import synthetic_group
+
+    old = Lease(redis, "delivery", holder="old")
+    await old.acquire()
+    s = streams.trajectories_stream(redis, KEYS, fence=old)
+    await s.ensure_group()
+    await s.publish(synthetic_group("g", group_size=2, rewards=[1.0, 0.0]))
+    [entry] = await s.read("learner")
+    await redis.delete(old.key)
+    new = Lease(redis, "delivery", holder="new")
+    await new.acquire()
+    with pytest.raises(LeaseLost):
+        await s.dead_letter(entry.id, "poison")
+    assert await s.pending() == 1 and await read_dead(redis, KEYS.dead) == []
+    await streams.trajectories_stream(redis, KEYS, fence=new).dead_letter(entry.id, "poison")
+    [dead] = await read_dead(redis, KEYS.dead)
+    assert dead.reason == "poison" and dead.source_id == entry.id and await s.pending() == 0
