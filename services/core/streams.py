@@ -65,9 +65,10 @@ from pydantic import BaseModel
 from redis import asyncio as aioredis
 from redis.exceptions import ResponseError
 
+from searchr1.core import stream_scripts as scripts
 from searchr1.core.dead_letters import DeadLetter as DeadLetter
 from searchr1.core.dead_letters import read_dead as read_dead
-from searchr1.core.lease import FENCE_CHECK, Lease
+from searchr1.core.lease import Lease
 from searchr1.core.redis_link import RedisLink
 from searchr1.core.redis_link import connect as connect
 from searchr1.core.schemas import SchemaError, Task, TrajectoryGroup, decode, encode
@@ -123,72 +124,6 @@ class Entry(Generic[T]):
     id: str
     value: T
     deliveries: int = 1
-
-
-_CLAIM_OWN = """
-local out = {}
-for i = 4, #ARGV do
-  local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1, ARGV[2])
-  if #p > 0 then
-    if ARGV[3] == '1' then
-      redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')
-      out[#out + 1] = ARGV[i]
-    else
-      local c = redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i])
-      local fields = false
-      if c[1] then fields = c[1][2] end
-      out[#out + 1] = {ARGV[i], p[1][4], fields}
-    end
-  end
-end
-return out
-"""
-"""Claim the entries ARGV[4..] for consumer ARGV[2] of group ARGV[1] only while they are still pending
-for it (XPENDING … consumer, then XCLAIM, atomically). ARGV[3] '1': JUSTID (a heartbeat: idle time reset,
-delivery count unchanged), returns the ids; '0': a re-delivery (count raised), returns {id, deliveries
-before, fields or false}."""
-
-_BURY_IF = """
-local p
-if ARGV[3] ~= '' then
-  p = redis.call('XPENDING', KEYS[1], ARGV[1], 'IDLE', ARGV[4], ARGV[2], ARGV[2], 1, ARGV[3])
-else
-  p = redis.call('XPENDING', KEYS[1], ARGV[1], 'IDLE', ARGV[4], ARGV[2], ARGV[2], 1)
-end
-if #p == 0 then return 0 end
-local payload = ''
-local rows = redis.call('XRANGE', KEYS[1], ARGV[2], ARGV[2])
-if #rows > 0 then
-  local f = rows[1][2]
-  for j = 1, #f, 2 do if f[j] == 'm' then payload = f[j + 1] end end
-end
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[7], '*', 'source', KEYS[1], 'source_id', ARGV[2],
-           'reason', ARGV[5], 'payload', payload, 'at', ARGV[6])
-redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
-return 1
-"""
-"""Dead-letter entry ARGV[2] (reason ARGV[5]) and ack it, only while it is still pending for consumer
-ARGV[3] ('' = any consumer) and idle at least ARGV[4] ms: an entry claimed meanwhile by another consumer
-(its idle time reset) is left alone."""
-
-_ACK_FENCED = FENCE_CHECK + """
-if fenced_off(KEYS[2], KEYS[3], ARGV[2], ARGV[3]) then return -1 end
-local n = 0
-for i = 4, #ARGV, 1000 do
-  n = n + redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, i, math.min(i + 999, #ARGV)))
-end
-return n
-"""
-"""XACK of ARGV[4..] in group ARGV[1], unless the lease (KEYS[2], KEYS[3]) fences off token ARGV[2]."""
-
-_BURY_FENCED = FENCE_CHECK + """
-if fenced_off(KEYS[3], KEYS[4], ARGV[3], ARGV[4]) then return -1 end
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', unpack(ARGV, 6))
-redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
-return 1
-"""
-"""Dead-letter entry ARGV[2] (record fields ARGV[6..]) and ack it, unless the lease (KEYS[3], KEYS[4])
-fences off token ARGV[3]."""
 
 
 def _sid(raw: bytes | str) -> str:
@@ -296,7 +231,7 @@ class TypedStream(Generic[T]):
             acked = int(await self._call(lambda: self.redis.xack(self.key, self.group, *ids), "xack"))
         else:
             acked = int(await self._call(lambda: self.redis.eval(
-                _ACK_FENCED, 3, self.key, *fence.fence_keys(), self.group, *fence.fence_args(), *ids), "xack"))
+                scripts.ACK_FENCED, 3, self.key, *fence.fence_keys(), self.group, *fence.fence_args(), *ids), "xack"))
             if acked < 0:
                 raise fence.fenced_error(f"ack of {len(ids)} entries of {self.key}")
         await self._count_towards_trim(len(ids))
@@ -340,7 +275,7 @@ class TypedStream(Generic[T]):
                 again.append(mid)
         out = await self._claim_again(consumer, again)
         first, self._reread_at = self._reread_at < 0, reconnects
-        if len(again) == count and len(rows) == count + len(held):
+        if len(rows) == count + len(held):
             self._reread_at = -1  # more may be left: look again on the next call
         if out:
             log.warning("%s: re-read %d entries still pending for %s %s", self.key, len(out), consumer,
@@ -351,7 +286,7 @@ class TypedStream(Generic[T]):
         """Deliver `ids` to `consumer` again (count raised), those still pending for it only."""
         if not ids:
             return []
-        rows = await self._call(lambda: self.redis.eval(_CLAIM_OWN, 1, self.key, self.group, consumer, "0", *ids),
+        rows = await self._call(lambda: self.redis.eval(scripts.CLAIM_OWN, 1, self.key, self.group, consumer, "0", *ids),
                                 "claim own")
         out: list[Entry[T]] = []
         for raw_id, before, flat in rows:
@@ -371,7 +306,7 @@ class TypedStream(Generic[T]):
         if not ids:
             return 0
         mine = sorted(ids, key=_id_order)
-        done = await self._call(lambda: self.redis.eval(_CLAIM_OWN, 1, self.key, self.group, consumer, "1", *mine),
+        done = await self._call(lambda: self.redis.eval(scripts.CLAIM_OWN, 1, self.key, self.group, consumer, "1", *mine),
                                 "heartbeat")
         return len(done)
 
@@ -417,7 +352,7 @@ class TypedStream(Generic[T]):
         and idle `min_idle_ms`; True when it was."""
         reason = f"delivered {times} times without ack (max_deliveries={self.max_deliveries})"
         done = await self._call(lambda: self.redis.eval(
-            _BURY_IF, 2, self.key, self.dead_key, self.group, mid, consumer, min_idle_ms, reason,
+            scripts.BURY_IF, 2, self.key, self.dead_key, self.group, mid, consumer, min_idle_ms, reason,
             repr(time.time()), self.dead_maxlen), "bury")
         if int(done):
             log.warning("%s: dead-lettered %s: %s", self.key, mid, reason)
@@ -483,7 +418,7 @@ class TypedStream(Generic[T]):
         if fence is not None:  # a dead letter is an ack: fenced like one
             flat = [x for kv in record.items() for x in kv]
             done = await self._call(lambda: self.redis.eval(
-                _BURY_FENCED, 4, self.key, self.dead_key, *fence.fence_keys(), self.group, mid,
+                scripts.BURY_FENCED, 4, self.key, self.dead_key, *fence.fence_keys(), self.group, mid,
                 *fence.fence_args(), self.dead_maxlen, *flat), "bury")
             if int(done) < 0:
                 raise fence.fenced_error(f"dead letter of {mid} of {self.key}")

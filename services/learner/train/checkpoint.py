@@ -243,14 +243,16 @@ class Checkpointer:
             record_takeover(self.root, self.lease.token, step)
 
     def _prune(self) -> None:
-        """Keep the newest `keep` checkpoints of this token and older ones (a newer token's are never
-        touched); remove dot-directories a killed save of this token or an older one left behind."""
-        done = [(step, path) for fence, step, path in self._done() if fence <= self.fence]
-        done.sort()
+        """Keep the newest `keep` checkpoints of this token and older ones (with a lease, a newer token's
+        are never touched); remove dot-directories a killed save of this token or an older one left behind."""
+        def mine(fence: int) -> bool:
+            return self.lease is None or fence <= self.fence
+
+        done = sorted((step, path) for fence, step, path in self._done() if mine(fence))
         for _step, old in done[: max(0, len(done) - self.keep)]:
             shutil.rmtree(old, ignore_errors=True)
         for left in self.root.glob(".tmp-*"):
-            if _tmp_fence(left.name) <= self.fence:
+            if mine(_tmp_fence(left.name)):
                 shutil.rmtree(left, ignore_errors=True)
 
 
