@@ -324,7 +324,9 @@ class LearnerSettings(ServiceSettings):
     visibility_timeout_ms: int = Field(default=600_000, ge=1)
     """Unacked groups idle longer than this are re-read (after a crash)."""
     max_deliveries: int = Field(default=5, ge=1)
-    """Groups delivered this often without ack are dead-lettered."""
+    """Groups delivered this often without ack are dead-lettered. Every delivery counts: the first read, a
+    reclaim, and each re-read by a restarted learner (a group that crashes the learner is buried after
+    this many restarts before its checkpoint)."""
     read_block_ms: int = Field(default=1000, ge=1)
     """How long one stream read blocks."""
     lease_ttl_ms: int = Field(default=30_000, ge=1_000, le=600_000)
