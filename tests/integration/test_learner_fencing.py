@@ -119,3 +119,36 @@ async def test_a_hung_learner_stops_renewing_its_lease(redis):
     await asyncio.wait_for(keeper, timeout=10)  # gives up by itself
     assert lease.lost is not None and "no progress" in lease.lost
     assert await Lease(redis, RUN, holder="next", ttl_ms=600).acquire(wait_s=5.0) == 2
+
+
+async def test_a_learner_built_with_its_lease_fences_its_acks_and_checks_redis_before_a_checkpoint(redis, tmp_path):
+    """The learner's composition gives its lease to the trajectories stream and the checkpointer: with the
+    lease key lost and a second learner holding the run, the first one's ack and pre-checkpoint check are
+    refused although its own view of the lease is still valid."""
+    from types import SimpleNamespace
+
+    from searchr1.core.streams import trajectories_stream
+    from searchr1.learner.metrics import LearnerMetrics
+    from searchr1.learner.publisher import WeightPublisher
+    from searchr1.learner.service import Learner
+    from searchr1.learner.settings import LearnerSettings
+    from tests.support.synthetic import synthetic_group
+
+    settings = LearnerSettings(redis={"run": RUN}, batch={"groups_per_step": 1}, read_block_ms=50,
+                               checkpoint={"dir": str(tmp_path / "ck")}, weights={"dir": str(tmp_path / "w")})
+    old = Lease(redis, RUN, holder="old")
+    await old.acquire()
+    training = SimpleNamespace(trainer=SimpleNamespace(), vocab_size=lambda: 1000)
+    learner = Learner(settings, training, Checkpointer(settings.checkpoint.dir, 2, lease=old),
+                      WeightPublisher(settings.weights.dir), LearnerMetrics(), None, redis=redis, lease=old)
+    await learner.source.start()
+    await trajectories_stream(redis, StreamKeys(RUN)).publish(synthetic_group("g", group_size=2, rewards=[1.0, 0.0]))
+    step = await learner.source.next_step(asyncio.Event(), learner.state)
+    learner.source.commit(step.entry_ids)
+    await _lose(redis, old, key_lost=True)
+    assert old.valid()
+    with pytest.raises(LeaseLost):
+        await learner.ack()
+    assert await learner.source.trajectories.pending() == 1
+    with pytest.raises(LeaseLost):
+        await learner.hold_lease(in_redis=True)
