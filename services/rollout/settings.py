@@ -21,8 +21,10 @@ class EngineSettings(Section):
     """Fraction of accelerator memory vLLM reserves (on the CPU build: of CPU memory)."""
     max_model_len: int = Field(default=4096, ge=64)
     """Context length (prompt + response) the engine allows."""
-    dtype: str = "auto"
-    """Model dtype for vLLM (`auto`, `bfloat16`, `float32`, …)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Model dtype of the vLLM engine (`auto` = the checkpoint's; vLLM refuses one its device lacks, e.g.
+    bfloat16 on a GPU before Ampere). Match the learner's `model.dtype` (float16 on both sides mismatches
+    least: docs/learner.md, "Train–inference mismatch")."""
     enforce_eager: bool = True
     """Skip CUDA-graph / compile capture (starts much faster; set false on GPUs for speed)."""
     seed: int = 0

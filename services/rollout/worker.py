@@ -297,6 +297,12 @@ class Worker:
         partial rollouts, interrupt their turns), then load them (no-op, bar one Redis read, when nothing
         newer is announced yet)."""
         self._next_weights = time.monotonic() + self.weight_poll_s
+        why = await self.loader.take_resync(self.worker_id)
+        if why is not None:  # the learner set this worker's groups aside: reload whatever is announced
+            log.error("re-sync requested by the learner (%s): reloading the announced weights", why)
+            await self._drain()
+            await self.loader.resync()
+            return
         if await self.loader.newer() is None:
             return
         if self.partial is not None:

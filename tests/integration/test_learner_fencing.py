@@ -128,9 +128,7 @@ async def test_a_learner_built_with_its_lease_fences_its_acks_and_checks_redis_b
     from types import SimpleNamespace
 
     from searchr1.core.streams import trajectories_stream
-    from searchr1.learner.metrics import LearnerMetrics
-    from searchr1.learner.publisher import WeightPublisher
-    from searchr1.learner.service import Learner
+    from searchr1.learner.process import build_learner
     from searchr1.learner.settings import LearnerSettings
     from tests.support.synthetic import synthetic_group
 
@@ -139,8 +137,7 @@ async def test_a_learner_built_with_its_lease_fences_its_acks_and_checks_redis_b
     old = Lease(redis, RUN, holder="old")
     await old.acquire()
     training = SimpleNamespace(trainer=SimpleNamespace(), vocab_size=lambda: 1000)
-    learner = Learner(settings, training, Checkpointer(settings.checkpoint.dir, 2, lease=old),
-                      WeightPublisher(settings.weights.dir), LearnerMetrics(), None, redis=redis, lease=old)
+    learner = build_learner(settings, training, redis=redis, lease=old)
     await learner.source.start()
     await trajectories_stream(redis, StreamKeys(RUN)).publish(synthetic_group("g", group_size=2, rewards=[1.0, 0.0]))
     step = await learner.source.next_step(asyncio.Event(), learner.state)

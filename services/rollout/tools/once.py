@@ -41,7 +41,7 @@ async def sample_once(req: OnceRequest) -> tuple[str, str, TrajectoryResult]:
     from searchr1.rollout.settings import EngineSettings
 
     settings = EngineSettings(kind=req.engine, gpu_memory_utilization=0.05, max_model_len=4096,  # type: ignore[arg-type]
-                              logits_processors=["searchr1.rollout.steering:SearchSteering"] if req.steer else [])
+                              logits_processors=["searchr1.rollout.tools.steering:SearchSteering"] if req.steer else [])
     generator = await start_generator(req.model, settings)
     client = RetrieverClient([req.retriever])
     try:
@@ -50,7 +50,7 @@ async def sample_once(req: OnceRequest) -> tuple[str, str, TrajectoryResult]:
         prompt = render_prompt(req.question, tokenizer)
         sampling = req.sampling
         if req.steer:
-            from searchr1.rollout.steering import steer_args, word_tokens
+            from searchr1.rollout.tools.steering import steer_args, word_tokens
 
             extra = steer_args(tokenizer, max_searches=req.limits.max_turns, search_tokens=word_tokens(tokenizer))
             sampling = Sampling(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
