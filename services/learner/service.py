@@ -18,7 +18,11 @@ checkpoint and (re)announces its current version (version 0 = the initial weight
 
 One learner per run: rank 0 holds the run's lease (`core/lease.py`) from before the models load until it
 exits, and makes sure it is still its own before every checkpoint, snapshot, announcement and ack
-(`hold_lease`); its fencing token goes into each of them. A second learner refuses to start.
+(`hold_lease`); its fencing token goes into each of them. The writes Redis holds are fenced inside Redis
+by one script each (acks: `core/streams.py`; announcements: `core/weights.py`; the recovery-snapshot record:
+`core/catchup.py`); before a checkpoint the token is checked against Redis (`Lease.verify`), and the
+checkpoint itself is fenced on disk (`train/fences.py`). A second learner refuses to start. A loop that makes
+no progress for `stall_timeout_s` stops renewing the lease and fails `/healthz` (the progress watchdog).
 
 Redis away: every Redis call of rank 0 (reads, acks, the dispatcher's publishes, weight announcements)
 goes through one `RedisLink` and waits for Redis to come back, so an ack waits behind its checkpoint
@@ -52,6 +56,7 @@ from searchr1.core.redis_link import RedisLink
 from searchr1.core.resync import request_resync
 from searchr1.core.schemas import TrajectoryGroup
 from searchr1.core.streams import StreamKeys
+from searchr1.core.watchdog import Watchdog
 from searchr1.learner.algo.batch import Batch, build_batch
 from searchr1.learner.algo.desync import DesyncDecision, DesyncPolicy
 from searchr1.learner.algo.figures import by_source, group_figures
@@ -109,6 +114,7 @@ class Learner:
         dispatcher: Dispatcher | None = None,
         guard: CollapseGuard | None = None,
         desync: DesyncPolicy | None = None,
+        watchdog: Watchdog | None = None,
     ) -> None:
         if guard is not None and info.enabled:
             raise ValueError("learner.guard needs a single-process learner (it is off for torchrun runs)")
@@ -139,6 +145,14 @@ class Learner:
         self.stages: deque[str] = deque(maxlen=64)
         """The last stages run, in order (`archive`, `checkpoint`, `ack`, …): the loop's record of itself."""
         self.state = TrainState()
+        self.watchdog = watchdog
+        """Beaten at each stage of a step and each pass of a read (rank 0): a loop that stops making progress
+        stops renewing the lease and fails `/healthz` (`process.py`)."""
+
+    def beat(self) -> None:
+        """The loop made progress (the watchdog's beat; nothing without one)."""
+        if self.watchdog is not None:
+            self.watchdog.beat()
 
     # ------------------------------------------------------------------ start-up
 
@@ -227,18 +241,25 @@ class Learner:
         self.stages.append("archive")
         fault_point("learner.after_archive")  # test hook (core/faults.py): off unless its env var is set
 
-    async def hold_lease(self) -> None:
+    async def hold_lease(self, in_redis: bool = False) -> None:
         """Before a write: make sure the run's lease is still this learner's. Renewed through the Redis
         link when its last renewal is too old (waiting for Redis through an outage); raises `LeaseLost`
         when another learner took it or it expired meanwhile (the process stops; a restart resumes from
-        the checkpoint)."""
-        if self.lease is None or self.lease.valid():
+        the checkpoint). `in_redis`: also check the token against the lease in Redis (`Lease.verify`),
+        for a write Redis does not fence itself (a checkpoint)."""
+        if self.lease is None:
             return
-        if self.link is not None:
-            await self.link.call(self.lease.renew, "renew lease")
-        else:
-            await self.lease.renew()
-        self.lease.check()
+        if not self.lease.valid():
+            if self.link is not None:
+                await self.link.call(self.lease.renew, "renew lease")
+            else:
+                await self.lease.renew()
+            self.lease.check()
+        if in_redis:
+            if self.link is not None:
+                await self.link.call(self.lease.verify, "verify lease")
+            else:
+                await self.lease.verify()
 
     @in_stage("checkpoint", _stages)
     def checkpoint(self) -> None:
@@ -296,6 +317,7 @@ class Learner:
         batch = self.make_batch(groups)
         figures = await asyncio.to_thread(self.train, batch)
         self.stages.append("train")
+        self.beat()
         figures.update(filter_figures)
         step_seconds = time.perf_counter() - t0
         figures.update(group_figures(groups, self.state.version))
@@ -313,8 +335,9 @@ class Learner:
         if self.state.step % self.s.checkpoint.every == 0:
             if self.dispatcher is not None:  # read on the loop thread, where the dispatcher runs
                 self.state.dispatcher = self.dispatcher.position()
-            await self.hold_lease()
+            await self.hold_lease(in_redis=True)
             await asyncio.to_thread(self.checkpoint)
+            self.beat()
             await self.ack()
         await self.publish_weights()
         if self.source is not None:  # the next tasks are sampled with the weights just announced
@@ -381,6 +404,7 @@ class Learner:
             watch_task = asyncio.create_task(self.link.watch(self.redis, halt))
         try:
             while self.state.step < limit and not stop.is_set() and self.halted is None:
+                self.beat()
                 await self.step_once(stop)
                 if await self.source.finished():
                     log.info("no groups left to train on (dataset or archive exhausted): stopping")

@@ -363,7 +363,9 @@ class LearnerSettings(ServiceSettings):
     visibility_timeout_ms: int = Field(default=600_000, ge=1)
     """Unacked groups idle longer than this are re-read (after a crash)."""
     max_deliveries: int = Field(default=5, ge=1)
-    """Groups delivered this often without ack are dead-lettered."""
+    """Groups delivered this often without ack are dead-lettered. Every delivery counts: the first read, a
+    reclaim, and each re-read by a restarted learner (a group that crashes the learner is buried after
+    this many restarts before its checkpoint)."""
     read_block_ms: int = Field(default=1000, ge=1)
     """How long one stream read blocks (under half the Redis reply timeout of 30 s)."""
 
@@ -374,6 +376,12 @@ class LearnerSettings(ServiceSettings):
     lease_ttl_ms: int = Field(default=30_000, ge=1_000, le=600_000)
     """The learner's lease on its run (one learner per run, core/lease.py): renewed every third of this;
     a second learner refuses to start while it is held, and a crashed learner's lease expires after it."""
+    stall_timeout_s: float = Field(default=1800.0, gt=0, le=86_400)
+    """Liveness that means progress (core/watchdog.py): once the loop made no progress (a step stage,
+    a read pass) for this long — a hung collective, a checkpoint on a dead volume — `/healthz` answers 503
+    and rank 0 stops renewing its lease, so the process is restarted and another learner may take the run
+    over. Waiting for Redis is not a stall. It must exceed the longest stage (a model load, a step, a
+    checkpoint)."""
     wandb_project: str | None = None
     """Also log to this wandb project (needs `wandb`)."""
 

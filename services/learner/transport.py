@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from searchr1.core.broadcast import Broadcaster, BroadcastFailed
 from searchr1.core.catchup import record_snapshot
+from searchr1.core.lease import Lease
 from searchr1.core.redis_link import RedisLink
 from searchr1.core.schemas import WeightVersion
 from searchr1.core.streams import StreamKeys
@@ -76,13 +77,15 @@ class BroadcastTransport:
     link: RedisLink | None = None
     snapshot_every: int = 10
     failures: int = 0
+    lease: Lease | None = None
+    """The learner's lease: the recovery-snapshot record is fenced by its token inside Redis."""
 
     async def _snapshot(self, version: int, model: Any, state: dict) -> None:
         await asyncio.to_thread(self.publisher.write, version, model, state)
         digest = await asyncio.to_thread(self.publisher.digest, version)
         wv = WeightVersion(version=version, uri=self.publisher.uri(version), sha256=digest)
-        await _call(self.link, lambda: record_snapshot(self.redis, self.keys, wv, fence=self.publisher.fence),
-                    "record snapshot")
+        await _call(self.link, lambda: record_snapshot(self.redis, self.keys, wv, fence=self.publisher.fence,
+                                                       lease=self.lease), "record snapshot")
         await asyncio.to_thread(self.publisher.prune, version)
 
     async def publish(self, version: int, model: Any, state: dict) -> WeightVersion:
@@ -109,8 +112,9 @@ class BroadcastTransport:
 
 
 def build_transport(weights: WeightsSettings, publisher: WeightPublisher, redis: Any, keys: StreamKeys,
-                    link: RedisLink | None) -> WeightTransport:
-    """The transport `weights.transport` names; without Redis (`train --replay`) snapshots written only."""
+                    link: RedisLink | None, lease: Lease | None = None) -> WeightTransport:
+    """The transport `weights.transport` names; without Redis (`train --replay`) snapshots written only.
+    `lease` fences the broadcast transport's recovery-snapshot record inside Redis."""
     if weights.transport == "snapshot" or redis is None:
         return SnapshotTransport(publisher, redis, keys, link)
     b = weights.broadcast
@@ -118,4 +122,4 @@ def build_transport(weights: WeightsSettings, publisher: WeightPublisher, redis:
                      bucket_bytes=b.bucket_mb << 20, key=(weights.token or "").encode())  # signs each version
     if b.public_host:
         bc.host = b.public_host
-    return BroadcastTransport(publisher, bc, redis, keys, link, snapshot_every=b.snapshot_every)
+    return BroadcastTransport(publisher, bc, redis, keys, link, snapshot_every=b.snapshot_every, lease=lease)

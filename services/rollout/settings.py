@@ -143,7 +143,8 @@ class TaskSettings(Section):
     workers reset the idle time of the tasks they hold every quarter of it (a heartbeat), so a slow
     task is never taken from a live worker and a dead one's tasks are redone within about this long."""
     max_deliveries: int = Field(default=3, ge=1)
-    """After this many deliveries without ack a task goes to the dead stream."""
+    """After this many deliveries without ack a task goes to the dead stream. Every delivery counts: the
+    first read, another worker's reclaim, and each re-read by a worker restarted under its name."""
     reclaim_interval_s: float = Field(default=5.0, gt=0)
     """How often idle tasks are looked for."""
     drain_timeout_s: float | None = Field(default=8.0, ge=0)

@@ -20,10 +20,10 @@ Every entry read is held until it is acked or dead-lettered (`holding`); `ack` a
 set-aside ones together, after the loop's checkpoint (`ack(checkpointed=False)`, for a read that held only
 groups set aside, acks those and leaves the committed ones for their checkpoint).
 
-A group is trained at most once: the entries held are heartbeaten before each read (XCLAIM JUSTID to this
-consumer: idle time reset, delivery count unchanged), so a visibility timeout shorter than a step (or
-than `checkpoint.every` steps) does not make them look abandoned, and a reclaim skips any entry held
-anyway; the replay filter checks each read against the task ids of the checkpoint *and* of every read
+A group is trained at most once: the entries held are heartbeaten before each read (the stream's atomic
+heartbeat: idle time reset, delivery count unchanged, only entries still this consumer's), so a
+visibility timeout shorter than a step (or than `checkpoint.every` steps) does not make them look
+abandoned, and a reclaim leaves the entries held out before it counts or buries anything; the replay filter checks each read against the task ids of the checkpoint *and* of every read
 before it in the same step.
 """
 
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -110,8 +110,11 @@ class StreamSource:
 
     def __init__(self, settings: LearnerSettings, trajectories: TypedStream[TrajectoryGroup],
                  tasks: TypedStream[Any], staleness: StalenessPolicy, metrics: LearnerMetrics, *,
-                 vocab_size: int | None = None, dispatcher: Grants | None = None) -> None:
+                 vocab_size: int | None = None, dispatcher: Grants | None = None,
+                 beat: Callable[[], None] = lambda: None) -> None:
         self.s = settings
+        self.beat = beat
+        """Called on each pass of a read: waiting for groups is progress (the learner's watchdog)."""
         self.trajectories = trajectories
         self.tasks = tasks
         self.staleness = staleness
@@ -170,9 +173,10 @@ class StreamSource:
         want = self.s.batch.groups_per_step if want is None else want
         got = StepInput()
         await self.heartbeat()
-        reclaimed = await self.trajectories.reclaim(self.s.consumer, count=want)
+        reclaimed = await self.trajectories.reclaim(self.s.consumer, count=want, held=self.holding)
         got.entries.extend(e for e in reclaimed if e.id not in self.holding)  # held: in a step already
         while len(got.entries) < want and not stop.is_set():
+            self.beat()
             self.holding.update(e.id for e in got.entries)
             got.entries.extend(await self.trajectories.reread_own(self.s.consumer, self.holding,
                                                                   want - len(got.entries)))
@@ -289,15 +293,11 @@ class StreamSource:
             self.committed.clear()
 
     async def heartbeat(self) -> None:
-        """Reset the idle time of every entry held (XCLAIM JUSTID to this consumer: the delivery count
-        stays), so a reclaim never mistakes them for a dead learner's."""
-        if not self.holding:
-            return
-        t = self.trajectories
-        held = sorted(self.holding)
-        call = t.link.call if t.link is not None else (lambda fn, what="": fn())
-        await call(lambda: t.redis.xclaim(t.key, t.group, self.s.consumer, min_idle_time=0,
-                                          message_ids=held, justid=True), "xclaim justid")
+        """Reset the idle time of every entry held (the stream's atomic heartbeat: only entries still this
+        consumer's, delivery count unchanged), so a reclaim never mistakes them for a dead learner's and
+        an entry another learner reclaimed is never taken back."""
+        if self.holding:
+            await self.trajectories.heartbeat(self.s.consumer, self.holding)
 
     def grant(self, trained: int, version: int) -> None:
         """Let the dispatcher publish the tasks the staleness policy grants for `trained` groups (or

@@ -27,6 +27,7 @@ import redis as redis_py
 
 from searchr1.core.schemas import SchemaError, Task, TrajectoryGroup, decode
 from searchr1.core.streams import PAYLOAD_FIELD, TASKS_GROUP, TRAJECTORIES_GROUP, StreamKeys
+from searchr1.learner.algo.consumed import decode as decode_consumed
 from searchr1.learner.tools.audit import CheckpointRecord, DeadRecord, StreamRecord, TrainedRow
 
 _RESUMED = re.compile(r"resumed from step (\d+) \(version (\d+)\)")
@@ -151,7 +152,7 @@ def read_checkpoint(directory: Path) -> CheckpointRecord | None:
     if not done:
         return None
     meta = json.loads((done[-1] / "state.json").read_text())
-    return CheckpointRecord(int(meta["step"]), int(meta["version"]), frozenset(meta["consumed"]))
+    return CheckpointRecord(int(meta["step"]), int(meta["version"]), frozenset(decode_consumed(meta)))
 
 
 def read_logs(log_dir: Path) -> tuple[list[int], dict[str, str], dict[str, int]]:
