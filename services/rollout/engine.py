@@ -37,7 +37,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from searchr1.core.settings import default
 from searchr1.rollout.broadcast_ext import WORKER_EXTENSION
+from searchr1.rollout.settings import AgentSettings
 
 if TYPE_CHECKING:
     from searchr1.rollout.settings import EngineSettings
@@ -51,13 +53,14 @@ tokens sampled so far are returned; `rollout/partial.py` resumes the turn after 
 
 @dataclass(frozen=True, slots=True)
 class TurnRequest:
-    """One turn to generate: the full context as token ids plus sampling parameters."""
+    """One turn to generate: the full context as token ids plus sampling parameters (their defaults are
+    `AgentSettings`')."""
 
     prompt_ids: Sequence[int]
     max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
+    temperature: float = default(AgentSettings, "temperature")
+    top_p: float = default(AgentSettings, "top_p")
+    top_k: int = default(AgentSettings, "top_k")
     seed: int | None = None
     stop: Sequence[str] = ()
     extra_args: dict[str, Any] | None = None
