@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from searchr1.core.commandline import INSECURE_HELP, field_help, settings_or_exit, token_or_exit
+from searchr1.core.commandline import INSECURE_HELP, fail, field_help, settings_or_exit, token_or_exit
 
 if TYPE_CHECKING:
     from searchr1.cli import Groups
@@ -33,7 +33,7 @@ EfOption = Annotated[int | None, typer.Option(min=8, help=field_help(INDEX_SETTI
 def _encoder(name: str, convention: str, pooling: str, normalize: bool, max_length: int) -> dict[str, Any]:
     """`EncoderSpec` fields (convention possibly `auto`) after checking the choices."""
     if convention not in CONVENTIONS or pooling not in POOLINGS:
-        raise typer.BadParameter("--convention must be auto|e5|bge|plain and --pooling mean|cls")
+        fail("--convention must be auto|e5|bge|plain and --pooling mean|cls")
     return {"name": name, "convention": convention, "pooling": pooling, "normalize": normalize,
             "max_length": max_length}
 
@@ -74,7 +74,7 @@ def build(
                                                      help=_index_help("keep_chunks"))] = None,
     progress: Annotated[bool | None, typer.Option("--progress/--no-progress", help=_index_help("progress"))] = None,
     config: Annotated[Path | None, typer.Option(
-        "--config", "-c", help="Run config (TOML/YAML): its [index] table gives every setting below; flags and "
+        "--config", "-c", help="Run config (TOML/YAML): its index table gives every setting below; flags and "
                                "INDEX_* environment variables override it.")] = None,
 ) -> None:
     """Build a FAISS (flat, hnsw, ivfpq) or BM25 index over a corpus, with a manifest the server checks."""

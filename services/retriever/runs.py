@@ -7,14 +7,15 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from searchr1.core.commandline import error
+
 if TYPE_CHECKING:
     from searchr1.retriever.build_settings import IndexBuildSettings
     from searchr1.retriever.indexes import FaissParams
 
 
 def _error(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return 2
+    return error(message)
 
 
 def run_build(settings: IndexBuildSettings) -> int:
@@ -30,7 +31,7 @@ def run_build(settings: IndexBuildSettings) -> int:
 
     if settings.corpus is None or settings.out is None:
         return _error("give the corpus and the index directory (--corpus and --out, or corpus and out in the "
-                      "run config's [index] table)")
+                      "run config's index table)")
     if not settings.corpus.is_file():
         return _error(f"corpus file not found: {settings.corpus}")
     threads = settings.threads or available_cores()
