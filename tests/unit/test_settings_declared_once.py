@@ -16,10 +16,12 @@ import typer.main
 from searchr1.cli import build_app
 from searchr1.core.settings import RetrySettings, default
 from searchr1.retriever.build_settings import FaissBuildSettings
-from searchr1.retriever.settings import SearchSettings
+from searchr1.retriever.settings import BatchSettings, LimitSettings, SearchSettings
+from searchr1.reward.settings import JudgeSettings
 from searchr1.rollout.settings import (
     AgentSettings,
     EvalSettings,
+    RetrieverClientSettings,
     RewardClientSettings,
     TaskSettings,
     WeightSettings,
@@ -62,6 +64,35 @@ def test_runtime_defaults_come_from_the_settings_fields(module, name, fields):
         assert (isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "default"), (
             f"{name}.{field} re-declares its default ({ast.unparse(value)}): read it with "
             f"core.settings.default from the settings class that declares it")
+
+
+INIT_MIRRORS = [
+    # (module, class, {__init__ keyword: the settings default it takes})
+    ("searchr1.rollout.batcher", "SearchBatcher", {
+        "top_k": default(RetrieverClientSettings, "top_k"), "max_batch": default(RetrieverClientSettings, "max_batch"),
+        "max_wait_s": default(RetrieverClientSettings, "max_wait_ms") / 1000,
+        "max_query_chars": default(RetrieverClientSettings, "max_query_chars")}),
+    ("searchr1.retriever.batcher", "MicroBatcher", {
+        "max_queries": default(BatchSettings, "max_queries"), "max_wait_s": default(BatchSettings, "max_wait_ms") / 1000,
+        "refill_share": default(BatchSettings, "refill_share"),
+        "max_queue_queries": default(LimitSettings, "max_queue_queries")}),
+    ("searchr1.reward.judge", "LLMJudge", {
+        f: default(JudgeSettings, f) for f in (
+            "timeout_s", "retries", "backoff_s", "max_backoff_s", "cache_size", "max_concurrency")}),
+]
+
+
+@pytest.mark.parametrize("module,name,params", INIT_MIRRORS, ids=[m[1] for m in INIT_MIRRORS])
+def test_constructor_defaults_come_from_the_settings_fields(module, name, params):
+    cls = getattr(importlib.import_module(module), name)
+    signature = inspect.signature(cls.__init__).parameters
+    init = next(n for n in _class_source(module, name).body
+                if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    literal = {a.arg: d for a, d in zip(init.args.kwonlyargs, init.args.kw_defaults, strict=True)
+               if isinstance(d, ast.Constant)}
+    for param, expected in params.items():
+        assert signature[param].default == expected, f"{name}({param}=…) drifted from its setting"
+        assert param not in literal, f"{name}({param}=…) re-declares its default: read it from the settings class"
 
 
 def test_eval_group_keys_and_the_reward_clients_policy_are_the_settings_defaults():
