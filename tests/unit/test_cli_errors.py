@@ -74,3 +74,22 @@ def test_archive_list_of_an_empty_directory(tmp_path):
 
 def test_models_prepare_with_a_bad_dtype():
     _one_line_error(_searchr1("models", "prepare", "x", "--dtype", "int4"), 2, "--dtype must be")
+
+
+def test_commands_report_user_errors_through_the_one_helper():
+    """No command raises Typer's usage panel or prints its own `error:` line: `core.commandline.fail` (and
+    `error`, for run functions returning an exit code) is the one way out."""
+    from pathlib import Path
+
+    import searchr1
+
+    root = Path(searchr1.__file__).resolve().parent
+    offenders = []
+    for path in sorted(root.rglob("*.py")):
+        if path.name == "commandline.py" or "api" in path.relative_to(root).parts:
+            continue
+        text = path.read_text(encoding="utf-8")
+        for bad in ("typer.BadParameter(", 'typer.echo(f"error:'):
+            if bad in text:
+                offenders.append(f"{path.relative_to(root)}: {bad}")
+    assert not offenders, offenders
