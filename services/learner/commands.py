@@ -24,9 +24,15 @@ if TYPE_CHECKING:
 LEARNER_SETTINGS = "searchr1.learner.settings:LearnerSettings"
 
 
+SIGNALLED_EXIT = 143
+"""`searchr1 train`'s exit code when SIGTERM/SIGINT stopped it before its last step (128 + SIGTERM): it has
+checkpointed, and a supervisor (a Kubernetes Job, torchrun) that restarts failed processes starts it again
+to resume. Exit 0 means the run is done."""
+
+
 def run_train(settings: LearnerSettings, max_steps: int | None) -> int:
     """Train until `max_steps` (or the configured total) under the OpenMP wait policy the settings ask for;
-    returns the exit code."""
+    returns the exit code: 0 at the last step, `SIGNALLED_EXIT` when a signal stopped it earlier."""
     import asyncio
     import logging
 
@@ -38,11 +44,17 @@ def run_train(settings: LearnerSettings, max_steps: int | None) -> int:
     from searchr1.core.lease import LeaseHeld, LeaseLost
     from searchr1.learner.process import run_learner
 
+    stop = asyncio.Event()  # set by SIGTERM/SIGINT (run_learner installs the handlers)
     try:
-        state = asyncio.run(run_learner(settings, max_steps=max_steps))
+        state = asyncio.run(run_learner(settings, stop, max_steps=max_steps))
     except (LeaseHeld, LeaseLost) as exc:  # another learner runs this run: nothing was written
         return error(str(exc), 3)
     typer.echo(f"stopped at step {state.step} (policy version {state.version})")
+    last = max_steps if max_steps is not None else settings.optim.total_steps
+    if stop.is_set() and state.step < last:
+        typer.echo(f"stopped by a signal before step {last}: exit {SIGNALLED_EXIT} (resume from the checkpoint)",
+                   err=True)
+        return SIGNALLED_EXIT
     return 0
 
 

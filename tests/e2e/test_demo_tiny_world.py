@@ -50,6 +50,7 @@ def shortened_config(root: Path, steps: int = STEPS) -> str:
     return text
 
 
+@pytest.mark.release
 @pytest.mark.timeout(2400)  # 10 min on 2 cores (5.9 s/step); shared cores can double it
 def test_demo_learns_through_the_real_services(tmp_path):
     cfg = tmp_path / "e2e.toml"

@@ -144,14 +144,8 @@ def test_alertmanager_is_in_compose_and_every_alert_has_a_runbook(tmp_path):
     prom = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
     (target,) = prom["alerting"]["alertmanagers"]
     assert target["dns_sd_configs"][0]["names"] == ["alertmanager"]
-    runbooks = (ROOT / "docs/runbooks.md").read_text()
-    anchors = {h[3:].strip().lower() for h in runbooks.splitlines() if h.startswith("## ")}
-    groups = yaml.safe_load((ROOT / "deploy/prometheus/rules/searchr1.yml").read_text())["groups"]
-    rules = [r for g in groups for r in g["rules"] if "alert" in r]
-    assert rules
-    for rule in rules:
-        url = rule["annotations"]["runbook_url"]
-        assert url == f"docs/runbooks.md#{rule['alert'].lower()}" and rule["alert"].lower() in anchors, rule["alert"]
+    # every alert's runbook link resolves to its heading: tests/unit/test_deploy_k8s_overlays.py
+    assert prom["global"]["external_labels"]["runbook_base"].startswith("https://")
     amtool = shutil.which("amtool")
     if amtool:
         done = subprocess.run([amtool, "check-config", str(ROOT / "deploy/alertmanager/alertmanager.yml")],

@@ -57,5 +57,6 @@ def test_every_health_alert_is_documented_with_a_runbook_section():
     for rule in health:
         name = rule["alert"]
         assert f"| {name} |" in table, name
-        assert rule["annotations"]["runbook_url"] == f"docs/runbooks.md#{name.lower()}", name
+        assert rule["annotations"]["runbook_url"] == \
+            f"{{{{ $externalLabels.runbook_base }}}}/runbooks.md#{name.lower()}", name
         assert name.lower() in runbooks, name
