@@ -20,7 +20,7 @@ PYTEST_ARGS ?=
 help:
 	@echo "make test      set up .venv and run the test suite (unit, integration, e2e; not the release tier)"
 	@echo "make test-release  the release tier: the tiny world's learning claim through the real services (~10 min)"
-	@echo "make test-deploy  docker compose up of the tiny world on a real Docker daemon (tests/deploy)"
+	@echo "make test-deploy  on a real Docker daemon (tests/deploy): docker compose up of the tiny world, and the 3B run's generated GPU project with CPU stand-ins"
 	@echo "make test-hosts   the learner across two simulated hosts (network namespaces), losing one (root)"
 	@echo "make test-repro   the GPU-reproduction flow once on CPU (data fetch, index fetch, up, eval, table)"
 	@echo "make test-faults  kill -9 each service mid-run, partitions, Redis refusing writes, poison, a second learner under searchr1 up, then audit: nothing lost, nothing trained twice"

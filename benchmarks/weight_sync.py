@@ -369,8 +369,8 @@ async def run_size(size: str, args, redis, workdir: Path, engine_factory) -> lis
 
 
 async def start_vllm(engine_dir: Path):
-    from searchr1.rollout.engine import VllmEngineConfig, VllmGenerator
     from searchr1.rollout.settings import EngineSettings
+    from searchr1.rollout.vllm_engine import VllmEngineConfig, VllmGenerator
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on the CPU build
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")

@@ -67,13 +67,8 @@ def up(
         redis_url=plan.redis_url, run=plan.run, metrics_jsonl=plan.metrics_jsonl,
         learner_metrics_url=plan.learner_metrics_url, jsonl_keys=settings.status.jsonl_keys,
         prometheus_names=settings.status.prometheus_names)
-    supervisor = Supervisor(
-        plan, console=console, grace_period_s=settings.grace_period_s,
-        log_tail_lines=settings.log_tail_lines, die_with_launcher=settings.die_with_launcher,
-        collector=collector, status_refresh_s=settings.status.refresh_s,
-        status_plain_interval_s=settings.status.plain_interval_s,
-        status_plain_every_percent=settings.status.plain_every_percent, verbose=verbose,
-        total_steps=total_steps(config))
+    supervisor = Supervisor(plan, settings, console=console, collector=collector, verbose=verbose,
+                            total_steps=total_steps(config))
     raise typer.Exit(asyncio.run(supervisor.run()))
 
 

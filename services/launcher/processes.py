@@ -1,6 +1,7 @@
 """Process plumbing for the supervisor: shell-style exit codes, the kernel's parent-death signal, process
 groups (every child runs in its own session, so a signal to the group reaches the child's own children —
-vLLM's engine process, say) and the record of a started process (`Running`)."""
+vLLM's engine process, say), starting one process with its output piped to the log mux (`spawn`) and
+the record of a started process (`Running`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shlex
 import signal
 import sys
 import time
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from searchr1.core.redaction import redact_argv
+from searchr1.launcher.logs import LogMux
 from searchr1.launcher.specs import ProcessSpec
 
 EXIT_FAILED = 1
@@ -133,3 +136,31 @@ def write_process_table(path: Path, running: dict[str, Running], restarts: dict[
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(table, indent=2))
     tmp.replace(path)
+
+
+async def spawn(spec: ProcessSpec, mux: LogMux, *, die_with_launcher: bool) -> Running:
+    """Start `spec`'s process in its own session (with the parent-death signal when `die_with_launcher`),
+    its log opened with a header line, its directories made, its `stdin` bytes written and closed, and
+    both output pipes pumped into `mux`. Raises `Stop` when it cannot be started."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env}
+    log = mux.open(spec.name)
+    log.write(f"--- searchr1 up: {spec.name} starting at {time.strftime('%Y-%m-%d %H:%M:%S')}: "
+              f"{shlex.join(spec.argv)} ---\n".encode())
+    log.flush()
+    for directory in spec.make_dirs:
+        directory.mkdir(parents=True, exist_ok=True)
+    try:
+        stdin = asyncio.subprocess.DEVNULL if spec.stdin is None else asyncio.subprocess.PIPE
+        proc = await asyncio.create_subprocess_exec(
+            *spec.argv, stdin=stdin, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
+            start_new_session=True, preexec_fn=pdeathsig_preexec() if die_with_launcher else None)
+    except OSError as exc:
+        raise Stop(EXIT_FAILED, f"cannot start {spec.name}: {exc}") from exc
+    if proc.stdin is not None and spec.stdin is not None:  # a secret config (Redis's password), not argv
+        proc.stdin.write(spec.stdin)
+        proc.stdin.close()
+    running = Running(spec, proc, time.monotonic())
+    assert proc.stdout is not None and proc.stderr is not None
+    running.pumps = [asyncio.create_task(mux.pump(spec.name, proc.stdout)),
+                     asyncio.create_task(mux.pump(spec.name, proc.stderr))]
+    return running

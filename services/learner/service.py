@@ -49,23 +49,23 @@ from searchr1.core.lease import Lease
 from searchr1.core.metrics import in_stage
 from searchr1.core.redis_link import RedisLink
 from searchr1.core.schemas import TrajectoryGroup
-from searchr1.core.streams import StreamKeys, tasks_stream, trajectories_stream
 from searchr1.learner.algo.batch import Batch, build_batch
 from searchr1.learner.algo.figures import by_source, group_figures
 from searchr1.learner.algo.group_filters import mask_overlong
 from searchr1.learner.algo.health import health_figures
-from searchr1.learner.algo.staleness import StalenessPolicy
-from searchr1.learner.guard import CollapseGuard
+from searchr1.learner.dispatcher import Dispatcher
+from searchr1.learner.guard import CollapseGuard, Decision
 from searchr1.learner.metrics import LearnerMetrics, StepLog
 from searchr1.learner.publisher import WeightPublisher
 from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.sources.base import GroupSource, StepGroups
-from searchr1.learner.sources.stream import StreamSource
 from searchr1.learner.tools.archive import ArchiveWriter
 from searchr1.learner.train.build import Training
 from searchr1.learner.train.checkpoint import Checkpointer, TrainState
 from searchr1.learner.train.distributed import broadcast_groups
 from searchr1.learner.train.model import DistInfo, export_weights
+from searchr1.learner.train.rollback import roll_back
+from searchr1.learner.transport import WeightTransport
 
 __all__ = ["Learner"]
 
@@ -81,8 +81,9 @@ def _stages(learner: Learner):
 
 
 class Learner:
-    """Runs the learner loop. Dependencies are passed in. The group source is `source`, else the
-    trajectories stream on `redis`; ranks other than 0 have neither (they follow rank 0's broadcasts)."""
+    """Runs the learner loop over collaborators built whole by `process.build_learner`. `source` is where
+    each step's groups come from (None on ranks other than 0: they follow rank 0's broadcasts);
+    `transport` delivers and announces each version (rank 0)."""
 
     def __init__(
         self,
@@ -90,64 +91,58 @@ class Learner:
         training: Training,
         checkpointer: Checkpointer,
         publisher: WeightPublisher,
+        transport: WeightTransport,
         metrics: LearnerMetrics,
         step_log: StepLog | None,
         *,
-        redis=None,
-        info: DistInfo | None = None,
-        archive: ArchiveWriter | None = None,
-        link: RedisLink | None = None,
+        info: DistInfo,
         source: GroupSource | None = None,
+        redis=None,
+        link: RedisLink | None = None,
+        archive: ArchiveWriter | None = None,
         lease: Lease | None = None,
+        dispatcher: Dispatcher | None = None,
+        guard: CollapseGuard | None = None,
     ) -> None:
+        if guard is not None and info.enabled:
+            raise ValueError("learner.guard needs a single-process learner (it is off for torchrun runs)")
         self.s = settings
         self.training = training
         self.checkpointer = checkpointer
         self.publisher = publisher
+        """The snapshot store (what the weight server serves, and the rollback's published weights)."""
+        self.transport = transport
         self.metrics = metrics
         self.step_log = step_log
+        self.info = info
+        self.source = source
         self.redis = redis
-        self.info = info or DistInfo()
-        self.archive = archive if self.info.is_main else None
-        training.trainer.stage_clock = _stages(self)  # times the optimizer step within `train`
-        self.stages: deque[str] = deque(maxlen=64)
-        """The last stages run, in order (`archive`, `checkpoint`, `ack`, …): the loop's record of itself."""
-        self.keys = StreamKeys(settings.redis.run)
-        self.staleness = StalenessPolicy.from_settings(settings)
-        self.state = TrainState()
-        self.dispatcher: Any = None  # set by `run` on rank 0
-        self.guard = CollapseGuard(settings.guard, self) if settings.guard.enabled else None
-        self.transport: Any = None
-        """A `WeightTransport` (`transport.py`) set by `run_learner` on rank 0; None: write and announce."""
+        """Rank 0's Redis (watched through `link` while the loop runs); None without one."""
         self.link = link
-        self.tasks = None
-        if redis is not None:
-            if self.link is None:
-                self.link = RedisLink("learner", **metrics.redis.link_callbacks())
-            self.tasks = tasks_stream(redis, self.keys, link=self.link)
-            if source is None:
-                trajectories = trajectories_stream(redis, self.keys, link=self.link,
-                                                   visibility_timeout_ms=settings.visibility_timeout_ms,
-                                                   max_deliveries=settings.max_deliveries)
-                source = StreamSource(settings, trajectories, self.tasks, self.staleness, metrics)
-                source.vocab_size = training.vocab_size()
-        self.source: GroupSource | None = source
+        self.archive = archive if info.is_main else None
         self.lease = lease
         """The run's lease (rank 0 of a learner on Redis): checked before every checkpoint, snapshot,
         announcement and ack; its fencing token goes into each of them."""
-        if lease is not None:
-            checkpointer.guard = publisher.guard = lease.check
+        self.dispatcher = dispatcher
+        """Feeds the tasks stream on rank 0 (run as a task beside the loop); its position is checkpointed."""
+        self.guard = guard
+        self.halted: str | None = None
+        """Why a policy stopped the run (the collapse guard's message), once one has."""
+        self.stages: deque[str] = deque(maxlen=64)
+        """The last stages run, in order (`archive`, `checkpoint`, `ack`, …): the loop's record of itself."""
+        self.state = TrainState()
 
     # ------------------------------------------------------------------ start-up
 
     async def start(self) -> TrainState:
-        """Resume from the latest checkpoint, prepare the group source and announce the current version."""
-        if self.lease is not None:
-            self.checkpointer.fence = self.publisher.fence = self.lease.token
+        """Resume from the latest checkpoint (the dispatcher from its saved position), prepare the group
+        source and announce the current version."""
         restored = await asyncio.to_thread(self.checkpointer.load, self.training.components)
         if restored is not None:
             self.state = restored
             log.info("resumed from step %d (version %d)", restored.step, restored.version)
+        if self.dispatcher is not None:
+            self.dispatcher.restore(self.state.dispatcher or {}, self.state.version)
         if self.source is not None:
             await self.source.start()
         await self.publish_weights()  # a collective under FSDP: every rank writes-or-not alike
@@ -206,20 +201,15 @@ class Learner:
         self.stages.append("ack")
 
     @in_stage("weight_publish", _stages)
-    async def publish_weights(self, force_write: bool = True) -> None:
-        """Snapshot (collective gather), announce and prune."""
+    async def publish_weights(self) -> None:
+        """Gather the weights (a collective) and hand them to the transport (rank 0), which delivers and
+        announces them."""
         await self.hold_lease()
-        if force_write:
-            model, state = await asyncio.to_thread(export_weights, self.training.trainer.policy, self.info)
-            if self.info.is_main and self.transport is not None and self.redis is not None:
-                wv = await self.transport.publish(self.state.version, model, state)
+        model, state = await asyncio.to_thread(export_weights, self.training.trainer.policy, self.info)
+        if self.info.is_main:
+            wv = await self.transport.publish(self.state.version, model, state)
+            if wv is not None:
                 self.metrics.version.set(wv.version)
-                return
-            if self.info.is_main:
-                await asyncio.to_thread(self.publisher.write, self.state.version, model, state)
-        if self.info.is_main and self.redis is not None:
-            wv = await self.publisher.announce(self.redis, self.keys, self.state.version, link=self.link)
-            self.metrics.version.set(wv.version)
 
     # ------------------------------------------------------------------ loop
 
@@ -290,9 +280,28 @@ class Learner:
         log.info("step %d: loss %.4f reward %.3f %.0f tok/s", self.state.step, figures.get("loss", 0.0),
                  figures["reward_mean"], figures["tokens_per_second"])
         if self.guard is not None:
-            await self.guard.after_step(self, figures)
+            await self.apply_guard(self.guard.judge(self.state.step, figures))
 
-    async def run(self, stop: asyncio.Event, max_steps: int | None = None, dispatcher=None) -> TrainState:
+    async def apply_guard(self, d: Decision) -> None:
+        """Carry out the collapse guard's decision: roll the policy back to its checkpoint (with a cut
+        learning rate) and announce the rolled-back weights as a new version, or stop the run."""
+        if d.action == "continue" or self.guard is None:
+            return
+        if d.action == "stop":
+            self.halted = d.message
+            event = self.guard.stop_event(d)
+        else:
+            assert d.checkpoint is not None
+            lr = await asyncio.to_thread(roll_back, self.training.components, self.checkpointer, d.checkpoint,
+                                         self.guard.s.lr_factor)
+            self.state.version += 1  # the rolled-back weights, announced as a new version
+            await self.publish_weights()
+            event = self.guard.rolled_back(d, lr, self.state.version)
+        await asyncio.to_thread(self.guard.record, self.state.step, event)
+        if self.step_log is not None:
+            await asyncio.to_thread(self.step_log.write, self.state.step, event)
+
+    async def run(self, stop: asyncio.Event, max_steps: int | None = None) -> TrainState:
         """Train until `stop`, `max_steps` (default `optim.total_steps`) or the dispatcher runs dry.
         Ranks other than 0 follow rank 0's broadcasts."""
         limit = max_steps if max_steps is not None else self.s.optim.total_steps
@@ -303,18 +312,16 @@ class Learner:
                     break
                 await self.train_and_commit(StepGroups(groups))
             return self.state
+        assert self.source is not None, "rank 0 trains from a group source"
         disp_task = None
-        self.dispatcher = dispatcher
-        if dispatcher is not None:  # only the stream source is fed by a dispatcher
-            self.source.dispatcher = dispatcher
         halt = asyncio.Event()  # ends the dispatcher when this loop ends (a cancel alone can be lost: core.aio)
-        if dispatcher is not None:
-            disp_task = asyncio.create_task(dispatcher.run(halt))
+        if self.dispatcher is not None:  # its backpressure: the groups published and not yet read
+            disp_task = asyncio.create_task(self.dispatcher.run(halt, downstream=self.source))
         watch_task = None
         if self.link is not None and self.redis is not None:
             watch_task = asyncio.create_task(self.link.watch(self.redis, halt))
         try:
-            while self.state.step < limit and not stop.is_set() and not (self.guard and self.guard.stopped):
+            while self.state.step < limit and not stop.is_set() and self.halted is None:
                 await self.step_once(stop)
                 if await self.source.finished():
                     log.info("no groups left to train on (dataset or archive exhausted): stopping")

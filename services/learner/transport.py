@@ -1,7 +1,8 @@
 """How a new policy version reaches the rollout engines (docs/architecture.md, "Weight sync"): one
 `WeightTransport` interface, two implementations, chosen by `weights.transport`.
 
-- `SnapshotTransport` (default): write the snapshot (`WeightPublisher.write`), announce it.
+- `SnapshotTransport` (default): write the snapshot (`WeightPublisher.write`), announce it (without Redis —
+  `train --replay` — write it only).
 - `BroadcastTransport`: announce a `broadcast://` URI (the group's address, generation and the
   version), then send the tensors over the process group (`searchr1.core.broadcast`) to every receiver
   engine; no file. A snapshot is still written every `snapshot_every` versions, and at once after a
@@ -29,6 +30,7 @@ from searchr1.core.schemas import WeightVersion
 from searchr1.core.streams import StreamKeys
 from searchr1.core.weights import announce
 from searchr1.learner.publisher import WeightPublisher, drop_shared
+from searchr1.learner.settings import WeightsSettings
 
 log = logging.getLogger("searchr1.learner.transport")
 
@@ -36,7 +38,8 @@ log = logging.getLogger("searchr1.learner.transport")
 class WeightTransport(Protocol):
     """Delivers and announces one version (called on rank 0 with the gathered weights)."""
 
-    async def publish(self, version: int, model: Any, state: dict) -> WeightVersion: ...
+    async def publish(self, version: int, model: Any, state: dict) -> WeightVersion | None:
+        """Deliver and announce `version`; the announcement (None when nothing was announced)."""
 
     def close(self) -> None: ...
 
@@ -47,13 +50,17 @@ async def _call(link: RedisLink | None, fn, what: str):
 
 @dataclass
 class SnapshotTransport:
+    """A snapshot on disk per version, announced on Redis (`redis` None: written, not announced)."""
+
     publisher: WeightPublisher
     redis: Any
     keys: StreamKeys
     link: RedisLink | None = None
 
-    async def publish(self, version: int, model: Any, state: dict) -> WeightVersion:
+    async def publish(self, version: int, model: Any, state: dict) -> WeightVersion | None:
         await asyncio.to_thread(self.publisher.write, version, model, state)
+        if self.redis is None:
+            return None
         return await self.publisher.announce(self.redis, self.keys, version, link=self.link)
 
     def close(self) -> None:
@@ -101,10 +108,10 @@ class BroadcastTransport:
         self.broadcaster.close()
 
 
-def build_transport(weights: Any, publisher: WeightPublisher, redis: Any, keys: StreamKeys,
+def build_transport(weights: WeightsSettings, publisher: WeightPublisher, redis: Any, keys: StreamKeys,
                     link: RedisLink | None) -> WeightTransport:
-    """The transport `weights.transport` names (`weights` is the learner's `WeightsSettings`)."""
-    if weights.transport == "snapshot":
+    """The transport `weights.transport` names; without Redis (`train --replay`) snapshots written only."""
+    if weights.transport == "snapshot" or redis is None:
         return SnapshotTransport(publisher, redis, keys, link)
     b = weights.broadcast
     bc = Broadcaster(b.host, b.port, b.receivers + 1, backend=b.backend, timeout_s=b.timeout_s,

@@ -37,11 +37,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from searchr1.core.clients.retriever import RetrieverError
-from searchr1.core.protocol import INVALID_ACTION_MESSAGE, STOP_STRINGS, observation_for, parse_action
+from searchr1.core.protocol import INVALID_ACTION_MESSAGE, STOP_STRINGS, Action, observation_for, parse_action
 from searchr1.core.schemas import FinishReason, Segment
 from searchr1.core.segments import segments_from_versions
 from searchr1.core.settings import default
-from searchr1.rollout.engine import Generator, TextCodec, TurnRequest
+from searchr1.rollout.engine import Generator, TextCodec, TurnOutput, TurnRequest
 from searchr1.rollout.settings import AgentSettings
 
 OBS_CLOSE = "</information>\n\n"
@@ -169,6 +169,64 @@ def search_failure_reason(exc: BaseException) -> FinishReason:
     return "error"
 
 
+def token_room(res: TrajectoryResult, limits: AgentLimits) -> int:
+    """Tokens the response may still grow by: what is left of `max_response_tokens` and, when it is to be
+    respected, of the engine's context."""
+    room = limits.max_response_tokens - len(res.response_ids)
+    if limits.max_context_tokens is not None:
+        room = min(room, limits.max_context_tokens - len(res.prompt_ids) - len(res.response_ids))
+    return room
+
+
+async def sample_turn(generator: Generator, res: TrajectoryResult, sampling: Sampling, max_tokens: int,
+                      turn: int, request_id: str) -> TurnOutput:
+    """Generate turn `turn` on the whole context so far and append what was sampled (mask 1)."""
+    seed = None if sampling.seed is None else sampling.seed + 7919 * turn
+    t0 = time.perf_counter()
+    out = await generator.generate(
+        TurnRequest(
+            prompt_ids=res.prompt_ids + res.response_ids,
+            max_tokens=max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            seed=seed,
+            stop=STOP_STRINGS,
+            extra_args=sampling.extra_args,
+        ),
+        f"{request_id}-t{turn}",
+    )
+    res.generate_seconds += time.perf_counter() - t0
+    res.add_sampled(out.token_ids, out.logprobs, out.versions)
+    return out
+
+
+async def respond(res: TrajectoryResult, action: Action, search: SearchFn, codec: TextCodec,
+                  limits: AgentLimits, close_ids: list[int]) -> bool:
+    """The environment's reply to a turn that neither answered nor ended (mask 0): the search's
+    observation, or the invalid-action message. False when the search failed (the trajectory ends with
+    its finish reason and error)."""
+    remaining = token_room(res, limits)
+    if action.kind != "search":  # invalid action (no complete <search>/<answer>)
+        res.add_env(codec.encode(INVALID_ACTION_MESSAGE)[:remaining])
+        return True
+    t1 = time.perf_counter()
+    try:
+        hits = await search(action.content)
+    except Exception as exc:  # noqa: BLE001 - the environment failed: end the trajectory, keep what we have
+        res.search_seconds += time.perf_counter() - t1
+        res.finish_reason = search_failure_reason(exc)
+        res.error = f"search failed: {exc}"
+        return False
+    res.search_seconds += time.perf_counter() - t1
+    res.num_searches += 1
+    obs_ids = codec.encode(observation_for([h.contents for h in hits]))
+    obs_ids, cut = truncate_observation(obs_ids, close_ids, min(limits.max_obs_tokens, remaining))
+    res.obs_truncations += int(cut)
+    res.add_env(obs_ids)
+    return True
+
+
 async def run_trajectory(
     prompt_ids: Sequence[int],
     generator: Generator,
@@ -187,30 +245,12 @@ async def run_trajectory(
     turn = 0
     while True:
         final = turn >= limits.max_turns
-        budget = limits.max_response_tokens - len(res.response_ids)
-        if limits.max_context_tokens is not None:
-            budget = min(budget, limits.max_context_tokens - len(res.prompt_ids) - len(res.response_ids))
+        budget = token_room(res, limits)
         if budget <= 0:
             res.finish_reason = "length"
             return res
         max_tokens = min(limits.max_tokens_per_turn, budget)
-        seed = None if sampling.seed is None else sampling.seed + 7919 * turn
-        t0 = time.perf_counter()
-        out = await generator.generate(
-            TurnRequest(
-                prompt_ids=res.prompt_ids + res.response_ids,
-                max_tokens=max_tokens,
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                top_k=sampling.top_k,
-                seed=seed,
-                stop=STOP_STRINGS,
-                extra_args=sampling.extra_args,
-            ),
-            f"{request_id}-t{turn}",
-        )
-        res.generate_seconds += time.perf_counter() - t0
-        res.add_sampled(out.token_ids, out.logprobs, out.versions)
+        out = await sample_turn(generator, res, sampling, max_tokens, turn, request_id)
         turn += 1
         res.num_turns = turn
         action = parse_action((opened if turn == 1 else "") + out.text)
@@ -227,24 +267,5 @@ async def run_trajectory(
         if final:  # the last turn may only answer (Search-R1: do_search=False)
             res.finish_reason = "max_turns"
             return res
-
-        remaining = limits.max_response_tokens - len(res.response_ids)
-        if limits.max_context_tokens is not None:
-            remaining = min(remaining, limits.max_context_tokens - len(res.prompt_ids) - len(res.response_ids))
-        if action.kind == "search":
-            t1 = time.perf_counter()
-            try:
-                hits = await search(action.content)
-            except Exception as exc:  # noqa: BLE001 - the environment failed: end the trajectory, keep what we have
-                res.search_seconds += time.perf_counter() - t1
-                res.finish_reason = search_failure_reason(exc)
-                res.error = f"search failed: {exc}"
-                return res
-            res.search_seconds += time.perf_counter() - t1
-            res.num_searches += 1
-            obs_ids = codec.encode(observation_for([h.contents for h in hits]))
-            obs_ids, cut = truncate_observation(obs_ids, close_ids, min(limits.max_obs_tokens, remaining))
-            res.obs_truncations += int(cut)
-            res.add_env(obs_ids)
-        else:  # invalid action (no complete <search>/<answer>)
-            res.add_env(codec.encode(INVALID_ACTION_MESSAGE)[:remaining])
+        if not await respond(res, action, search, codec, limits, close_ids):
+            return res

@@ -4,7 +4,7 @@
 
 Each command parses its flags, loads `RolloutSettings` through the one validated override path
 (`core.commandline.settings_or_exit`) and calls the run function that lives with the service
-(`service.run`, `once.run_once`, `eval_run.run_eval`). Help texts of settings-backed flags are the
+(`service.run`, `tools.once.run_once`, `evaluation.run.run_eval`). Help texts of settings-backed flags are the
 settings fields' docstrings. Keep this module light: heavy imports happen inside the run functions.
 """
 
@@ -76,8 +76,8 @@ def once(
 
     Engine, agent limits, sampling and retriever come from the run config's rollout table and ROLLOUT_*
     environment variables, as for a worker; the flags override them."""
-    from searchr1.rollout.once import OnceRequest, run_once
     from searchr1.rollout.settings import RolloutSettings
+    from searchr1.rollout.tools.once import OnceRequest, run_once
 
     settings = settings_or_exit(
         RolloutSettings, config, model=model, retriever__addresses=retriever or None, retriever__top_k=top_k,
@@ -125,7 +125,7 @@ def eval_(
     the configured metadata keys) is written to OUT/eval.json and OUT/eval.md (OUT/<model>/ for several
     --model). Then the table (a row per model, a column per test set, the average; greedy) is printed
     and written to OUT/table.md. With --table, only that table, from earlier eval.json files."""
-    from searchr1.rollout.eval_run import EvalRequest, run_eval, run_table
+    from searchr1.rollout.evaluation.run import EvalRequest, run_eval, run_table
 
     if table:
         if model or data:

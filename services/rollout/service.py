@@ -34,17 +34,12 @@ from searchr1.core.streams import StreamKeys, connect, tasks_stream, trajectorie
 from searchr1.core.watchdog import Watchdog
 from searchr1.rollout.batcher import SearchBatcher
 from searchr1.rollout.broadcast_ext import WORKER_EXTENSION
-from searchr1.rollout.engine import (
-    Generator,
-    GeneratorDead,
-    HfCodec,
-    HfGenerator,
-    VllmEngineConfig,
-    VllmGenerator,
-)
+from searchr1.rollout.engine import Generator, GeneratorDead, HfCodec
+from searchr1.rollout.hf_engine import HfGenerator
 from searchr1.rollout.metrics import RolloutMetrics
 from searchr1.rollout.partial import InterruptibleGenerator
 from searchr1.rollout.settings import EngineSettings, RolloutSettings
+from searchr1.rollout.vllm_engine import VllmEngineConfig, VllmGenerator
 from searchr1.rollout.weights import WeightLoader
 from searchr1.rollout.worker import GroupSampler, Worker
 

@@ -30,7 +30,7 @@ from searchr1.core.redis_link import RedisLink
 from searchr1.core.schemas import WeightVersion
 from searchr1.core.streams import StreamKeys
 from searchr1.core.weights import SnapshotError, fetch_snapshot, is_published, latest_fenced, prune_copies
-from searchr1.rollout.broadcast_loader import is_broadcast, load_broadcast
+from searchr1.rollout.broadcast_loader import is_broadcast, receive_or_catch_up
 from searchr1.rollout.engine import Generator
 from searchr1.rollout.metrics import RolloutMetrics
 
@@ -90,7 +90,7 @@ class WeightLoader:
         """Fetch, verify and reload `announced`; True when the engine now runs it."""
         t0 = time.perf_counter()
         if is_broadcast(announced.uri):
-            loaded = await load_broadcast(self, announced)
+            loaded = await self.load_broadcast(announced)
             if loaded is None:
                 self._failed_version = announced.version
                 return False
@@ -112,6 +112,16 @@ class WeightLoader:
         self.metrics.weight_reload_seconds.observe(elapsed)
         log.info("loaded weight version %d from %s in %.3f s", announced.version, announced.uri, elapsed)
         return True
+
+    async def load_broadcast(self, announced: WeightVersion) -> str | None:
+        """Receive `announced` over the broadcast group, or catch up from the latest recovery snapshot
+        (`broadcast_loader.py`); returns what now runs (`broadcast` or the snapshot's URI), or None."""
+        got = await receive_or_catch_up(self.generator, self.redis, self.keys, announced,
+                                        download_dir=self.download_dir, token=self.token, fence=self.fence)
+        if got is None:
+            return None
+        self.version, loaded = got
+        return loaded
 
     async def maybe_update(self) -> bool:
         """Load the newest version if there is one; True when the version changed."""

@@ -12,8 +12,8 @@ from searchr1.retriever.builder import build_index
 from searchr1.retriever.loading import load_index
 from searchr1.retriever.server import start_retriever
 from searchr1.retriever.settings import RetrieverSettings
-from searchr1.rollout.once import OnceRequest, sample_once
 from searchr1.rollout.settings import RolloutSettings
+from searchr1.rollout.tools.once import OnceRequest, sample_once
 from tests.support.tiny_lm import build_tiny_lm
 
 

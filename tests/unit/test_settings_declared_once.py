@@ -34,7 +34,7 @@ MIRRORS = [
         "max_turns", "max_tokens_per_turn", "max_obs_tokens", "max_response_tokens")}),
     ("searchr1.rollout.agent", "Sampling", {f: (AgentSettings, f) for f in ("temperature", "top_p", "top_k")}),
     ("searchr1.rollout.engine", "TurnRequest", {f: (AgentSettings, f) for f in ("temperature", "top_p", "top_k")}),
-    ("searchr1.rollout.evaluate", "EvalConfig", {"template": (AgentSettings, "template")}),
+    ("searchr1.rollout.evaluation.evaluate", "EvalConfig", {"template": (AgentSettings, "template")}),
     ("searchr1.rollout.worker", "Worker", {
         **{f: (TaskSettings, f) for f in ("max_concurrent", "block_ms", "reclaim_interval_s", "drain_timeout_s")},
         "weight_poll_s": (WeightSettings, "poll_interval_s")}),
@@ -97,7 +97,7 @@ def test_constructor_defaults_come_from_the_settings_fields(module, name, params
 
 def test_eval_group_keys_and_the_reward_clients_policy_are_the_settings_defaults():
     from searchr1.core.clients.reward import DEFAULT_RETRY
-    from searchr1.rollout.eval_stats import DEFAULT_GROUP_BY
+    from searchr1.rollout.evaluation.stats import DEFAULT_GROUP_BY
 
     assert list(DEFAULT_GROUP_BY) == default(EvalSettings, "group_by")
     assert DEFAULT_RETRY == RewardClientSettings().retry_policy()

@@ -61,3 +61,7 @@ class ArchiveSource:
 
     async def finished(self) -> bool:
         return self._next >= len(self._steps)
+
+    async def lag(self) -> int:
+        """Nothing is published to an archive."""
+        return 0

@@ -33,7 +33,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from searchr1.core.metrics import in_stage
 from searchr1.core.schemas import TrajectoryGroup
@@ -48,6 +48,18 @@ from searchr1.learner.sources.base import StepGroups
 from searchr1.learner.train.checkpoint import TrainState
 
 log = logging.getLogger("searchr1.learner")
+
+
+class Grants(Protocol):
+    """The source's view of the dispatcher (`learner/dispatcher.py`)."""
+
+    @property
+    def exhausted(self) -> bool:
+        """The last epoch is published."""
+        ...
+
+    def grant(self, n: int, version: int) -> None:
+        """Allow `n` more tasks, stamped for `version`."""
 
 
 @dataclass
@@ -97,20 +109,22 @@ class StreamSource:
     """The trajectories stream (consumer group `learner`) as the loop's group source, on rank 0."""
 
     def __init__(self, settings: LearnerSettings, trajectories: TypedStream[TrajectoryGroup],
-                 tasks: TypedStream[Any], staleness: StalenessPolicy, metrics: LearnerMetrics) -> None:
+                 tasks: TypedStream[Any], staleness: StalenessPolicy, metrics: LearnerMetrics, *,
+                 vocab_size: int | None = None, dispatcher: Grants | None = None) -> None:
         self.s = settings
         self.trajectories = trajectories
         self.tasks = tasks
         self.staleness = staleness
         self.metrics = metrics
-        self.dispatcher: Any = None
-        """The dispatcher granted replacement tasks (`grant(n, version)`); set by the loop on rank 0."""
+        self.dispatcher = dispatcher
+        """The dispatcher feeding the tasks stream: granted replacement tasks (`grant(n, version)`), and
+        asked whether it has published its last epoch (`exhausted`); None: nobody feeds the stream here."""
         self.unacked: list[str] = []
         """Ids of the entries set aside (replayed, stale, flat): acked with the next `ack`."""
         self.committed: list[str] = []
         """Ids of the entries trained on: acked with the next `ack` after a checkpoint."""
-        self.vocab_size: int | None = None
-        """The policy's vocabulary size: token ids at or past it are poison (set by the loop)."""
+        self.vocab_size = vocab_size
+        """The policy's vocabulary size: token ids at or past it are poison (None: not checked)."""
         self._step_tasks: set[str] = set()
         """Task ids of the groups kept by the reads of the step in hand (reset by `next_step`)."""
         self.holding: set[str] = set()
@@ -291,3 +305,7 @@ class StreamSource:
 
     async def finished(self) -> bool:
         return await self.data_exhausted() and await self.trajectories.pending() == 0
+
+    async def lag(self) -> int:
+        """Groups published on the trajectories stream and not yet read (the dispatcher's backpressure)."""
+        return await self.trajectories.lag()

@@ -25,6 +25,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from searchr1.core.faults import fault_point
+from searchr1.core.lease import Lease
 from searchr1.learner.train.durable import problem, seal
 from searchr1.learner.train.model import DistInfo, full_state_dict, load_full_state_dict
 
@@ -110,15 +111,18 @@ class Component:
 class Checkpointer:
     """Saves and restores `Component`s plus a `TrainState` under `root`."""
 
-    def __init__(self, root: Path, keep: int, info: DistInfo | None = None) -> None:
+    def __init__(self, root: Path, keep: int, info: DistInfo | None = None, *, lease: Lease | None = None) -> None:
         self.root = Path(root)
         self.keep = keep
         self.info = info or DistInfo()
-        self.fence = 0
-        """The fencing token written into each checkpoint (set by the loop from its lease)."""
-        self.guard: Any = None
-        """Called with no argument right before a checkpoint is written; raises to stop the write (the
-        learner's lease check)."""
+        self.lease = lease
+        """The learner's lease (rank 0 on Redis): checked before each write; its token goes into each
+        checkpoint."""
+
+    @property
+    def fence(self) -> int:
+        """The fencing token written into each checkpoint (0: no lease)."""
+        return self.lease.token if self.lease is not None else 0
 
     def latest(self) -> Path | None:
         """The newest checkpoint that verifies against its manifest; newer ones that do not are logged
@@ -141,8 +145,8 @@ class Checkpointer:
             gathered.append((c, full_state_dict(c.model, self.info), optim_sd))
         if not self.info.is_main:
             return None
-        if self.guard is not None:
-            self.guard()
+        if self.lease is not None:
+            self.lease.check()
         final = self.root / f"{_PREFIX}{state.step:08d}"
         tmp = self.root / f".tmp-{final.name}"
         shutil.rmtree(tmp, ignore_errors=True)

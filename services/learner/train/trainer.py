@@ -83,6 +83,7 @@ class Trainer:
         critic: nn.Module | None = None,
         critic_optimizer: torch.optim.Optimizer | None = None,
         critic_scheduler=None,
+        stage_clock: StageClock | None = None,
     ) -> None:
         self.s = settings
         self.policy = policy
@@ -94,11 +95,11 @@ class Trainer:
         self.critic = critic
         self.critic_optimizer = critic_optimizer
         self.critic_scheduler = critic_scheduler
-        self.stage_clock: StageClock | None = None
+        self.stage_clock = stage_clock
+        """The learner's stage clock: each optimizer step (clip + step) runs in its `optimizer` stage."""
         self.nonfinite_skips = 0
         """Optimizer updates skipped because the gradient norm was NaN or infinite (every rank agrees:
         the norm is reduced over all of them)."""
-        """Set by the learner: each optimizer step (clip + step) runs in its `optimizer` stage."""
         a = settings.algorithm
         self.is_ppo = a.advantage == "gae"
         if self.is_ppo and critic is None:
@@ -176,7 +177,7 @@ class Trainer:
             return PrePass()
         models = PrePassModels(self.policy, self.kl_term, self.reference, self.critic, want_old=need_old,
                                want_ref=self.is_ppo and a.kl_in_reward, want_values=self.is_ppo)
-        return run_prepass(models, local, self._micro_rows, self._dummy, self.device)
+        return run_prepass(models, local, self._micro_rows(list(range(local.size))), self._dummy, self.device)
 
     def _micro_rows(self, rows: list[int]) -> list[list[int]]:
         """`rows` in micro-batches of at most `micro_batch_size`, longest sequences first: rows of similar

@@ -44,7 +44,7 @@ async def sample_once(req: OnceRequest) -> tuple[str, str, TrajectoryResult]:
     engine = s.engine
     if req.steer:
         engine = engine.model_copy(update={
-            "logits_processors": [*engine.logits_processors, "searchr1.rollout.steering:SearchSteering"]})
+            "logits_processors": [*engine.logits_processors, "searchr1.rollout.tools.steering:SearchSteering"]})
     generator = await start_generator(s.model, engine)
     client = RetrieverClient(s.retriever.addresses, token=s.retriever.token, retry=s.retriever.retry_policy())
     limits = AgentLimits.from_settings(s.agent, max_context_tokens=engine.max_model_len)
@@ -54,7 +54,7 @@ async def sample_once(req: OnceRequest) -> tuple[str, str, TrajectoryResult]:
         prompt = render_prompt(req.question, tokenizer, s.agent.template)
         sampling = Sampling.from_settings(s.agent, seed=req.seed)
         if req.steer:
-            from searchr1.rollout.steering import steer_args, word_tokens
+            from searchr1.rollout.tools.steering import steer_args, word_tokens
 
             extra = steer_args(tokenizer, max_searches=limits.max_turns, search_tokens=word_tokens(tokenizer))
             sampling = Sampling(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
