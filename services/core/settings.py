@@ -81,6 +81,21 @@ class RedisSettings(Section):
     """Run name: every key is prefixed `searchr1:{run}:` so runs share a server safely."""
 
 
+REDIS_REPLY_TIMEOUT_S = 30.0
+"""How long a Redis reply may take before the call fails as a timeout (`searchr1.core.redis_link`)."""
+
+
+def check_block_ms(setting: str, block_ms: int) -> int:
+    """`block_ms` of a blocking stream read, refused unless it is under half the Redis reply timeout: a
+    read that blocks longer than the client waits for its reply times out every time."""
+    limit = int(REDIS_REPLY_TIMEOUT_S * 1000 / 2)
+    if block_ms >= limit:
+        raise ValueError(f"{setting} = {block_ms} ms must be below {limit} ms, half the Redis reply timeout "
+                         f"({REDIS_REPLY_TIMEOUT_S:g} s): a read blocking longer than the client waits for its "
+                         f"reply times out every time")
+    return block_ms
+
+
 class AuthSettings(Section):
     """How a server that takes a bearer token treats an empty one: the `auth` table of the retriever, the
     reward service, the learner (its snapshot server) and the viewer; `searchr1.core.auth.require_token`

@@ -43,7 +43,6 @@ how many entries to keep in flight; that is each service's loop.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Awaitable, Callable, Collection, Sequence, Sized
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -53,10 +52,12 @@ from redis import asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from searchr1.core.dead_letters import DeadLetter as DeadLetter
+from searchr1.core.dead_letters import dead_record
 from searchr1.core.dead_letters import read_dead as read_dead
 from searchr1.core.redis_link import RedisLink
 from searchr1.core.redis_link import connect as connect
 from searchr1.core.schemas import SchemaError, Task, TrajectoryGroup, decode, encode
+from searchr1.core.stream_release import release_pending
 from searchr1.core.stream_trim import trim_acked
 
 T = TypeVar("T", bound=BaseModel)
@@ -70,9 +71,10 @@ TASKS_GROUP = "rollout"
 """Consumer group of the tasks stream: the rollout workers (the learner's dispatcher only publishes)."""
 TRAJECTORIES_GROUP = "learner"
 """Consumer group of the trajectories stream: the learner (rank 0)."""
-DEAD_MAXLEN = 10_000
+DEAD_MAXLEN = 1_000
 """About how many dead letters the dead stream keeps (the oldest go first; the reason of each is also
-logged by the process that buried it)."""
+logged by the process that buried it). Each is at most about 66 KB (`dead_letters.dead_record`), so the
+dead stream stays under about 66 MB."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,6 +275,12 @@ class TypedStream(Generic[T]):
                                                    message_ids=mine, justid=True), "xclaim justid")
         return len(mine)
 
+    async def release(self, consumer: str, ids: Collection[str]) -> int:
+        """Hand back those of `ids` still pending for `consumer`, for any consumer's next `reclaim` to take
+        at once (`searchr1.core.stream_release`); returns how many."""
+        return await self._call(lambda: release_pending(self.redis, self.key, self.group, consumer, ids,
+                                                        self.visibility_timeout_ms), "release")
+
     async def reclaim(self, consumer: str, count: int = 16) -> list[Entry[T]]:
         """Claim entries idle past the visibility timeout for `consumer`; bury those delivered
         `max_deliveries` times already. Returns the claimed, valid entries."""
@@ -358,8 +366,7 @@ class TypedStream(Generic[T]):
         await self._bury(mid, payload, reason)
 
     async def _bury(self, mid: str, payload: bytes, reason: str) -> None:
-        record = {b"source": self.key, b"source_id": mid, b"reason": reason, b"payload": payload,
-                  b"at": repr(time.time())}
+        record = dead_record(self.key, mid, reason, payload)  # bounded in bytes
 
         async def send() -> None:
             async with self.redis.pipeline(transaction=True) as pipe:

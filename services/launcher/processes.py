@@ -107,18 +107,21 @@ async def _wait_or_force(aw: Awaitable[object], deadline: float, force: asyncio.
 
 async def terminate_group(run: Running, grace_s: float, force: asyncio.Event,
                           say: Callable[..., None]) -> None:
-    """Stop a started process and its process group: SIGTERM, then SIGKILL after `grace_s` (at once when
-    `force` is set); the group's other members get the same treatment once the leader is gone."""
+    """Stop a started process and its process group: SIGTERM to the process itself (not its children: a
+    rollout worker stops its vLLM engine after its last call, so none fails under it), then SIGKILL to the
+    group after `grace_s` (at once when `force` is set); the group's other members get SIGTERM once the
+    leader is gone, and SIGKILL at the same deadline."""
     pgid = run.proc.pid
     name = run.spec.name
     deadline = time.monotonic() + grace_s
     if run.returncode is None:
         say(f"stopping {name} (SIGTERM)")
-        signal_group(pgid, signal.SIGTERM)
-        if not await _wait_or_force(run.proc.wait(), deadline, force):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(run.proc.pid, signal.SIGTERM)
+        # the leader's exit, not `proc.wait()`: that also waits for its output pipes, which a child holds
+        if not await _wait_or_force(_exited(run), deadline, force):
             say(f"{name} still running after {grace_s:.0f}s: SIGKILL", "yellow")
             signal_group(pgid, signal.SIGKILL)
-            await run.proc.wait()
     # the leader is gone; its process group (children it started) must go too
     if group_alive(pgid):
         signal_group(pgid, signal.SIGTERM)
@@ -126,6 +129,12 @@ async def terminate_group(run: Running, grace_s: float, force: asyncio.Event,
             await asyncio.sleep(0.05)
         if group_alive(pgid):
             signal_group(pgid, signal.SIGKILL)
+    await run.proc.wait()
+
+
+async def _exited(run: Running) -> None:
+    while run.returncode is None:
+        await asyncio.sleep(0.05)
 
 
 def write_process_table(path: Path, running: dict[str, Running], restarts: dict[str, int]) -> None:

@@ -3,7 +3,7 @@
 One loop, top to bottom: refuse (the plan's problems) → start stage by stage (spawn, then gate every
 process of the stage on its health checks, or for a one-shot process wait for exit 0) → watch (status
 line; wait for a signal, the main process's exit, or an unexpected death) → stop everything in reverse
-stage order (SIGTERM to each process group, wait `grace_period_s`, then SIGKILL).
+stage order (SIGTERM to each process, wait `grace_period_s`, then SIGKILL to its process group).
 
 Restarts (`restarts.py`, `[launcher.restart]`): a process whose spec has a restart rule, that has passed
 its health checks once and that exits non-zero or dies of a signal is restarted in place — what is left of
@@ -21,8 +21,8 @@ Exit codes: the main process's (the learner's; `128+n` if it died of signal n) w
 gate or times out; 2 when the plan is refused before anything starts.
 
 Every child runs in its own session/process group (`start_new_session=True`), so a terminal's Ctrl-C
-reaches only the launcher, which then stops the children in order, and a child's own children (vLLM's
-engine process) are signalled with it. On Linux each child also gets PR_SET_PDEATHSIG=SIGTERM: even a
+reaches only the launcher, which then stops the children in order; a child's own children (vLLM's engine)
+are left to it, then get SIGTERM once it is gone and SIGKILL after the grace period. On Linux each child also gets PR_SET_PDEATHSIG=SIGTERM: even a
 launcher killed with SIGKILL leaves no child running. A spec's `stdin` bytes are written to it and closed.
 
 The console (`LogMux`, `LiveView`): each process's whole output goes to `RUN_DIR/logs/<name>.log`; the

@@ -21,6 +21,7 @@ from searchr1.core.lease import Lease
 from searchr1.core.redaction import redact_config
 from searchr1.core.redis_link import RedisLink
 from searchr1.core.streams import StreamKeys, tasks_stream, trajectories_stream
+from searchr1.learner.algo.desync import DesyncPolicy
 from searchr1.learner.algo.staleness import StalenessPolicy
 from searchr1.learner.dispatcher import Dispatcher
 from searchr1.learner.guard import CollapseGuard
@@ -91,9 +92,10 @@ def build_learner(
         transport = build_transport(settings.weights, publisher, redis if info.is_main else None, keys, link)
     guard = (CollapseGuard(settings.guard, settings.checkpoint.dir, metrics.registry)
              if settings.guard.enabled else None)
+    desync = DesyncPolicy.from_settings(settings.desync) if settings.desync.enabled else None
     return Learner(settings, training, checkpointer, publisher, transport, metrics, step_log, info=info,
                    source=source, redis=redis, link=link, archive=archive, lease=lease, dispatcher=dispatcher,
-                   guard=guard)
+                   guard=guard, desync=desync)
 
 
 async def run_replay(settings: LearnerSettings, stop: asyncio.Event | None = None,

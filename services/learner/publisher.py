@@ -260,8 +260,11 @@ def weights_app(publisher: WeightPublisher, *, token: str | None = None) -> Fast
     @app.get("/weights/{version}/files/{name:path}")
     def get_file(version: int, name: str) -> SnapshotFile:
         root = _dir(version).resolve()
+        # the listing first: a name outside it (a NUL byte, `..`) is never turned into a path
+        if name not in snapshot_listing(root):
+            raise HTTPException(status_code=404, detail=f"no file {name!r} in snapshot {version}")
         target = (root / name).resolve()
-        if root not in target.parents or not target.is_file() or name not in snapshot_listing(root):
+        if root not in target.parents or not target.is_file():
             raise HTTPException(status_code=404, detail=f"no file {name!r} in snapshot {version}")
         return SnapshotFile(target)
 

@@ -4,7 +4,8 @@ timeouts, retries with backoff and jitter on connection errors, timeouts, 429 an
 of `searchr1.core.retry`; any other 4xx fails at once), a bound on concurrent calls,
 and an in-memory LRU cache of verdicts keyed by the SHA-256 of the request (at most `cache_size` entries of
 fixed size; same model + prompt + sampling → same verdict; temperature 0 is the default so this is sound).
-The prompt template holds only plain named fields (`params.template_parts`), rendered by concatenation.
+The prompt template holds only plain named fields (`params.template_parts`), rendered by concatenation;
+the policy's answer is fenced as `<candidate>…</candidate>` (`params.delimit_prediction`).
 
 Owns the HTTP exchange only; verdict parsing is `scoring.parse_judge_verdict`. The endpoint URL and key
 are server configuration, never request parameters (a request must not make the service call out to an
@@ -24,7 +25,7 @@ import httpx
 from searchr1.core.retry import TransientHTTPStatus, is_transient_http_status, retrying
 from searchr1.core.settings import default
 from searchr1.reward import scoring
-from searchr1.reward.params import render_template
+from searchr1.reward.params import delimit_prediction, render_template
 from searchr1.reward.registry import JudgeParams
 from searchr1.reward.settings import JudgeSettings
 
@@ -67,7 +68,7 @@ class LLMJudge:
     async def judge(self, question: str, prediction: str, golds: Sequence[str], params: JudgeParams) -> float:
         """The verdict in [0, 1] for one answer (an unparseable verdict counts as 0)."""
         content = render_template(params.prompt, {"question": question, "golds": "; ".join(golds),
-                                                  "prediction": prediction})
+                                                  "prediction": delimit_prediction(prediction)})
         body = {"model": params.model or self.model, "messages": [{"role": "user", "content": content}],
                 "max_tokens": params.max_tokens, "temperature": params.temperature}
         key = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()  # 64 bytes per entry

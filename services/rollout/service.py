@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from searchr1.core.aio import stop_task
+from searchr1.core.broadcast import WEIGHTS_KEY_ENV
 from searchr1.core.clients.retriever import RetrieverClient
 from searchr1.core.clients.reward import RewardClient
 from searchr1.core.metrics import MetricsServer, start_metrics_server
@@ -122,6 +123,8 @@ async def build_service(settings: RolloutSettings, *, generator: Generator | Non
     owns = generator is None
     try:
         if generator is None:
+            # the engine's workers check each broadcast version's signature with the run's weight token
+            os.environ[WEIGHTS_KEY_ENV] = settings.weights.token or ""
             generator = await start_generator(settings.model, settings.engine)
         if tokenizer is None:
             tokenizer = generator.tokenizer()  # type: ignore[attr-defined]

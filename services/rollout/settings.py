@@ -5,10 +5,17 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from searchr1.core.settings import RedisSettings, RetrySettings, RewardRetrySettings, Section, ServiceSettings
+from searchr1.core.settings import (
+    RedisSettings,
+    RetrySettings,
+    RewardRetrySettings,
+    Section,
+    ServiceSettings,
+    check_block_ms,
+)
 
 
 class EngineSettings(Section):
@@ -18,8 +25,10 @@ class EngineSettings(Section):
     """Fraction of accelerator memory vLLM reserves (on the CPU build: of CPU memory)."""
     max_model_len: int = Field(default=4096, ge=64)
     """Context length (prompt + response) the engine allows."""
-    dtype: str = "auto"
-    """Model dtype for vLLM (`auto`, `bfloat16`, `float32`, …)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Model dtype of the vLLM engine (`auto` = the checkpoint's; vLLM refuses one its device lacks, e.g.
+    bfloat16 on a GPU before Ampere). Match the learner's `model.dtype` (float16 on both sides mismatches
+    least: docs/learner.md, "Train–inference mismatch")."""
     enforce_eager: bool = True
     """Skip CUDA-graph / compile capture (starts much faster; set false on GPUs for speed)."""
     seed: int = 0
@@ -102,7 +111,12 @@ class TaskSettings(Section):
     max_concurrent: int = Field(default=8, ge=1, le=1024)
     """Tasks (groups) this worker rolls out at once; trajectories of all of them share the engine."""
     block_ms: int = Field(default=500, ge=1)
-    """How long one read of the tasks stream blocks."""
+    """How long one read of the tasks stream blocks (under half the Redis reply timeout of 30 s)."""
+
+    @field_validator("block_ms")
+    @classmethod
+    def _block_below_reply_timeout(cls, v: int) -> int:
+        return check_block_ms("tasks.block_ms", v)
     visibility_timeout_ms: int = Field(default=30_000, ge=1)
     """A task idle this long is reclaimed by another worker (a killed worker's task is redone). Live
     workers reset the idle time of the tasks they hold every quarter of it (a heartbeat), so a slow

@@ -25,7 +25,8 @@ after `max_deliveries`. A dead engine
 (`GeneratorDead`) is fatal: the worker takes no more tasks, drains, and `run` raises it (the process
 exits 1 for its supervisor to restart; the tasks it held are redelivered). SIGTERM drains:
 no new tasks, in-flight groups finish, are published and acked (those not done within
-`drain_timeout_s` are cancelled and left for redelivery), then the worker exits. Redis away: the
+`drain_timeout_s` are abandoned and released: pending with an idle time past the visibility timeout, so
+another worker's next reclaim takes them at once), then the worker exits 0. Redis away: the
 streams' `RedisLink` makes every read, publish and ack wait for it (a task is acked only after its
 group is published), and once Redis is back the worker first re-reads the tasks still pending for it
 that it does not hold (a read whose reply the outage lost).
@@ -221,6 +222,7 @@ class Worker:
     """Set (the sampler's engine, wrapped): weight swaps interrupt in-flight turns instead of draining."""
     _inflight: set[asyncio.Task] = field(default_factory=set)
     _inflight_ids: set[str] = field(default_factory=set)
+    _entry_ids: dict[asyncio.Task, str] = field(default_factory=dict)  # task in flight → its stream entry
     _seq: int = 0
     _next_reclaim: float = 0.0
     _next_weights: float = 0.0
@@ -284,6 +286,12 @@ class Worker:
         partial rollouts, interrupt their turns), then load them (no-op, bar one Redis read, when nothing
         newer is announced yet)."""
         self._next_weights = time.monotonic() + self.weight_poll_s
+        why = await self.loader.take_resync(self.worker_id)
+        if why is not None:  # the learner set this worker's groups aside: reload whatever is announced
+            log.error("re-sync requested by the learner (%s): reloading the announced weights", why)
+            await self._drain()
+            await self.loader.resync()
+            return
         if await self.loader.newer() is None:
             return
         if self.partial is not None:
@@ -307,11 +315,13 @@ class Worker:
         task = asyncio.create_task(self._handle(entry, f"{self.worker_id}-{self._seq}"))
         self._inflight.add(task)
         self._inflight_ids.add(entry.id)
+        self._entry_ids[task] = entry.id
         self.metrics.inflight_tasks.set(len(self._inflight))
 
         def _done(t: asyncio.Task) -> None:
             self._inflight.discard(t)
             self._inflight_ids.discard(entry.id)
+            self._entry_ids.pop(t, None)
             self.metrics.inflight_tasks.set(len(self._inflight))
 
         task.add_done_callback(_done)
@@ -339,10 +349,17 @@ class Worker:
                 async with asyncio.timeout(self.heartbeat_s):
                     await self._heartbeat()
         if late:
-            log.warning("%d task(s) still in flight after the %.0f s drain: cancelled, left unacked for "
-                        "redelivery", len(late), timeout or 0.0)
+            held = {self._entry_ids[t] for t in late if t in self._entry_ids}
             for t in late:
                 t.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+            released = 0
+            with contextlib.suppress(TimeoutError, RedisError, OSError):  # else they wait out the visibility timeout
+                async with asyncio.timeout(2.0):
+                    released = await self.tasks.release(self.worker_id, held)
+            log.info("%d task(s) still in flight after the %.0f s drain: abandoned, %d released for another "
+                     "worker to take at once", len(late), timeout or 0.0, released)
+            return
         await asyncio.gather(*running, return_exceptions=True)
 
     async def _handle(self, entry: Entry[Task], prefix: str) -> None:

@@ -88,7 +88,7 @@ def _check_run(docs: dict, run: str) -> None:
     job = learner(docs)
     assert job["metadata"]["name"] == f"learner-{run}"
     c = container(job)
-    assert env(c, "SEARCHR1_RUN") == run and c["args"][c["args"].index("--run") + 1] == "$(SEARCHR1_RUN)"
+    assert env(c, "SEARCHR1_RUN") == run and env(c, "LEARNER_REDIS__RUN") == "$(SEARCHR1_RUN)"
     for var in ("LEARNER_CHECKPOINT__DIR", "LEARNER_WEIGHTS__DIR", "LEARNER_LOG_DIR"):
         assert env(c, var).startswith("runs/$(SEARCHR1_RUN)/"), var  # each run its own directories
     assert env(container(docs[("Deployment", "rollout")]), "SEARCHR1_RUN") == run

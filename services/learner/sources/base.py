@@ -47,6 +47,10 @@ class GroupSource(Protocol):
         """Ack every set-aside entry and, when `checkpointed` (right after a checkpoint), every committed
         one."""
 
+    async def reject(self, entry_id: str, reason: str) -> None:
+        """The loop refuses to train the group of `entry_id` (its worker is out of sync): set it aside for
+        good, with the reason."""
+
     def grant(self, trained: int, version: int) -> None:
         """`trained` groups were trained on and `version` is announced: let the tasks that replace them
         be published."""

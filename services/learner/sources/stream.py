@@ -230,6 +230,14 @@ class StreamSource:
             await self.trajectories.dead_letter(d.item.id, d.reason)
             self.holding.discard(d.item.id)
 
+    async def reject(self, entry_id: str, reason: str) -> None:
+        """Dead-letter one group the loop refused to train (a desynced worker's), with the reason; its task
+        is granted a replacement."""
+        await self.trajectories.dead_letter(entry_id, reason)
+        self.holding.discard(entry_id)
+        self.metrics.dropped.labels("desync").inc()
+        self.grant(1, self._state.version)
+
     async def sample_informative(self, got: StepInput, stop: asyncio.Event,
                                  figures: dict[str, float]) -> StepInput | None:
         """DAPO dynamic sampling: set aside groups whose advantages are all zero (acked with the step,

@@ -34,6 +34,8 @@ def audit_command(
     or trained twice; the learner's resumes and checkpoint; every worker's weight version."""
     import contextlib
 
+    import redis as redis_py
+
     from searchr1.learner.tools.audit import audit, table_rows
     from searchr1.learner.tools.audit_sources import (
         aof_redis,
@@ -58,7 +60,10 @@ def audit_command(
                 url = stack.enter_context(aof_redis(run_dir / "redis"))
             except (FileNotFoundError, RuntimeError) as exc:
                 fail(f"{exc}; pass --redis URL of the live run")
-        tasks, groups, dead, announced = read_streams(url, run)
+        try:
+            tasks, groups, dead, announced = read_streams(url, run)
+        except redis_py.RedisError as exc:
+            fail(f"Redis at {url} did not answer: {exc}")
     resumes, drops, workers = read_logs(run_dir / "logs")
     report = audit(tasks, groups, dead, read_archive(archive or run_dir / "archive"),
                    read_checkpoint(checkpoints or run_dir / "checkpoints"), drop_reasons=drops,

@@ -33,6 +33,8 @@ _RESUMED = re.compile(r"resumed from step (\d+) \(version (\d+)\)")
 _DROPPED = re.compile(r"dropping group of task (\S+): (.+)$")
 _LOADED = re.compile(r"loaded weight version (\d+)")
 _BATCH = 1000
+REDIS_TIMEOUT_S = 30.0
+"""Seconds the audit waits for Redis to connect or answer one call before it gives up with an error."""
 
 
 def _sid(raw: bytes | str) -> str:
@@ -93,10 +95,13 @@ def _records(client: redis_py.Redis, key: str, group: str, model: type) -> list[
     return out
 
 
-def read_streams(url: str, run: str) -> tuple[list[StreamRecord], list[StreamRecord], list[DeadRecord], int | None]:
-    """The run's tasks, trajectories and dead streams, and the announced weight version."""
+def read_streams(url: str, run: str, *, timeout_s: float = REDIS_TIMEOUT_S,
+                 ) -> tuple[list[StreamRecord], list[StreamRecord], list[DeadRecord], int | None]:
+    """The run's tasks, trajectories and dead streams, and the announced weight version; a Redis that does
+    not connect or answer within `timeout_s` raises `redis.TimeoutError` (or `ConnectionError`)."""
     keys = StreamKeys(run)
-    client = redis_py.Redis.from_url(url, decode_responses=False)
+    client = redis_py.Redis.from_url(url, decode_responses=False, socket_timeout=timeout_s,
+                                     socket_connect_timeout=timeout_s)
     try:
         tasks = _records(client, keys.tasks, TASKS_GROUP, Task)
         groups = _records(client, keys.trajectories, TRAJECTORIES_GROUP, TrajectoryGroup)
@@ -202,7 +207,7 @@ def aof_redis(aof_dir: Path, timeout_s: float = 30.0) -> Iterator[str]:
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         url = f"redis://127.0.0.1:{port}/0"
         try:
-            client = redis_py.Redis.from_url(url)
+            client = redis_py.Redis.from_url(url, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S)
             deadline = time.monotonic() + timeout_s
             while True:
                 try:

@@ -26,7 +26,7 @@ from torch import nn
 
 from searchr1.core.faults import fault_point
 from searchr1.core.lease import Lease
-from searchr1.learner.train.durable import problem, seal
+from searchr1.learner.train.durable import problem, restore_old_copies, seal
 from searchr1.learner.train.model import DistInfo, full_state_dict, load_full_state_dict
 
 _PREFIX = "step"
@@ -129,6 +129,9 @@ class Checkpointer:
         and skipped (their groups were never acked: acks follow a durable checkpoint)."""
         if not self.root.is_dir():
             return None
+        if self.info.is_main:
+            for path in restore_old_copies(self.root):
+                log.warning("restored checkpoint %s from a re-save cut between its renames", path)
         done = sorted(p for p in self.root.iterdir() if p.is_dir() and p.name.startswith(_PREFIX))
         for path in reversed(done):
             why = problem(path)
@@ -203,6 +206,7 @@ class Checkpointer:
             shutil.rmtree(old, ignore_errors=True)
         for left in self.root.glob(".tmp-*"):
             shutil.rmtree(left, ignore_errors=True)
+        restore_old_copies(self.root)
 
 
 def _jsonable(value: Any) -> Any:

@@ -32,8 +32,9 @@ class CacheSettings(Section):
 
     kind: Literal["redis", "sqlite", "off"] = "sqlite"
     """`redis` (shared by replicas; also holds the budget counter), `sqlite` (a local file), or `off`."""
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    """Redis URL for `kind = "redis"`."""
+    redis_url: str = "redis://127.0.0.1:6380/0"
+    """Redis URL for `kind = "redis"`: a Redis of its own with `maxmemory` and a `volatile-*` policy
+    (`volatile-lru`), never the run's streams Redis (which runs `noeviction`); the start refuses others."""
     run: str = Field(default="default", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
     """Run name: Redis keys are `searchr1:{run}:retriever:web:…`, so runs keep separate caches and budgets."""
     path: Path = Path(".searchr1/web-cache.sqlite")
