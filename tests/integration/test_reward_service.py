@@ -211,9 +211,10 @@ class FakeOpenAI:
 
     async def complete(self, request: Request):
         self.calls += 1
+        call = self.calls  # this call's number, taken before the body is awaited (calls run concurrently)
         body = await request.json()
         self.bodies.append(body)
-        if self.calls <= self.fail_first:
+        if call <= self.fail_first:
             return JSONResponse({"error": "overloaded"}, status_code=500)
         await asyncio.sleep(self.delay_s)
         content = body["messages"][0]["content"]
