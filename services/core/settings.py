@@ -67,6 +67,13 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def default(cls: type[BaseModel], name: str) -> Any:
+    """The default of field `name` of the settings class `cls`. A runtime class that mirrors a setting (a
+    frozen dataclass the hot path reads) takes its own default from here, so each value is declared once,
+    on the settings field."""
+    return cls.model_fields[name].get_default(call_default_factory=True)
+
+
 class RedisSettings(Section):
     url: str = "redis://127.0.0.1:6379/0"
     """Redis URL (redis://host:port/db). Streams and weight announcements live here."""
@@ -119,6 +126,15 @@ class RetrySettings(Section):
     def retry_policy(self) -> RetrySettings:
         """These knobs alone (a settings table that extends this class carries more)."""
         return RetrySettings.model_validate(self.model_dump(include=set(RetrySettings.model_fields)))
+
+
+class RewardRetrySettings(RetrySettings):
+    """The reward client's retry knobs: `RetrySettings` with a longer per-call timeout. The one declaration
+    of its defaults, shared by the client (`core.clients.reward`, when given no policy) and the rollout
+    worker's `[rollout.reward]` table."""
+
+    timeout_s: float = Field(default=30.0, gt=0)
+    """Per-call timeout (one attempt); scoring a group takes longer than a search."""
 
 
 class ServiceSettings(BaseSettings):

@@ -29,7 +29,7 @@ def up(
         "--run-dir", help="Run directory (logs in RUN_DIR/logs); default: run_dir of the launcher table.")] = None,
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="Print the process plan (command line, GPUs and environment of each process, as "
-                          "the config's [placement] places them), then exit.")] = False,
+                          "the config's placement table places them), then exit.")] = False,
     verbose: Annotated[bool, typer.Option(
         "--verbose", "-v", help="Stream every line of every process to the console (by default it shows "
                                 "warnings, errors and tracebacks; RUN_DIR/logs always has everything).")] = False,

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from searchr1.core.commandline import INSECURE_HELP, field_help, settings_or_exit, token_or_exit
+from searchr1.core.commandline import INSECURE_HELP, error, fail, field_help, settings_or_exit, token_or_exit
 
 if TYPE_CHECKING:
     from searchr1.cli import Groups
@@ -49,11 +49,9 @@ def run_train(settings: LearnerSettings, max_steps: int | None) -> int:
     try:
         state = asyncio.run(run_learner(settings, stop, max_steps=max_steps))
     except (LeaseHeld, LeaseLost) as exc:  # another learner runs this run: nothing was written
-        typer.echo(f"error: {exc}", err=True)
-        return 3
+        return error(str(exc), 3)
     except RedisBudgetError as exc:  # the run's settings, not a fault: nothing was written
-        typer.echo(f"error: {exc}", err=True)
-        return 2
+        return error(str(exc), 2)
     typer.echo(f"stopped at step {state.step} (policy version {state.version})")
     last = max_steps if max_steps is not None else settings.optim.total_steps
     if stop.is_set() and state.step < last:
@@ -103,7 +101,7 @@ def prepare(
     try:
         n = _prepare(src, dst)
     except DatasetError as exc:
-        raise typer.BadParameter(str(exc)) from exc
+        fail(str(exc))
     typer.echo(f"wrote {n} tasks to {dst}")
 
 
@@ -133,7 +131,7 @@ def fetch(
                                       repo=repo, template=template, revision=revision,
                                       cache_dir=str(cache_dir) if cache_dir else None)
     except (DatasetError, ValueError) as exc:
-        raise typer.BadParameter(str(exc)) from exc
+        fail(str(exc))
     for path, counts in ((result.train, result.train_counts), (result.test, result.test_counts)):
         if path is not None:
             detail = ", ".join(f"{k} {v}" for k, v in counts.items())
@@ -164,8 +162,7 @@ def weights_rollback(
     try:
         wv = asyncio.run(_rollback(redis_url, run, version))
     except LookupError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
+        fail(str(exc), 1)
     typer.echo(f"announced version {wv.version} again: {wv.uri} (sha256 {wv.sha256})")
 
 

@@ -40,7 +40,9 @@ from searchr1.core.clients.retriever import RetrieverError
 from searchr1.core.protocol import INVALID_ACTION_MESSAGE, STOP_STRINGS, Action, observation_for, parse_action
 from searchr1.core.schemas import FinishReason, Segment
 from searchr1.core.segments import segments_from_versions
+from searchr1.core.settings import default
 from searchr1.rollout.engine import Generator, TextCodec, TurnOutput, TurnRequest
+from searchr1.rollout.settings import AgentSettings
 
 OBS_CLOSE = "</information>\n\n"
 """The tail an observation always keeps when truncated."""
@@ -54,27 +56,52 @@ SearchFn = Callable[[str], Awaitable[Sequence[HitLike]]]
 """Search one query, returning its hits (each with a `contents` string whose first line is the title)."""
 
 
+_AGENT = AgentSettings
+"""Where the defaults below are declared (each once, with its bounds and docstring)."""
+
+
 @dataclass(frozen=True, slots=True)
 class AgentLimits:
-    """Turn and token limits of one trajectory."""
+    """Turn and token limits of one trajectory: a frozen view of `AgentSettings` (`from_settings`), whose
+    fields declare the defaults."""
 
-    max_turns: int = 4
-    max_tokens_per_turn: int = 500
-    max_obs_tokens: int = 500
-    max_response_tokens: int = 4096
+    max_turns: int = default(_AGENT, "max_turns")
+    max_tokens_per_turn: int = default(_AGENT, "max_tokens_per_turn")
+    max_obs_tokens: int = default(_AGENT, "max_obs_tokens")
+    max_response_tokens: int = default(_AGENT, "max_response_tokens")
     max_context_tokens: int | None = None
     """The engine's context length (prompt + response), if it is to be respected here."""
+
+    @classmethod
+    def from_settings(cls, agent: AgentSettings, *, max_context_tokens: int | None = None,
+                      max_tokens_per_turn: int | None = None) -> AgentLimits:
+        """The limits of `agent` (`max_tokens_per_turn`: a task's own budget, when it sets one);
+        `max_context_tokens` is the engine's context length."""
+        per_turn = agent.max_tokens_per_turn if max_tokens_per_turn is None else max_tokens_per_turn
+        return cls(max_turns=agent.max_turns, max_tokens_per_turn=per_turn,
+                   max_obs_tokens=agent.max_obs_tokens, max_response_tokens=agent.max_response_tokens,
+                   max_context_tokens=max_context_tokens)
 
 
 @dataclass(frozen=True, slots=True)
 class Sampling:
-    """Sampling parameters of every turn of a trajectory."""
+    """Sampling parameters of every turn of a trajectory: a frozen view of `AgentSettings`
+    (`from_settings`), whose fields declare the defaults."""
 
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
+    temperature: float = default(_AGENT, "temperature")
+    top_p: float = default(_AGENT, "top_p")
+    top_k: int = default(_AGENT, "top_k")
     seed: int | None = None
     extra_args: dict[str, Any] | None = None
+
+    @classmethod
+    def from_settings(cls, agent: AgentSettings, *, seed: int | None = None, temperature: float | None = None,
+                      top_p: float | None = None, top_k: int | None = None) -> Sampling:
+        """The sampling of `agent`; a value given here (a task's or a command's own) takes precedence
+        over the setting."""
+        return cls(temperature=agent.temperature if temperature is None else temperature,
+                   top_p=agent.top_p if top_p is None else top_p, top_k=agent.top_k if top_k is None else top_k,
+                   seed=seed, extra_args=dict(agent.extra_args) or None)
 
 
 @dataclass

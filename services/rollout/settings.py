@@ -3,15 +3,19 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from searchr1.core.settings import RedisSettings, RetrySettings, Section, ServiceSettings, check_block_ms
-
-if TYPE_CHECKING:
-    from searchr1.rollout.agent import AgentLimits, Sampling
+from searchr1.core.settings import (
+    RedisSettings,
+    RetrySettings,
+    RewardRetrySettings,
+    Section,
+    ServiceSettings,
+    check_block_ms,
+)
 
 
 class EngineSettings(Section):
@@ -65,29 +69,6 @@ class AgentSettings(Section):
     """Passed to the engine with every turn (vLLM `SamplingParams.extra_args`, read by custom logits
     processors)."""
 
-    def limits(self, *, max_context_tokens: int | None = None,
-               max_tokens_per_turn: int | None = None) -> AgentLimits:
-        """The agent loop's limits from these settings (`max_tokens_per_turn`: a task's own budget, when
-        it sets one); `max_context_tokens` is the engine's context length."""
-        from searchr1.rollout.agent import AgentLimits  # the agent loop (and its gRPC client) loads on use
-
-        return AgentLimits(
-            max_turns=self.max_turns,
-            max_tokens_per_turn=self.max_tokens_per_turn if max_tokens_per_turn is None else max_tokens_per_turn,
-            max_obs_tokens=self.max_obs_tokens, max_response_tokens=self.max_response_tokens,
-            max_context_tokens=max_context_tokens)
-
-    def sampling(self, *, seed: int | None = None, temperature: float | None = None, top_p: float | None = None,
-                 top_k: int | None = None) -> Sampling:
-        """The agent loop's sampling from these settings; a value given here (a task's or a command's own)
-        takes precedence over the setting."""
-        from searchr1.rollout.agent import Sampling
-
-        return Sampling(
-            temperature=self.temperature if temperature is None else temperature,
-            top_p=self.top_p if top_p is None else top_p, top_k=self.top_k if top_k is None else top_k,
-            seed=seed, extra_args=dict(self.extra_args) or None)
-
 
 class RetrieverClientSettings(RetrySettings):
     """How this worker calls the retriever (the server's own settings are the retriever service's); the
@@ -108,17 +89,15 @@ class RetrieverClientSettings(RetrySettings):
     """Queries are cut to this many characters (keep ≤ the retriever's `limits.max_query_chars`)."""
 
 
-class RewardClientSettings(RetrySettings):
+class RewardClientSettings(RewardRetrySettings):
     """How this worker calls the reward service (the server's own settings are the reward service's); the
-    retry knobs are those of `RetrySettings`. When `deadline_s` runs out the task stays unacked and is redelivered
+    retry knobs are those of `RewardRetrySettings`. When `deadline_s` runs out the task stays unacked and is redelivered
     after the visibility timeout."""
 
     url: str = "http://127.0.0.1:8002"
     """Base URL of the reward service."""
     token: str | None = None
     """Bearer token, if the reward service requires one."""
-    timeout_s: float = Field(default=30.0, gt=0)
-    """Per-call timeout (one attempt); scoring a group takes longer than a search."""
     scorer: str = "searchr1_em"
     """Scorer name the reward service applies."""
     item_format: Literal["solution_str", "prompt_response"] = "solution_str"

@@ -54,13 +54,14 @@ from redis.exceptions import RedisError
 from searchr1.core.faults import fault_point, poisoned
 from searchr1.core.protocol import render_prompt
 from searchr1.core.schemas import Task, Trajectory, TrajectoryGroup
+from searchr1.core.settings import default
 from searchr1.core.streams import Entry, TypedStream
 from searchr1.core.watchdog import Watchdog
 from searchr1.rollout.agent import AgentLimits, Sampling, SearchFn, TrajectoryResult, run_trajectory
 from searchr1.rollout.engine import Generator, GeneratorDead, TextCodec
 from searchr1.rollout.metrics import RolloutMetrics, StagedGenerator, staged_search
 from searchr1.rollout.partial import InterruptibleGenerator
-from searchr1.rollout.settings import AgentSettings, RewardClientSettings
+from searchr1.rollout.settings import AgentSettings, RewardClientSettings, TaskSettings, WeightSettings
 from searchr1.rollout.weights import WeightLoader
 
 log = logging.getLogger("searchr1.rollout.worker")
@@ -97,14 +98,14 @@ def _dead_generator(exc: BaseException) -> GeneratorDead | None:
 def sampling_for(task: Task, agent: AgentSettings) -> Sampling:
     """The task's sampling params, with the worker's settings where the task leaves one unset (None)."""
     s = task.sampling
-    return agent.sampling(seed=s.seed, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
+    return Sampling.from_settings(agent, seed=s.seed, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
 
 
 def limits_for(task: Task, agent: AgentSettings, max_context_tokens: int | None = None) -> AgentLimits:
     """The task's per-turn budget when it sets one, the worker's otherwise; the other limits are the
     worker's."""
-    return agent.limits(max_context_tokens=max_context_tokens,
-                        max_tokens_per_turn=task.sampling.max_tokens_per_turn)
+    return AgentLimits.from_settings(agent, max_context_tokens=max_context_tokens,
+                                     max_tokens_per_turn=task.sampling.max_tokens_per_turn)
 
 
 def score_items(task: Task, prompt_text: str, responses: Sequence[str], searches: Sequence[int],
@@ -206,7 +207,8 @@ class GroupSampler:
 
 @dataclass
 class Worker:
-    """Consumes tasks, publishes scored groups, keeps the weights fresh."""
+    """Consumes tasks, publishes scored groups, keeps the weights fresh. Its knobs are the `[rollout.tasks]`
+    settings of the same names (and `weights.poll_interval_s`), whose fields declare the defaults."""
 
     sampler: GroupSampler
     tasks: TypedStream[Task]
@@ -214,11 +216,11 @@ class Worker:
     loader: WeightLoader
     metrics: RolloutMetrics
     worker_id: str
-    max_concurrent: int = 8
-    block_ms: int = 500
-    reclaim_interval_s: float = 10.0
-    weight_poll_s: float = 2.0
-    drain_timeout_s: float | None = None
+    max_concurrent: int = default(TaskSettings, "max_concurrent")
+    block_ms: int = default(TaskSettings, "block_ms")
+    reclaim_interval_s: float = default(TaskSettings, "reclaim_interval_s")
+    weight_poll_s: float = default(WeightSettings, "poll_interval_s")
+    drain_timeout_s: float | None = default(TaskSettings, "drain_timeout_s")
     heartbeat_s: float | None = None
     watchdog: Watchdog | None = None
     partial: InterruptibleGenerator | None = None

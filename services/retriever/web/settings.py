@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import Field, SecretStr
 
-from searchr1.core.settings import Section
+from searchr1.core.settings import RetrySettings, Section
 from searchr1.retriever.web.adapters import DEFAULT_BASE_URLS, Provider
 
 
@@ -67,8 +67,10 @@ class PageSettings(Section):
     """Fetch pages on loopback/private/link-local addresses too (off: search results are not trusted)."""
 
 
-class WebSettings(Section):
-    """A web search API behind the retriever (`backend = "web"`)."""
+class WebSettings(RetrySettings):
+    """A web search API behind the retriever (`backend = "web"`). Its retry knobs (`timeout_s` per request,
+    `retries`, `backoff_s`, `max_backoff_s`, `deadline_s`) are those of `RetrySettings`, with a longer backoff:
+    a provider that answers 429 limits by the second."""
 
     provider: Provider = "searxng"
     """serper (Google results), serpapi, brave, or searxng (self-hosted JSON endpoint)."""
@@ -82,13 +84,9 @@ class WebSettings(Section):
     """A file holding the key (a mounted Kubernetes Secret), read when `api_key` and `api_key_env` are unset."""
     fetch_results: int = Field(default=10, ge=1, le=100)
     """Results asked for per query (top_k is served from them; a top_k above it asks for top_k)."""
-    timeout_s: float = Field(default=10.0, gt=0.0, le=300.0)
-    """Per-request timeout."""
-    retries: int = Field(default=3, ge=0, le=20)
-    """Retries of a request answered 429/5xx or lost to a timeout/connection error."""
     backoff_s: float = Field(default=0.5, ge=0.0, le=60.0)
-    """First retry's backoff (doubles per retry, with jitter)."""
-    max_backoff_s: float = Field(default=10.0, gt=0.0, le=600.0)
+    """First retry's backoff; it doubles per retry (with jitter) up to `max_backoff_s`."""
+    max_backoff_s: float = Field(default=10.0, gt=0.0, le=300.0)
     """Longest wait between two attempts."""
     requests_per_s: float = Field(default=5.0, gt=0.0, le=100_000.0)
     """Requests per second to the provider (token bucket)."""

@@ -40,10 +40,12 @@ from typing import Any
 
 from searchr1.core.datasets import DatasetError, Question, parse_row, read_rows
 from searchr1.core.protocol import render_prompt
+from searchr1.core.settings import default
 from searchr1.rollout.agent import AgentLimits, Sampling, SearchFn, TrajectoryResult, run_trajectory
 from searchr1.rollout.engine import Generator, TextCodec
 from searchr1.rollout.evaluation.report import write_outputs
 from searchr1.rollout.evaluation.stats import DEFAULT_GROUP_BY
+from searchr1.rollout.settings import AgentSettings
 from searchr1.rollout.worker import Scorer
 
 
@@ -114,7 +116,7 @@ class EvalConfig:
     concurrency: int = 16
     """Questions in flight at once (each runs 1 + K trajectories concurrently on the one engine)."""
     limits: AgentLimits = field(default_factory=AgentLimits)
-    template: str = "search_r1"
+    template: str = default(AgentSettings, "template")
     group_by: tuple[str, ...] = DEFAULT_GROUP_BY
     """Keys the reports break metrics down by: `data_source` or any key of a question's metadata
     (`Question.group_value`); each record carries its question's values of them."""

@@ -9,6 +9,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from searchr1.rollout.agent import AgentLimits, Sampling
 from searchr1.rollout.evaluation.evaluate import EvalConfig
 from searchr1.rollout.settings import RolloutSettings
 
@@ -33,9 +34,10 @@ def eval_config(settings: RolloutSettings, req: EvalRequest) -> EvalConfig:
     """The evaluation's config: the request's sampling, the agent settings' limits and template."""
     a = settings.agent
     return EvalConfig(
-        samples=req.samples, sampling=a.sampling(seed=req.seed, temperature=req.temperature), greedy=req.greedy,
+        samples=req.samples, sampling=Sampling.from_settings(a, seed=req.seed, temperature=req.temperature),
+        greedy=req.greedy,
         concurrency=req.concurrency, template=a.template, group_by=tuple(settings.eval.group_by),
-        limits=a.limits(max_context_tokens=settings.engine.max_model_len))
+        limits=AgentLimits.from_settings(a, max_context_tokens=settings.engine.max_model_len))
 
 
 def output_dirs(models: list[str], out: Path) -> list[Path]:

@@ -20,8 +20,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-DEFAULT_GROUP_BY: tuple[str, ...] = ("data_source",)
-"""Group keys when the caller names none (Search-R1 reports per `data_source`)."""
+from searchr1.core.settings import default
+from searchr1.rollout.settings import EvalSettings
+
+DEFAULT_GROUP_BY: tuple[str, ...] = tuple(default(EvalSettings, "group_by"))
+"""Group keys when the caller names none: `EvalSettings.group_by`'s default (Search-R1 reports per
+`data_source`)."""
 
 METRICS: tuple[tuple[str, str], ...] = (
     ("em", "EM"),
