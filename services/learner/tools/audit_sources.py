@@ -178,17 +178,22 @@ def read_logs(log_dir: Path) -> tuple[list[int], dict[str, str], dict[str, int]]
 
 
 def run_identity(run_dir: Path) -> tuple[str | None, str | None]:
-    """The run name `searchr1 up` gave the learner (`RUN_DIR/processes.json`), if recorded, and the Redis URL
-    when a command template put it on the command line (`up`'s own give it by environment: None)."""
+    """The run name `searchr1 up` gave its processes (`RUN_DIR/processes.json`), if recorded, and the Redis URL
+    when a command template put it on the learner's command line (`up`'s own give it by environment: None).
+    The run is read from the learner's `--run` when a template put it there, else from a rollout worker's
+    (`up` gives the learner its run by environment: under torchrun `--run` is torchrun's own option)."""
     table_path = run_dir / "processes.json"
     if not table_path.is_file():
         return None, None
-    argv = json.loads(table_path.read_text()).get("learner", {}).get("argv", [])
+    table = json.loads(table_path.read_text())
 
-    def flag(name: str) -> str | None:
+    def flag(argv: list[str], name: str) -> str | None:
         return argv[argv.index(name) + 1] if name in argv and argv.index(name) + 1 < len(argv) else None
 
-    return flag("--run"), flag("--redis")
+    learner = table.get("learner", {}).get("argv", [])
+    others = [p.get("argv", []) for name, p in sorted(table.items()) if name.startswith("rollout")]
+    run = next((r for r in (flag(a, "--run") for a in [learner, *others]) if r is not None), None)
+    return run, flag(learner, "--redis")
 
 
 @contextlib.contextmanager
