@@ -26,8 +26,9 @@ latest snapshot, which the learner still writes every N versions.
 The group URI (`broadcast://host:port/generation/world`) travels in `WeightVersion.uri`, so the
 announcement stays the contract.
 
-Pure helpers (`plan_buckets`, `pack_bucket`, `unpack_bucket`, `group_uri`, `parse_group_uri`) carry the
-layout; `Broadcaster` (rank 0) and `Receiver` (ranks ≥ 1) carry the group.
+Pure helpers carry the layout: `group_uri`, `parse_group_uri` here, and the bucket packing (`plan_buckets`,
+`pack_bucket`, `unpack_bucket`) in `searchr1.core.broadcast_buckets`, re-exported here; `Broadcaster`
+(rank 0) and `Receiver` (ranks ≥ 1) carry the group.
 """
 
 from __future__ import annotations
@@ -44,6 +45,16 @@ from urllib.parse import urlparse
 
 import xxhash
 
+from searchr1.core.broadcast_buckets import DigestMismatch as DigestMismatch
+from searchr1.core.broadcast_buckets import bucket_bytes_of as bucket_bytes_of
+from searchr1.core.broadcast_buckets import hash_into as _hash
+from searchr1.core.broadcast_buckets import pack_bucket as pack_bucket
+from searchr1.core.broadcast_buckets import padded as _padded
+from searchr1.core.broadcast_buckets import plan_buckets as plan_buckets
+from searchr1.core.broadcast_buckets import spec_bytes as spec_bytes
+from searchr1.core.broadcast_buckets import tensor_nbytes as _nbytes
+from searchr1.core.broadcast_buckets import unpack_bucket as unpack_bucket
+
 SCHEME = "broadcast"
 _DIGEST_BYTES = 16
 """xxh3-128 of the packed buckets: an integrity check of the transfer."""
@@ -56,16 +67,14 @@ WEIGHTS_KEY_ENV = "SEARCHR1_WEIGHTS_KEY"
 def mac(key: bytes, header: bytes, digest: bytes) -> bytes:
     """The signature the sender appends and the receiver checks."""
     return hmac.new(key, len(header).to_bytes(8, "big") + header + digest, hashlib.sha256).digest()
+
+
 _STORE_TIMEOUT_PAD_S = 5.0
 
 
 class BroadcastFailed(RuntimeError):
     """A collective did not complete in time or failed (a receiver died or never joined); the group is
     unusable and must be re-formed."""
-
-
-class DigestMismatch(RuntimeError):
-    """The received tensors' digest differs from the sender's: the version is rejected."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,86 +103,6 @@ def parse_group_uri(uri: str) -> tuple[GroupAddress, int]:
     if gen < 0 or world < 2 or version < 0:
         raise ValueError(f"not a broadcast weight URI: {uri!r}")
     return GroupAddress(u.hostname, u.port, gen, world), version
-
-
-def plan_buckets(sizes: Sequence[int], bucket_bytes: int) -> list[list[int]]:
-    """Group tensor indices into buckets of at most `bucket_bytes` (a bigger tensor gets a bucket of its
-    own), order kept."""
-    if bucket_bytes <= 0:
-        raise ValueError("bucket_bytes must be positive")
-    buckets: list[list[int]] = []
-    used = bucket_bytes
-    for i, n in enumerate(sizes):
-        if used + n > bucket_bytes or not buckets:
-            buckets.append([])
-            used = 0
-        buckets[-1].append(i)
-        used += n
-    return buckets
-
-
-_ALIGN = 16
-"""Every tensor starts at a multiple of this many bytes in its bucket (so each view is aligned)."""
-
-
-def _nbytes(t: Any) -> int:
-    return t.numel() * t.element_size()
-
-
-def _padded(n: int) -> int:
-    return -(-n // _ALIGN) * _ALIGN
-
-
-def spec_bytes(spec: dict[str, Any]) -> int:
-    """Bytes of one header spec's tensor (unpadded)."""
-    import torch
-
-    return torch.Size(spec["shape"]).numel() * torch.empty((), dtype=getattr(torch, spec["dtype"])).element_size()
-
-
-def bucket_bytes_of(specs: Sequence[dict[str, Any]]) -> int:
-    """Bytes of the packed bucket that holds `specs` (each tensor padded to the alignment)."""
-    return sum(_padded(spec_bytes(s)) for s in specs)
-
-
-def pack_bucket(tensors: Sequence[Any], digest: Any, out: Any = None) -> Any:
-    """Tensors → one flat uint8 tensor on their device (copied back to back, each padded to 16 bytes with
-    zeros); `digest` is updated with the packed bytes (on CPU; a device bucket is copied to host for the
-    hash). `out`: a uint8 buffer at least that long to pack into (its first bytes are returned), else a
-    new one. Only the padding is zeroed: every other byte is written once."""
-    import torch
-
-    total = sum(_padded(_nbytes(t)) for t in tensors)
-    device = tensors[0].device if tensors else torch.device("cpu")
-    flat = torch.empty(total, dtype=torch.uint8, device=device) if out is None else out[:total]
-    off = 0
-    for t in tensors:
-        n = _nbytes(t)
-        flat[off:off + n].copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
-        if _padded(n) > n:
-            flat[off + n:off + _padded(n)].zero_()
-        off += _padded(n)
-    _hash(flat, digest)
-    return flat
-
-
-def _hash(flat: Any, digest: Any) -> None:
-    host = flat if flat.device.type == "cpu" else flat.cpu()
-    digest.update(memoryview(host.numpy()))
-
-
-def unpack_bucket(flat: Any, specs: Sequence[dict[str, Any]]) -> list[tuple[str, Any]]:
-    """A received bucket → (name, tensor) views into it, per the header's specs (name, dtype, shape)."""
-    import torch
-
-    if bucket_bytes_of(specs) != flat.numel():
-        raise DigestMismatch(f"bucket holds {flat.numel()} bytes, its specs {bucket_bytes_of(specs)}")
-    out, off = [], 0
-    for spec in specs:
-        n = spec_bytes(spec)
-        out.append((spec["name"], flat[off:off + n].view(getattr(torch, spec["dtype"])).reshape(tuple(spec["shape"]))))
-        off += _padded(n)
-    return out
 
 
 def _bcast(pg: Any, tensor: Any) -> None:

@@ -11,11 +11,10 @@ and their groups: docs/architecture.md, "Streams").
   writer's fencing token against the run's lease in Redis and refuses a stale one (`LeaseLost`; a dead
   letter, which acks too, is fenced the same way);
 - trimming (`trim_every`): every `trim_every` acks or publishes through this object, the entries every
-  consumer group of the stream has acked are deleted (`searchr1.core.stream_trim`: one Lua script reads
-  the groups and runs XTRIM MINID below the oldest entry some group still needs, never a pending or
-  unread one, so a group created meanwhile cannot lose entries); the dead stream is capped
-  at about `dead_maxlen` entries (XADD MAXLEN ~, oldest first);
-- `dead_letter(id, reason)` → a valid entry the consumer refuses goes to the dead stream, acked;
+  consumer group of the stream has acked are deleted (`searchr1.core.stream_trim`, never a pending or
+  unread one); the dead stream is capped at about `dead_maxlen` entries (XADD MAXLEN ~, oldest first);
+- `dead_letter(id, reason)` → a valid entry the consumer refuses goes to the dead stream, acked (the
+  writes that bury an entry: `searchr1.core.stream_bury`);
 - `reclaim(consumer, count, held)` → entries pending longer than the visibility timeout are claimed by
   this consumer (XPENDING to see delivery counts, then XCLAIM); past `max_deliveries` they go to the dead
   stream instead with the reason (one Lua script per entry, which buries it only while it is still idle
@@ -46,17 +45,16 @@ so no entry a read delivered is dropped by retrying the read around it; acks are
 whose reply was lost may be applied twice (the learner trains a task id once: a duplicate group is a
 replay, a duplicate task a duplicate group). Without a link, errors reach the caller as before.
 
-Keys live under `searchr1:{run}:` (`StreamKeys`). The run's two streams are built only by
-`tasks_stream` (Task entries, read by the rollout workers' group `TASKS_GROUP`) and
-`trajectories_stream` (TrajectoryGroup entries, read by the learner's group `TRAJECTORIES_GROUP`), so
-every service and tool agrees on key, model and group. What this module does not do: decide when to ack or
+Keys live under `searchr1:{run}:` (`StreamKeys`, `searchr1.core.stream_keys`, re-exported here). The
+run's two streams are built only by `tasks_stream` (Task entries, group `TASKS_GROUP`) and
+`trajectories_stream` (TrajectoryGroup entries, group `TRAJECTORIES_GROUP`), so every service and tool
+agrees on key, model and group. What this module does not do: decide when to ack or
 how many entries to keep in flight; that is each service's loop.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Awaitable, Callable, Collection, Sequence, Sized
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -66,58 +64,25 @@ from redis import asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from searchr1.core import stream_scripts as scripts
-from searchr1.core.dead_letters import DEAD_PAYLOAD_MAX_BYTES, dead_record
 from searchr1.core.dead_letters import DeadLetter as DeadLetter
 from searchr1.core.dead_letters import read_dead as read_dead
 from searchr1.core.lease import Lease
 from searchr1.core.redis_link import RedisLink
 from searchr1.core.redis_link import connect as connect
 from searchr1.core.schemas import SchemaError, Task, TrajectoryGroup, decode, encode
+from searchr1.core.stream_bury import DEAD_MAXLEN as DEAD_MAXLEN
+from searchr1.core.stream_bury import PAYLOAD_FIELD as PAYLOAD_FIELD
+from searchr1.core.stream_bury import Burial
+from searchr1.core.stream_keys import TASKS_GROUP as TASKS_GROUP
+from searchr1.core.stream_keys import TRAJECTORIES_GROUP as TRAJECTORIES_GROUP
+from searchr1.core.stream_keys import StreamKeys as StreamKeys
 from searchr1.core.stream_release import release_pending
-from searchr1.core.stream_trim import trim_acked
+from searchr1.core.stream_trim import parse_id, trim_acked
 
 T = TypeVar("T", bound=BaseModel)
 R = TypeVar("R")
 
 log = logging.getLogger("searchr1.core.streams")
-
-PAYLOAD_FIELD = b"m"
-
-TASKS_GROUP = "rollout"
-"""Consumer group of the tasks stream: the rollout workers (the learner's dispatcher only publishes)."""
-TRAJECTORIES_GROUP = "learner"
-"""Consumer group of the trajectories stream: the learner (rank 0)."""
-DEAD_MAXLEN = 1_000
-"""About how many dead letters the dead stream keeps (the oldest go first; the reason of each is also
-logged by the process that buried it). Each is at most about 66 KB (`dead_letters.dead_record`), so the
-dead stream stays under about 66 MB."""
-
-
-@dataclass(frozen=True, slots=True)
-class StreamKeys:
-    """Redis key names of one run."""
-
-    run: str = "default"
-
-    def key(self, name: str) -> str:
-        return f"searchr1:{self.run}:{name}"
-
-    @property
-    def tasks(self) -> str:
-        return self.key("tasks")
-
-    @property
-    def trajectories(self) -> str:
-        return self.key("trajectories")
-
-    @property
-    def dead(self) -> str:
-        return self.key("dead")
-
-    @property
-    def weights(self) -> str:
-        """Hash `latest` {version, uri, sha256, created_at}."""
-        return self.key("weights")
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,11 +96,6 @@ class Entry(Generic[T]):
 
 def _sid(raw: bytes | str) -> str:
     return raw.decode() if isinstance(raw, bytes) else raw
-
-
-def _id_order(entry_id: str) -> tuple[int, int]:
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
 
 
 async def _direct(fn: Callable[[], Awaitable[R]], what: str = "") -> R:
@@ -308,7 +268,7 @@ class TypedStream(Generic[T]):
         never takes one another consumer has reclaimed meanwhile; returns how many."""
         if not ids:
             return 0
-        mine = sorted(ids, key=_id_order)
+        mine = sorted(ids, key=parse_id)
         done = await self._call(lambda: self.redis.eval(scripts.CLAIM_OWN, 1, self.key, self.group, consumer, "1", *mine),
                                 "heartbeat")
         return len(done)
@@ -360,17 +320,12 @@ class TypedStream(Generic[T]):
         """Dead-letter `mid` (delivered `times` times) while it is still pending for `consumer` ('' any)
         and idle `min_idle_ms`; True when it was."""
         reason = f"delivered {times} times without ack (max_deliveries={self.max_deliveries})"
-        done = await self._call(lambda: self.redis.eval(
-            scripts.BURY_IF, 2, self.key, self.dead_key, self.group, mid, consumer, min_idle_ms, reason,
-            repr(time.time()), self.dead_maxlen, DEAD_PAYLOAD_MAX_BYTES), "bury")
-        if int(done):
-            log.warning("%s: dead-lettered %s: %s", self.key, mid, reason)
-        return bool(int(done))
+        return await self._burial().bury_if(mid, reason, consumer=consumer, min_idle_ms=min_idle_ms)
 
     async def dead_letter(self, entry_id: str, reason: str) -> None:
         """Move a delivered entry the consumer will not process to the dead stream with `reason`, and
         ack it (the same record a malformed entry gets)."""
-        await self._bury_by_id(entry_id, reason)
+        await self._burial().bury_by_id(entry_id, reason)
 
     async def length(self) -> int:
         """Entries in the stream (acked or not; the stream is trimmed separately)."""
@@ -414,31 +369,12 @@ class TypedStream(Generic[T]):
             return None
         return Entry(mid, value, deliveries)
 
-    async def _bury_by_id(self, mid: str, reason: str) -> None:
-        rows = await self._call(lambda: self.redis.xrange(self.key, min=mid, max=mid), "xrange")
-        payload = rows[0][1].get(PAYLOAD_FIELD, b"") if rows else b""
-        await self._bury(mid, payload, reason)
-
     async def _bury(self, mid: str, payload: bytes, reason: str) -> None:
-        record = dead_record(self.key, mid, reason, payload)  # bounded in bytes
+        await self._burial().bury(mid, payload, reason)
 
-        fence = self.fence
-        if fence is not None:  # a dead letter is an ack: fenced like one
-            flat = [x for kv in record.items() for x in kv]
-            done = await self._call(lambda: self.redis.eval(
-                scripts.BURY_FENCED, 4, self.key, self.dead_key, *fence.fence_keys(), self.group, mid,
-                *fence.fence_args(), self.dead_maxlen, *flat), "bury")
-            if int(done) < 0:
-                raise fence.fenced_error(f"dead letter of {mid} of {self.key}")
-            return
-
-        async def send() -> None:
-            async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.xadd(self.dead_key, record, maxlen=self.dead_maxlen, approximate=True)
-                pipe.xack(self.key, self.group, mid)
-                await pipe.execute()
-
-        await self._call(send, "bury")
+    def _burial(self) -> Burial:
+        """The dead-letter writes of this stream (`searchr1.core.stream_bury`), on its current settings."""
+        return Burial(self.redis, self._call, self.key, self.group, self.dead_key, self.dead_maxlen, self.fence)
 
 
 def tasks_stream(redis: aioredis.Redis, keys: StreamKeys, *, visibility_timeout_ms: int = 60_000,

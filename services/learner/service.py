@@ -7,7 +7,8 @@ plus the dispatcher task feeding the tasks stream (the process around it — lea
 server, metrics server — is `process.py`'s).
 Where each step's groups come from, and how they are read, filtered, set aside and acked, is the group
 source's (`sources/`: the trajectories stream, or an archive for `train --replay`); the training step is
-`train/`'s; the math is `algo/`'s; figures are computed in `algo/figures.py`.
+`train/`'s; the math is `algo/`'s; figures are computed in `algo/figures.py`; the desync screen that
+sets a worker's groups aside before they train is `desync_screen.py`'s.
 
 Delivery guarantees: a trajectory-stream entry is acked only after the step that consumed it is
 checkpointed, and the checkpoint records the consumed task ids; a learner killed before acking re-reads
@@ -43,7 +44,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import statistics
 import time
 from collections import deque
 from typing import Any
@@ -53,15 +53,14 @@ from searchr1.core.faults import fault_point
 from searchr1.core.lease import Lease
 from searchr1.core.metrics import in_stage
 from searchr1.core.redis_link import RedisLink
-from searchr1.core.resync import request_resync
 from searchr1.core.schemas import TrajectoryGroup
-from searchr1.core.streams import StreamKeys
 from searchr1.core.watchdog import Watchdog
 from searchr1.learner.algo.batch import Batch, build_batch
-from searchr1.learner.algo.desync import DesyncDecision, DesyncPolicy
+from searchr1.learner.algo.desync import DesyncPolicy
 from searchr1.learner.algo.figures import by_source, group_figures
 from searchr1.learner.algo.group_filters import mask_overlong
 from searchr1.learner.algo.health import health_figures
+from searchr1.learner.desync_screen import DesyncScreen
 from searchr1.learner.dispatcher import Dispatcher
 from searchr1.learner.guard import CollapseGuard, Decision
 from searchr1.learner.metrics import LearnerMetrics, StepLog
@@ -74,7 +73,6 @@ from searchr1.learner.train.checkpoint import Checkpointer, TrainState
 from searchr1.learner.train.distributed import broadcast_groups
 from searchr1.learner.train.model import DistInfo, export_weights
 from searchr1.learner.train.rollback import roll_back
-from searchr1.learner.train.screen import worker_mismatch
 from searchr1.learner.transport import WeightTransport
 
 __all__ = ["Learner"]
@@ -138,8 +136,10 @@ class Learner:
         self.dispatcher = dispatcher
         """Feeds the tasks stream on rank 0 (run as a task beside the loop); its position is checkpointed."""
         self.guard = guard
-        self.desync = desync
-        """The desync rule (`algo/desync.py`), judged on every step's groups before they train; None = off."""
+        self.desync = (DesyncScreen(desync, training, settings.batch, metrics, info=info, run=settings.redis.run,
+                                    source=source, redis=redis, link=link) if desync is not None else None)
+        """The desync screen (`desync_screen.py`, the rule `algo/desync.py`), run on every step's groups
+        before they train; None = off."""
         self.halted: str | None = None
         """Why a policy stopped the run (the collapse guard's message), once one has."""
         self.stages: deque[str] = deque(maxlen=64)
@@ -175,53 +175,6 @@ class Learner:
     def make_batch(self, groups: list[TrajectoryGroup]) -> Batch:
         """Pad the groups into a batch (the trainer computes the advantages)."""
         return build_batch(groups, pad_id=self.training.pad_id, max_seq_len=self.s.batch.max_seq_len)
-
-    @in_stage("forward_backward", _stages)
-    def score_workers(self, groups: list[TrajectoryGroup]):
-        """Per worker, the mismatch of its groups against the weights this step starts from (every rank)."""
-        b, trainer = self.s.batch, self.training.trainer
-        with trainer.autocast():
-            return worker_mismatch(trainer.policy, groups, pad_id=self.training.pad_id, max_seq_len=b.max_seq_len,
-                                   micro_batch_size=b.micro_batch_size, device=trainer.device, info=self.info)
-
-    async def screen(self, step: StepGroups) -> StepGroups:
-        """Desync screen: judge each worker's groups (`algo/desync.py`) and carry out the decision — a
-        flagged worker's groups are set aside (dead-lettered with the reason, never trained) and the worker
-        is told to re-sync its weights. Returns the step's remaining groups, with the screen's figures."""
-        decision: DesyncDecision = self.desync.decide(await asyncio.to_thread(self.score_workers, step.groups))
-        means = list(decision.figures.values()) or [0.0]
-        figures = {**step.figures, "desync_flagged_workers": float(len(decision.flagged)),
-                   "worker_mismatch_max": max(means), "worker_mismatch_median": statistics.median(means)}
-        keep = [i for i, g in enumerate(step.groups) if g.worker_id not in decision.flagged]
-        if self.info.is_main and decision.any:
-            await self.carry_out(decision, step, keep)
-        return StepGroups([step.groups[i] for i in keep],
-                          [step.entry_ids[i] for i in keep] if step.entry_ids else [], figures)
-
-    async def carry_out(self, decision: DesyncDecision, step: StepGroups, keep: list[int]) -> None:
-        """Rank 0: dead-letter the flagged workers' groups and ask each flagged worker to re-sync."""
-        kept = set(keep)
-        for i, g in enumerate(step.groups):
-            if i in kept:
-                continue
-            reason = f"desync: worker {g.worker_id}: {decision.flagged[g.worker_id]}"
-            log.error("setting aside group of task %s (version %d): %s", g.task.task_id, g.policy_version, reason)
-            if self.source is not None and step.entry_ids and step.entry_ids[i]:
-                await self.source.reject(step.entry_ids[i], reason)
-        for worker, why in decision.flagged.items():
-            self.metrics.desync_flags.inc()
-            log.error("worker %s is out of sync with the learner's weights (%s): re-sync requested", worker, why)
-            if self.redis is not None:
-                await self.request_resync(worker, why)
-
-    async def request_resync(self, worker: str, why: str) -> None:
-        """Tell `worker` to reload the announced weights (through the Redis link: waits out an outage)."""
-        keys = StreamKeys(self.s.redis.run)
-
-        def call():
-            return request_resync(self.redis, keys, worker, why)
-
-        await (self.link.call(call, "resync") if self.link is not None else call())
 
     @in_stage("forward_backward", _stages)
     def train(self, batch: Batch) -> dict[str, float]:
@@ -306,7 +259,7 @@ class Learner:
         `step.entry_ids` is empty on ranks other than 0)."""
         t0 = time.perf_counter()
         if self.desync is not None:
-            step = await self.screen(step)
+            step = await self.desync.screen(step)
             if not step.groups:  # every group came from a flagged worker: nothing to train this time
                 return
         groups = step.groups

@@ -34,7 +34,7 @@ that it does not hold (a read whose reply the outage lost).
 Every task read is held until it is acked or given up, and a heartbeat task resets the idle time of
 the tasks held every `heartbeat_s` (a quarter of the visibility timeout) from the read on — through a
 weight load the task waits for, a drain, a partial-rollout swap — so another worker reclaims a task only
-from a worker that stopped heartbeating (dead, or hung past the timeout).
+from a worker that stopped heartbeating (dead, or hung past the timeout): `held.py`.
 
 What the worker does not do: decide how many tasks exist (the learner's dispatcher) or train.
 """
@@ -42,7 +42,6 @@ What the worker does not do: decide how many tasks exist (the learner's dispatch
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -59,6 +58,7 @@ from searchr1.core.streams import Entry, TypedStream
 from searchr1.core.watchdog import Watchdog
 from searchr1.rollout.agent import AgentLimits, Sampling, SearchFn, TrajectoryResult, run_trajectory
 from searchr1.rollout.engine import Generator, GeneratorDead, TextCodec
+from searchr1.rollout.held import HeldTasks
 from searchr1.rollout.metrics import RolloutMetrics, StagedGenerator, staged_search
 from searchr1.rollout.partial import InterruptibleGenerator
 from searchr1.rollout.settings import AgentSettings, RewardClientSettings, TaskSettings, WeightSettings
@@ -228,14 +228,17 @@ class Worker:
     _inflight: set[asyncio.Task] = field(default_factory=set)
     _inflight_ids: set[str] = field(default_factory=set)
     _entry_ids: dict[asyncio.Task, str] = field(default_factory=dict)  # task in flight → its stream entry
-    _held: set[str] = field(default_factory=set)
-    """Ids of the tasks read and not yet acked or given up: heartbeaten from read to ack, through weight
-    loads, swaps and drains."""
+    _held: HeldTasks = field(init=False)
+    """The tasks read and not yet acked or given up: heartbeaten from read to ack, through weight loads,
+    swaps and drains (`held.py`)."""
     _seq: int = 0
     _next_reclaim: float = 0.0
     _next_weights: float = 0.0
     _next_lag: float = 0.0
     _fatal: GeneratorDead | None = None
+
+    def __post_init__(self) -> None:
+        self._held = HeldTasks(self.tasks, self.worker_id)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until `stop` is set, then drain (finish, publish and ack in-flight tasks)."""
@@ -244,7 +247,8 @@ class Worker:
         self.metrics.weight_version.set(self.loader.version)
         self._next_reclaim = 0.0
         self._next_weights = 0.0
-        beating = asyncio.create_task(self._keep_heartbeat()) if self.heartbeat_s is not None else None
+        beating = (asyncio.create_task(self._held.keep_beating(self.heartbeat_s))
+                   if self.heartbeat_s is not None else None)
         try:
             while not stop.is_set() and self._fatal is None:
                 try:
@@ -273,10 +277,10 @@ class Worker:
         if slots <= 0:
             await asyncio.wait(self._inflight, timeout=self.block_ms / 1000, return_when=asyncio.FIRST_COMPLETED)
             return
-        entries = await self.tasks.reread_own(self.worker_id, self._held, slots)
+        entries = await self.tasks.reread_own(self.worker_id, self._held.ids, slots)
         if not entries and now >= self._next_reclaim:
             self._next_reclaim = now + self.reclaim_interval_s
-            reclaimed = await self.tasks.reclaim(self.worker_id, slots, held=self._held)
+            reclaimed = await self.tasks.reclaim(self.worker_id, slots, held=self._held.ids)
             # our own slow tasks look idle too: claiming them resets their idle time, nothing more
             entries = [e for e in reclaimed if e.id not in self._inflight_ids]
             for e in entries:
@@ -284,14 +288,14 @@ class Worker:
         if not entries:
             block = self.block_ms if not self._inflight else min(self.block_ms, 50)
             entries = await self.tasks.read(self.worker_id, count=slots, block_ms=block)
-        self._held.update(e.id for e in entries)  # heartbeaten from here, through a load for them
+        self._held.hold(e.id for e in entries)  # heartbeaten from here, through a load for them
         try:
             if entries and max(e.value.min_policy_version for e in entries) > self.loader.version:
                 # load the announced weights now, not at the next poll: these tasks' groups would otherwise
                 # be dropped as stale by the learner (in synchronous training, every step's first tasks)
                 await self._move_to_announced_weights()
         except BaseException:
-            self._held.difference_update(e.id for e in entries)  # not started: left for redelivery
+            self._held.drop(e.id for e in entries)  # not started: left for redelivery
             raise
         for e in entries:
             self._start(e)
@@ -338,26 +342,10 @@ class Worker:
             self._inflight.discard(t)
             self._inflight_ids.discard(entry.id)
             self._entry_ids.pop(t, None)
-            self._held.discard(entry.id)
+            self._held.drop([entry.id])
             self.metrics.inflight_tasks.set(len(self._inflight))
 
         task.add_done_callback(_done)
-
-    async def _keep_heartbeat(self) -> None:
-        """Every `heartbeat_s`, reset the idle time of the tasks held (read and not yet acked), whatever
-        the loop is doing — reading, loading or swapping weights, draining — so only a dead worker's tasks
-        pass the visibility timeout. A failed heartbeat is logged and tried again at the next beat."""
-        assert self.heartbeat_s is not None
-        while True:
-            await asyncio.sleep(self.heartbeat_s)
-            if not self._held:
-                continue
-            try:
-                async with asyncio.timeout(max(self.heartbeat_s, 1.0)):
-                    await self.tasks.heartbeat(self.worker_id, set(self._held))
-            except (TimeoutError, RedisError, OSError) as exc:
-                log.warning("could not heartbeat %d held task(s) (trying again in %.1f s): %s", len(self._held),
-                            self.heartbeat_s, exc)
 
     async def _drain(self, timeout: float | None = None) -> None:
         """Wait for the tasks in flight (the heartbeat keeps them held meanwhile); those still running after
@@ -371,10 +359,7 @@ class Worker:
             for t in late:
                 t.cancel()
             await asyncio.gather(*running, return_exceptions=True)
-            released = 0
-            with contextlib.suppress(TimeoutError, RedisError, OSError):  # else they wait out the visibility timeout
-                async with asyncio.timeout(2.0):
-                    released = await self.tasks.release(self.worker_id, held)
+            released = await self._held.release(held)
             log.info("%d task(s) still in flight after the %.0f s drain: abandoned, %d released for another "
                      "worker to take at once", len(late), timeout or 0.0, released)
             return
