@@ -7,7 +7,9 @@ so latency and loss come from the soak's userspace proxy in the path.
 loopback addresses unchanged), so a link is routed *through* the host's namespace and back: the client
 connects to its proxy on loopback, the proxy to a relay inside the host's namespace (10.N.i.2), the relay
 back over the veth to a forwarder on the root side (10.N.i.1), the forwarder to the server. Every byte of
-that link crosses the veth twice; with the veth down, nothing of it moves and new connections fail.
+that link crosses the veth twice; with the veth down, nothing of it moves and new connections fail (10.N/16
+is an unreachable route in the root namespace, so nothing meant for a host whose veth is down leaves the
+machine by the default route).
 
 Needs root and `ip` (iproute2); `netns_unavailable()` says why not otherwise.
 """
@@ -55,6 +57,7 @@ class Hosts:
         self.forwarders: list[ChaosProxy] = []
         self.loop = loop
         self._next_port = 20000
+        self._route = False
 
     def namespaces(self) -> list[str]:
         return [self.ns(h) for h in self.hosts]
@@ -66,6 +69,10 @@ class Hosts:
         return f"sr{self.tag}{self.hosts.index(host)}a"
 
     def create(self, hosts: list[str]) -> None:
+        # With a veth down its /30 route goes too, and a connection to that host would follow the default
+        # route off the machine: the whole 10.N/16 is unreachable but for the /30s of the links that are up.
+        _ip("route", "add", "unreachable", f"10.{self.octet}.0.0/16")
+        self._route = True
         for i, host in enumerate(hosts):
             self.hosts.append(host)
             ns, root_end, ns_end = self.ns(host), f"sr{self.tag}{i}a", f"sr{self.tag}{i}b"
@@ -118,6 +125,9 @@ class Hosts:
             for f in self.forwarders:
                 with contextlib.suppress(Exception):
                     asyncio.run_coroutine_threadsafe(f.close(), self.loop).result(10)
+        if self._route:
+            with contextlib.suppress(subprocess.CalledProcessError):
+                _ip("route", "del", "unreachable", f"10.{self.octet}.0.0/16")
         for i, host in enumerate(self.hosts):
             with contextlib.suppress(subprocess.CalledProcessError):
                 _ip("link", "del", f"sr{self.tag}{i}a")
