@@ -535,13 +535,58 @@ def summary_text(r: dict) -> str:
     return "\n".join(lines)
 
 
+def markdown(r: dict) -> str:
+    """The report's tables in Markdown (docs/reliability.md): faults by kind, recovery, memory and disk, audit."""
+    def f(v, unit: str = "") -> str:
+        return "—" if v is None else f"{v:.1f}{unit}"
+    m = r["machine"]
+    out = [f"Seed {r['settings']['seed']}, {r['chaos_s'] / 60:.0f} min of faults ({r['duration_s'] / 60:.0f} min "
+           f"with start-up, settling and the audit), {r['steps_logged']} steps logged; {r['network']}; "
+           f"{m['cpus']} cores, {m['mem_gib']:.0f} GiB, load average at the end "
+           f"{', '.join(f'{x:.1f}' for x in m['load_average'])}.", "",
+           "| fault | count | healthy again p50 / max | next step p50 / p99 / max |", "|---|---|---|---|"]
+    healthy = r["healthy_after_kill_s"]
+    for key, count in r["fault_counts"].items():
+        kind, target = key.split(" ", 1)
+        rec = r["recovery_s"].get(key if kind == "kill" else kind, {})
+        h = healthy.get(target, {}) if kind == "kill" else {}
+        if kind == "kill":
+            out.append(f"| {key} | {count} | {f(h.get('p50'), ' s')} / {f(h.get('max'), ' s')} | "
+                       f"{f(rec.get('p50'), ' s')} / {f(rec.get('p99'), ' s')} / {f(rec.get('max'), ' s')} |")
+        else:
+            out.append(f"| {key} | {count} | | (all {kind}, below) |")
+    for kind in ("kill", "partition", "slow"):
+        if kind in r["recovery_s"]:
+            rec = r["recovery_s"][kind]
+            out.append(f"| all {kind} | {rec['n']} | | {f(rec['p50'], ' s')} / {f(rec['p99'], ' s')} / "
+                       f"{f(rec['max'], ' s')} |")
+    a, red, disk = r["audit"], r["redis_used_memory"], r["disk"]
+    out += ["", "| curve | last | peak | slope after warm-up |", "|---|---|---|---|",
+            f"| Redis used_memory | {f(red['last_mib'], ' MiB')} | {f(red['peak_mib'], ' MiB')} | "
+            f"{f(red['slope_mib_per_h'], ' MiB/h')} |",
+            f"| disk under the run directory | {f(disk['last_mib'], ' MiB')} | | {f(disk['slope_mib_per_h'], ' MiB/h')} |"]
+    for name, v in r["rss"].items():
+        out.append(f"| RSS {name} ({v['incarnations']} incarnation(s), fitted on {v['fitted_s'] / 60:.0f} min) | "
+                   f"{v['last_mib']:.0f} MiB | {v['peak_mib']:.0f} MiB | {f(v['slope_mib_per_h'], ' MiB/h')} |")
+    out += ["", f"Audit: {a['dispatched']} tasks dispatched, {a['trained_once']} trained once, **{a['lost']} lost, "
+            f"{a['trained_twice']} trained twice**, {a['dropped']} dropped {a['dropped_reasons'] or ''}, "
+            f"{a['dead_lettered']} dead-lettered {a['dead_reasons'] or ''}, {a['in_flight']} in flight at the stop; "
+            f"learner resumed from steps {a['learner_resumes']}, {len(a['superseded_steps'])} steps archived again; "
+            f"restarts {r['restarts']}; verdict: {'PASS' if r['ok'] else 'FAIL: ' + '; '.join(r['problems'])}."]
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, default=Path("configs/soak.toml"))
     parser.add_argument("--duration-s", type=float, help="override [soak] duration_s")
     parser.add_argument("--seed", type=int, help="override [soak] seed")
     parser.add_argument("--out", type=Path, help="output directory (default runs/soak-SEED)")
+    parser.add_argument("--markdown", type=Path, metavar="SOAK_JSON", help="print a report's tables and exit")
     args = parser.parse_args(argv)
+    if args.markdown:
+        print(markdown(json.loads(args.markdown.read_text())))
+        return 0
     settings = SoakSettings.load(args.config if args.config.is_file() else None)
     if args.duration_s is not None:
         settings.duration_s = args.duration_s
