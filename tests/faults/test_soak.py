@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.soak import Soak, SoakSettings, summary_text
+from tests.faults.soak import Soak, SoakSettings
+from tests.faults.soak_report import summary_text
 
 ROOT = Path(__file__).resolve().parents[2]
 
