@@ -171,6 +171,7 @@ def markdown(r: dict) -> str:
     out += ["", f"Audit: {a['dispatched']} tasks dispatched, {a['trained_once']} trained once, **{a['lost']} lost, "
             f"{a['trained_twice']} trained twice**, {a['dropped']} dropped {a['dropped_reasons'] or ''}, "
             f"{a['dead_lettered']} dead-lettered {a['dead_reasons'] or ''}, {a['in_flight']} in flight at the stop; "
-            f"learner resumed from steps {a['learner_resumes']}, {len(a['superseded_steps'])} steps archived again; "
+            f"learner resumed from steps {a['learner_resumes']}, {len(a['superseded_steps'])} steps archived again, "
+            f"{a['resumed_trajectories']} trajectories resumed across weight versions; "
             f"restarts {r['restarts']}; verdict: {'PASS' if r['ok'] else 'FAIL: ' + '; '.join(r['problems'])}."]
     return "\n".join(out)
