@@ -264,10 +264,12 @@ class Soak:
     def _pick(self) -> tuple[str, str]:
         kinds = list(self.s.kinds)
         kind = self.rng.choices(kinds, weights=[self.s.kinds[k] for k in kinds])[0]
-        busy = {name for _, name, _ in self.windows}
         if kind == "kill":
             return kind, self.rng.choice(self.s.kill_targets)
-        free = [n for n in self.links.links if n not in busy]
+        # one window at a time per link, and per host's veth (a partition takes all of a host's links down)
+        busy = {name for _, name, _ in self.windows}
+        busy_veths = {self.links.links[n].veth for n in busy} - {None}
+        free = [n for n, link in self.links.links.items() if n not in busy and link.veth not in busy_veths]
         if not free:
             return "kill", self.rng.choice(self.s.kill_targets)
         return kind, self.rng.choice(sorted(free))
