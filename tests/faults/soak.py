@@ -332,7 +332,8 @@ class Soak:
             table = json.loads((run.run_dir / "processes.json").read_text())
         except (OSError, ValueError):
             table = {}
-        procs = {name: entry["pid"] for name, entry in table.items() if isinstance(entry, dict) and "pid" in entry}
+        procs = {name: entry["pid"] for name, entry in table.items()
+                 if isinstance(entry, dict) and "pid" in entry and name != "index-build"}  # one-shot: its pid is reused
         procs["launcher"] = run.proc.pid if run.proc else 0
         procs["soak"] = os.getpid()
         for name, pid in procs.items():
