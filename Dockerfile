@@ -63,8 +63,10 @@ WORKDIR /app
 COPY configs ./configs
 # The committed tiny-world warm start (3 MB): compose's `init` copies it instead of training one.
 COPY assets ./assets
-# Writable state lives under /app/runs (a volume); everything else can be mounted read-only.
-RUN mkdir -p /app/runs && chown 10001:10001 /app/runs /app
+# Writable state lives under /app/runs (a volume); a GPU compose project (deploy/scripts/compose_gpu.py) also
+# mounts volumes at /app/data, /app/models and /app/.cache, owned by the service user when first created.
+RUN mkdir -p /app/runs /app/data /app/models /app/.cache \
+    && chown 10001:10001 /app/runs /app/data /app/models /app/.cache /app
 USER 10001:10001
 ENTRYPOINT ["searchr1"]
 CMD ["--help"]

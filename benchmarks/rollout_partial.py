@@ -126,9 +126,9 @@ async def run_mode(name: str, counting: Counting, gen, budgets: list[int], args,
 
 async def run(args) -> None:
     sys.path.insert(0, str(ROOT))
-    from searchr1.rollout.engine import VllmEngineConfig, VllmGenerator
     from searchr1.rollout.partial import InterruptibleGenerator
     from searchr1.rollout.settings import EngineSettings
+    from searchr1.rollout.vllm_engine import VllmEngineConfig, VllmGenerator
     from tests.support.tiny_lm import build_tiny_lm, perturb_weights
 
     work = Path(tempfile.mkdtemp(prefix="partial-bench-"))

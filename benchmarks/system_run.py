@@ -218,8 +218,7 @@ def evaluate(record: RunRecord, samples: int, limit: int | None, log=print) -> d
         args += ["--limit", str(limit)]
     plan = eval_plan(build_plan(settings, cfg, record.run_dir / "eval-run"), args, settings.templates)
     console = Console(file=open(os.devnull, "w"))  # noqa: SIM115 - the supervisor's screen is not wanted here
-    sup = Supervisor(plan, console=console, grace_period_s=settings.grace_period_s,
-                     die_with_launcher=settings.die_with_launcher, verbose=False, title="eval")
+    sup = Supervisor(plan, settings, console=console, verbose=False, title="eval")
     t0 = time.time()
     rc = asyncio.run(sup.run())
     if rc != 0 or not (out / "eval.json").is_file():

@@ -2,6 +2,7 @@
 publication reaching one receiver process, end to end, same model, same run, taking turns.
 
     .venv/bin/python benchmarks/weight_broadcast.py [--sizes tiny,0.5b] [--repeats 2] [--bucket-mb 64]
+                                                    [--no-snapshot]
 
 - snapshot: the learner's streamed `WeightPublisher.write` (safetensors + sha256 in one pass) on local
   disk, then the receiver verifies it in place (`snapshot_digest`) and loads the tensors into its model
@@ -16,8 +17,14 @@ engine of 0.5B does not fit beside the machine's other jobs; `tests/integration/
 covers the vLLM receiving end). One receiver: the learner's send time grows with the receivers under gloo's
 broadcast; NCCL figures need a GPU and are not taken here.
 
-Prints, per size and path, the wall seconds from the start of the publication to the receiver's
-acknowledgement, the bytes and GB/s, and the ratio snapshot / broadcast.
+- floor: between the same two processes, over the same gloo group, the same bytes in the same 64 MiB
+  buckets: one pack of each bucket into a reused buffer, the bucket on the wire, one copy of each tensor
+  into the receiver's model — no header beyond the bucket plan, no hash, no pipelining.
+
+Each round runs broadcast, floor (and snapshot) back to back; prints per round the wall seconds from the
+start of the publication to the receiver's acknowledgement, GB/s, ours as a share of the floor of the
+same round (floor time / broadcast time), the median and range of the shares, the load average, and the
+CPU phases measured alone in the learner's process (pack, xxh3, one copy of every byte).
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ _RECEIVER = r"""
 import json, sys, time, torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM
-from searchr1.core.broadcast import Receiver, parse_group_uri
+from searchr1.core.broadcast import Receiver, parse_group_uri, _bcast, _bcast_bytes, bucket_bytes_of, unpack_bucket
 from searchr1.core.weights import snapshot_digest
 cfg = AutoConfig.from_pretrained(sys.argv[1])
 dtype = getattr(torch, sys.argv[2])
@@ -50,7 +57,16 @@ print("ready", flush=True)
 for line in sys.stdin:
     kind, arg = line.split()
     with torch.no_grad():
-        if kind == "snapshot":
+        if kind == "floor":  # bare: the bucket plan, then each bucket on the wire and one copy into the model
+            plan = json.loads(_bcast_bytes(rx._pg, None, "cpu"))
+            sizes = [bucket_bytes_of(specs) for specs in plan]
+            buf = torch.empty(max(sizes), dtype=torch.uint8)
+            for specs, n in zip(plan, sizes):
+                _bcast(rx._pg, buf[:n])
+                for name, t in unpack_bucket(buf[:n], specs):
+                    params[name].copy_(t)
+            digest = "floor"
+        elif kind == "snapshot":
             digest = snapshot_digest(arg)
             for name, t in load_file(f"{arg}/model.safetensors").items():
                 params[name].copy_(t)
@@ -110,6 +126,62 @@ async def broadcast_round(bc, version: int, named, rx: ReceiverProc) -> tuple[fl
     return dt, sent
 
 
+def floor_round(bc, named, buckets, rx: ReceiverProc) -> float:
+    """The floor between the same two processes, on the same gloo group: one pack per bucket (into one
+    reused buffer), the bucket on the wire, one copy into the receiver's model; no hash, no header beyond
+    the bucket plan, no pipelining."""
+    import torch
+
+    from searchr1.core.broadcast import _bcast, _bcast_bytes, _nbytes, _padded
+
+    specs = [{"name": n, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)} for n, t in named]
+    plan = [[specs[i] for i in b] for b in buckets]
+    biggest = max(sum(_padded(_nbytes(named[i][1])) for i in b) for b in buckets)
+    buf = torch.zeros(biggest, dtype=torch.uint8)
+    t0 = time.perf_counter()
+    rx.ask("floor", "bare")
+    _bcast_bytes(bc._pg, json.dumps(plan).encode(), torch.device("cpu"))
+    for b in buckets:
+        off = 0
+        for i in b:
+            t = named[i][1]
+            n = _nbytes(t)
+            buf[off:off + n].copy_(t.detach().reshape(-1).view(torch.uint8))
+            off += _padded(n)
+        _bcast(bc._pg, buf[:off])
+    rx.wait()
+    return time.perf_counter() - t0
+
+
+def phase_costs(named, buckets) -> dict[str, float]:
+    """Seconds of each CPU phase of one publication, measured alone in this process: packing the buckets
+    (`pack_bucket`, hash excluded), xxh3-128 over the packed bytes (once per side), and one copy of every
+    byte (what the receiver's copy into its model costs)."""
+    import torch
+    import xxhash
+
+    from searchr1.core.broadcast import pack_bucket
+
+    class _NoHash:
+        def update(self, _):
+            pass
+
+    t0 = time.perf_counter()
+    flats = [pack_bucket([named[i][1] for i in b], _NoHash()) for b in buckets]
+    pack = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    h = xxhash.xxh3_128()
+    for f in flats:
+        h.update(memoryview(f.numpy()))
+    hashing = time.perf_counter() - t0
+    dst = [torch.empty_like(f) for f in flats]
+    t0 = time.perf_counter()
+    for d, f in zip(dst, flats):
+        d.copy_(f)
+    copy = time.perf_counter() - t0
+    return {"pack": pack, "hash": hashing, "copy": copy}
+
+
 async def run_size(size: str, args, work: Path) -> dict:
     from benchmarks.weight_sync import build_model
     from searchr1.core.broadcast import Broadcaster
@@ -123,14 +195,21 @@ async def run_size(size: str, args, work: Path) -> dict:
     publisher = WeightPublisher(work / size / "snapshots", keep=1)
     rx = ReceiverProc(work / size / "config", dtype)
     bc = Broadcaster("127.0.0.1", 0, 2, timeout_s=300, bucket_bytes=args.bucket_mb << 20)
-    rows: dict[str, list[float]] = {"snapshot": [], "broadcast": []}
+    from searchr1.core.broadcast import _nbytes, _padded, plan_buckets
+
+    buckets = plan_buckets([_padded(_nbytes(t)) for _, t in named], args.bucket_mb << 20)
+    rows: dict[str, list] = {"snapshot": [], "broadcast": [], "floor": [], "phases": [], "loads": []}
     try:
         version = 0
         for _ in range(args.repeats):
             version += 1
-            rows["snapshot"].append(snapshot_round(publisher, version, model, rx)[0])
-            version += 1
-            rows["broadcast"].append((await broadcast_round(bc, version, named, rx))[0])
+            rows["broadcast"].append((await broadcast_round(bc, version, named, rx))[0])  # forms the group
+            rows["floor"].append(await asyncio.to_thread(floor_round, bc, named, buckets, rx))
+            if not args.no_snapshot:
+                version += 1
+                rows["snapshot"].append(snapshot_round(publisher, version, model, rx)[0])
+            rows["phases"].append(phase_costs(named, buckets))
+            rows["loads"].append(os.getloadavg()[0])
     finally:
         rx.close()
         bc.close()
@@ -140,12 +219,22 @@ async def run_size(size: str, args, work: Path) -> dict:
 
 
 def report(r: dict) -> str:
+    """Per round: broadcast, floor, share (floor / broadcast, paired in the round), snapshot; then the
+    median and spread of the shares, and the phase table (medians)."""
+    import statistics
+
     gb = r["bytes"] / 1e9
-    s, b = min(r["snapshot"]), min(r["broadcast"])
-    fmt = ", ".join
-    return (f"{r['size']:<5} {gb:6.3f} GB  snapshot {fmt(f'{x:.2f}' for x in r['snapshot'])} s "
-            f"({gb / s:.3f} GB/s best)  broadcast {fmt(f'{x:.2f}' for x in r['broadcast'])} s ({gb / b:.3f} GB/s best)  "
-            f"snapshot/broadcast {s / b:.1f}x (best of each)  load average {' '.join(f'{x:.1f}' for x in r['load'])}")
+    lines = [f"{r['size']}: {gb:.3f} GB, {len(r['broadcast'])} rounds"]
+    shares = [f / b for f, b in zip(r["floor"], r["broadcast"])]
+    for i, (b, f) in enumerate(zip(r["broadcast"], r["floor"])):
+        snap = f"  snapshot {r['snapshot'][i]:.3f} s" if r["snapshot"] else ""
+        lines.append(f"  round {i + 1}: broadcast {b:.3f} s ({gb / b:.2f} GB/s)  floor {f:.3f} s ({gb / f:.2f} GB/s)  "
+                     f"ours = {shares[i]:.0%} of the floor{snap}  load {r['loads'][i]:.1f}")
+    lines.append(f"  ours / floor: median {statistics.median(shares):.0%}, range {min(shares):.0%}–{max(shares):.0%}")
+    ph = {k: statistics.median(p[k] for p in r["phases"]) for k in r["phases"][0]}
+    lines.append("  phases alone (median s): " + ", ".join(f"{k} {v:.3f} ({gb / v:.2f} GB/s)" for k, v in ph.items()))
+    lines.append(f"  load average at the end {' '.join(f'{x:.1f}' for x in r['load'])}")
+    return "\n".join(lines)
 
 
 async def amain(args) -> None:
@@ -168,6 +257,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--bucket-mb", type=int, default=64)
     p.add_argument("--json", default=None)
+    p.add_argument("--no-snapshot", action="store_true", help="skip the snapshot rounds")
     asyncio.run(amain(p.parse_args()))
 
 

@@ -3,6 +3,7 @@ shared-volume and HTTP transports (docs/architecture.md, "Weight sync"; docs/per
 
     .venv/bin/python benchmarks/weight_sync.py [--sizes tiny,0.5b,1.5b] [--transports volume,http]
                                                [--variants before,after] [--vllm-sizes tiny] [--json out.json]
+                                               [--floors]
 
 Models: the tiny world's shape (float32, as the world trains it) and random-initialised Qwen2 models with
 Qwen2.5-0.5B and Qwen2.5-1.5B shapes (bfloat16, tied embeddings). Each size is published once per variant
@@ -33,7 +34,8 @@ Prints, per size × variant × transport, wall seconds per phase, end-to-end GB/
 phases) and CPU seconds (this process's threads plus the file server's; a vLLM reload runs in the
 engine's own process and is not counted); `--json` writes the same rows, per-phase CPU included. On a
 shared machine wall times move with the neighbours' load: `--repeats` publishes each variant several
-times, taking turns.
+times, taking turns. `--floors` times the system's tools on the same file after each volume row
+(page-cache read, `sha256sum`, a copy with and without `fdatasync`) and prints ours as a share of them.
 """
 
 from __future__ import annotations
@@ -302,6 +304,41 @@ async def receive(variant: str, wv, path: Path, dl: Path, transport: str, clock:
         return await fetch_snapshot(wv, dl)
 
 
+def _timed(cmd: list[str]) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - t0
+
+
+def floors(path: Path) -> dict[str, float]:
+    """The same snapshot's bytes through the system's own tools, right after it is written (GB/s): read from
+    the page cache (`dd` to /dev/null), `sha256sum`, a copy into a new file without and with `fdatasync`
+    (`dd`, 64 MiB blocks)."""
+    from searchr1.core.weights import snapshot_files
+
+    files = [f for f in snapshot_files(path) if f.suffix == ".safetensors"]
+    n = sum(f.stat().st_size for f in files)
+    out = path.parent / "floor-copy"
+    rates = {}
+    rates["read"] = n / sum(_timed(["dd", f"if={f}", "of=/dev/null", "bs=64M"]) for f in files)
+    rates["sha256sum"] = n / _timed(["sha256sum", *map(str, files)])
+    rates["write"] = n / sum(_timed(["dd", f"if={f}", f"of={out}", "bs=64M"]) for f in files)
+    rates["write_fsync"] = n / sum(_timed(["dd", f"if={f}", f"of={out}", "bs=64M", "conv=fdatasync"]) for f in files)
+    out.unlink(missing_ok=True)
+    return {k: v / 1e9 for k, v in rates.items()}
+
+
+def floor_line(row: Row, f: dict[str, float]) -> str:
+    """Ours per phase (GB/s) against the floors of the same file, in the same round."""
+    gb = row.bytes / 1e9
+    publish = gb / max(row.seconds.get("write", 0.0) + row.seconds.get("hash", 0.0), 1e-9)
+    verify = gb / max(row.seconds.get("verify", 0.0), 1e-9)
+    return (f"  floors (GB/s): page-cache read {f['read']:.2f}, sha256sum {f['sha256sum']:.2f}, write "
+            f"{f['write']:.2f}, write+fdatasync {f['write_fsync']:.2f} | ours: publish (write + digest, no fsync) "
+            f"{publish:.2f} = {publish / f['write']:.0%} of the write floor, verify {verify:.2f} = "
+            f"{verify / f['sha256sum']:.0%} of sha256sum | load {os.getloadavg()[0]:.1f}")
+
+
 async def run_size(size: str, args, redis, workdir: Path, engine_factory) -> list[Row]:
     from searchr1.core.schemas import WeightVersion
     from searchr1.core.streams import StreamKeys
@@ -355,6 +392,8 @@ async def run_size(size: str, args, redis, workdir: Path, engine_factory) -> lis
                         row.seconds.setdefault(p, 0.0)
                         row.cpu.setdefault(p, 0.0)
                     print(row.line(), flush=True)
+                    if args.floors and transport == "volume":
+                        print(floor_line(row, await asyncio.to_thread(floors, path)), flush=True)
                     rows.append(row)
                     await asyncio.to_thread(shutil.rmtree, dl, True)
                 await asyncio.to_thread(shutil.rmtree, path, True)
@@ -369,8 +408,8 @@ async def run_size(size: str, args, redis, workdir: Path, engine_factory) -> lis
 
 
 async def start_vllm(engine_dir: Path):
-    from searchr1.rollout.engine import VllmEngineConfig, VllmGenerator
     from searchr1.rollout.settings import EngineSettings
+    from searchr1.rollout.vllm_engine import VllmEngineConfig, VllmGenerator
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on the CPU build
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -421,6 +460,8 @@ def main() -> None:
     ap.add_argument("--workdir", default=None, help="where snapshots are written (default: the temp dir)")
     ap.add_argument("--repeats", type=int, default=1, help="publications per variant (variants take turns)")
     ap.add_argument("--json", default=None, help="write the rows here as JSON")
+    ap.add_argument("--floors", action="store_true",
+                    help="after each volume row, time dd/sha256sum/fdatasync on the same file (the floors)")
     ap.add_argument("--serve", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--variant", default="after", help=argparse.SUPPRESS)

@@ -15,6 +15,8 @@ from typing import Annotated
 
 import typer
 
+from searchr1.core.commandline import fail
+
 SERVICE_COMMAND_MODULES = (
     "searchr1.retriever.commands",
     "searchr1.reward.commands",
@@ -148,7 +150,7 @@ def streams_redrive(
 ) -> None:
     """Requeue dead letters on the stream they came from (after a fix), selected by stream and reason."""
     if source not in (None, "tasks", "trajectories"):
-        raise typer.BadParameter("--source must be tasks or trajectories")
+        fail("--source must be tasks or trajectories")
     moved = asyncio.run(_redrive(redis_url, run, source, reason, count, dry_run))
     for d in moved:
         typer.echo(f"{d.id} -> {d.source}: {d.reason}")

@@ -21,12 +21,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         kind = rel.parts[0]
         if kind in ("unit", "integration", "e2e"):
             item.add_marker(getattr(pytest.mark, kind))
-    # slow runs only when asked for with -m slow
+    # slow and release runs only when asked for with -m slow / -m release (make test-release)
     markexpr = config.getoption("-m") or ""
-    if "slow" not in markexpr:
-        skip = pytest.mark.skip(reason="slow: run with -m slow")
+    for marker, how in (("slow", "run with -m slow"), ("release", "run with -m release (make test-release)")):
+        if marker in markexpr:
+            continue
+        skip = pytest.mark.skip(reason=f"{marker}: {how}")
         for item in items:
-            if "slow" in item.keywords:
+            if marker in item.keywords:
                 item.add_marker(skip)
 
 

@@ -1,19 +1,31 @@
-"""docker-compose.gpu.yml from a run config's [placement] table: one compose service per vLLM worker
-(`rollout-gpu-0`, `rollout-gpu-1`, …) and one for the learner's FSDP ranks (`learner-gpus`), each given
-exactly its GPUs by `device_ids`, as `searchr1 up` and the Kubernetes gpu overlay place them.
+"""docker-compose.gpu.yml: a complete compose project that runs one run config on one GPU node.
 
     python deploy/scripts/compose_gpu.py configs/searchr1-3b-grpo.toml > docker-compose.gpu.yml
-    docker compose -f docker-compose.yml -f docker-compose.gpu.yml up -d --scale rollout=0 --scale learner=0
+    docker compose -f docker-compose.gpu.yml up -d
 
-Each service is a complete copy of docker-compose.yml's `rollout-gpu` / `learner-gpu` (no `extends`, so
-no list is merged and no GPU is inherited), without their `gpu` profile, with the placement's settings
-in the environment (tensor-parallel size, memory fraction, vLLM port) and the learner started under
-torchrun. The network aliases `rollout` and `learner` keep Prometheus' DNS discovery finding them.
-The retriever stays on the CPU here (the compose file's retriever has no GPU).
+From the config's `[placement]` table (the layout `searchr1 up` and the Kubernetes gpu overlay use) and
+docker-compose.yml's services it writes:
+
+- `data`, one shot, first: the inputs the config names onto the `inputs` and `models` volumes (train
+  parquet by `searchr1 data fetch`, the policy and the retriever's encoder from the Hugging Face Hub or a
+  local mirror mounted at /mirror, the index by `searchr1 index fetch`); each step is skipped when its output
+  is there. Every other searchr1 service waits for it (`service_completed_successfully`).
+- `retriever` on the placement's GPU (query encoder on CUDA; FAISS too with `faiss_gpu`) or on CPU, its
+  healthcheck's start period sized from the index it loads (`readiness_budget_s`).
+- `rollout-gpu-0`, `-1`, … one per vLLM worker and `learner-gpus` (the learner's FSDP ranks under
+  torchrun), each given exactly its GPUs by `device_ids`, with the network aliases Prometheus discovers.
+- redis (maxmemory sized by the run: `searchr1.learner.redis_budget`), reward, Prometheus, Alertmanager,
+  Grafana as in docker-compose.yml.
+
+Every searchr1 service mounts the config read-only at /app/configs/run.toml and reads it. There is no CPU
+`rollout`/`learner` service and no tiny-world `init` in this project: one learner, always. A GPU the
+placement leaves idle is named in the header. GPU kernels compiled at first use (Triton, inductor, vLLM)
+land on the `cache` volume and are reused by the next start.
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
 import sys
 from pathlib import Path
@@ -22,6 +34,42 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
+CONFIG_IN_CONTAINER = "configs/run.toml"
+IMAGE = "${SEARCHR1_GPU_IMAGE:-searchr1:gpu}"
+WIKI18_FLAT_BYTES = 21_015_324 * 768 * 4 + 45
+"""The wiki-18 e5 Flat index `searchr1 index fetch` assembles: 21,015,324 passages × 768 float32 (+ header)."""
+SLOW_READ_BYTES_PER_S = 100e6
+"""Read rate the retriever's readiness budget assumes (a network volume; local NVMe is 10-30× faster)."""
+START_OVERHEAD_S = 300.0
+"""Encoder load, corpus map, CUDA context and server start on top of reading the index."""
+INPUT_MOUNTS = ["inputs:/app/data", "models:/app/models", "cache:/app/.cache"]
+
+
+def readiness_budget_s(index_bytes: int, floor_s: float = 0.0) -> int:
+    """Seconds the retriever may take to become ready: reading `index_bytes` at `SLOW_READ_BYTES_PER_S`
+    plus `START_OVERHEAD_S`, at least `floor_s` (the config's own `launcher.retriever.health_timeout_s`),
+    rounded up to a whole minute."""
+    need = max(index_bytes / SLOW_READ_BYTES_PER_S + START_OVERHEAD_S, floor_s)
+    return int(-(-need // 60) * 60)
+
+
+def index_bytes(index_dir: Path, kind: str) -> int:
+    """Size of the index the retriever will load: the files under `index_dir` when it already exists
+    on this host, else the fetched wiki-18 e5 Flat index (`kind` flat) or 0 (a BM25 or a small index)."""
+    if index_dir.is_dir():
+        return sum(f.stat().st_size for f in index_dir.rglob("*") if f.is_file())
+    return WIKI18_FLAT_BYTES if kind == "flat" else 0
+
+
+class _Dumper(yaml.SafeDumper):
+    """No anchors/aliases (each service written out whole); multi-line strings as literal blocks."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+_Dumper.add_representer(str, lambda d, v: d.represent_scalar("tag:yaml.org,2002:str", v,
+                                                             style="|" if "\n" in v else None))
 
 
 def _gpu(devices: tuple[int, ...]) -> dict[str, Any]:
@@ -29,48 +77,197 @@ def _gpu(devices: tuple[int, ...]) -> dict[str, Any]:
         {"driver": "nvidia", "device_ids": [str(d) for d in devices], "capabilities": ["gpu"]}]}}}
 
 
-def _service(template: dict[str, Any], alias: str, devices: tuple[int, ...], env: dict[str, str]) -> dict[str, Any]:
+def _with_run_config(argv: list[str], run: str) -> list[str]:
+    """A service command reading the run config and naming the run."""
+    out = [CONFIG_IN_CONTAINER if a == "configs/compose.toml" else a for a in argv]
+    if "--run" in out:
+        out[out.index("--run") + 1] = run
+    return out
+
+
+def _searchr1(template: dict[str, Any], config_mount: str, env: dict[str, str] | None = None,
+              devices: tuple[int, ...] = (), alias: str | None = None) -> dict[str, Any]:
     s = copy.deepcopy(template)
-    s.pop("profiles", None)
-    s.pop("build", None)  # built once as SEARCHR1_GPU_IMAGE (make image-cuda)
+    for key in ("profiles", "build", "deploy", "networks"):
+        s.pop(key, None)
+    s["image"] = IMAGE
+    s["volumes"] = ["data:/app/runs", f"{config_mount}:/app/{CONFIG_IN_CONTAINER}:ro", *INPUT_MOUNTS]
     s["environment"] = {**s.get("environment", {}),
-                        **{k: v for k, v in env.items() if k != "CUDA_VISIBLE_DEVICES"}}
-    s["networks"] = {"default": {"aliases": [alias]}}
-    s["deploy"] = _gpu(devices)
+                        **{k: v for k, v in (env or {}).items() if k != "CUDA_VISIBLE_DEVICES"}}
+    if alias:
+        s["networks"] = {"default": {"aliases": [alias]}}
+    if devices:
+        s["deploy"] = _gpu(devices)
     return s
 
 
-def compose_gpu(settings, base: dict[str, Any], source: str = "") -> str:
-    """The override file (YAML text) for `settings` (PlacementSettings) over the compose file `base`."""
-    from searchr1.launcher.placement import LEARNER_SHM, plan_placement
+def data_script(dataset: str, model: str, model_repo: str, index_dir: str, encoder_dir: str,
+                encoder_repo: str) -> str:
+    """The data service's shell script (compose escapes `$` as `$$`); each step skipped when done."""
+    data_dir = str(Path(dataset).parent)
+    index_parent = str(Path(index_dir).parent)
+    return "\n".join([
+        "set -eu",
+        "cd /app",
+        "fetch_model() {  # repo, directory: from /mirror/<repo> when mounted, else the Hugging Face Hub",
+        '  [ -f "$$2/config.json" ] && return 0',
+        '  if [ -d "/mirror/$$1" ]; then mkdir -p "$$2" && cp -r "/mirror/$$1/." "$$2/"',
+        '  else hf download "$$1" --local-dir "$$2"; fi',
+        "}",
+        f'[ -f {dataset} ] || searchr1 data fetch {data_dir} --repo "$$SEARCHR1_DATA_REPO"',
+        f"fetch_model {encoder_repo} {encoder_dir}",
+        f"fetch_model {model_repo} {model}",
+        f"[ -f {index_dir}/manifest.json ] || searchr1 index fetch --out {index_parent} --encoder {encoder_dir} "
+        '--index-repo "$$SEARCHR1_INDEX_REPO" --corpus-repo "$$SEARCHR1_CORPUS_REPO" --no-keep-parts',
+        "du -sh data models",
+        'echo "data ready"',
+        "",
+    ])
 
-    plan = plan_placement(settings)
-    services: dict[str, Any] = {}
-    for i, worker in enumerate(plan.rollout):
-        services[f"rollout-gpu-{i}"] = _service(base["services"]["rollout-gpu"], "rollout", worker.gpus, worker.env)
-    learner = _service(base["services"]["learner-gpu"], "learner", plan.learner.gpus, plan.learner.env)
-    learner["entrypoint"] = [*plan.learner.command_prefix, "-m", "searchr1.cli"]
+
+def _plan_lines(plan, settings, idle: list[int]) -> list[str]:
+    by_gpu: dict[int, str] = {}
+    for i, w in enumerate(plan.rollout):
+        for g in w.gpus:
+            by_gpu[g] = f"rollout-gpu-{i} (vLLM, tensor parallel {len(w.gpus)})"
+    for rank, g in enumerate(plan.learner.gpus):
+        by_gpu[g] = (by_gpu[g] + " + " if g in by_gpu else "") + f"learner-gpus rank {rank} (FSDP)"
+    for g in plan.retriever.gpus:
+        what = "query encoder + FAISS" if settings.retriever.faiss_gpu else "query encoder (FAISS on CPU)"
+        by_gpu[g] = (by_gpu[g] + " + " if g in by_gpu else "") + f"retriever ({what})"
+    lines = [f"#   GPU {g}: {by_gpu[g]}" for g in sorted(by_gpu)]
+    lines += [f"#   GPU {g}: idle (no role in [placement]; give it to a role there and regenerate)" for g in idle]
+    return lines
+
+
+DATA_ENV = {"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": "${HF_ENDPOINT:-https://huggingface.co}", "HF_TOKEN": "${HF_TOKEN:-}",
+            "SEARCHR1_DATA_REPO": "${SEARCHR1_DATA_REPO:-RUC-NLPIR/FlashRAG_datasets}",
+            "SEARCHR1_INDEX_REPO": "${SEARCHR1_INDEX_REPO:-PeterJinGo/wiki-18-e5-index}",
+            "SEARCHR1_CORPUS_REPO": "${SEARCHR1_CORPUS_REPO:-PeterJinGo/wiki-18-corpus}"}
+"""The data service's sources, each overridable from .env (a Hub mirror, a local dataset copy)."""
+AFTER_DATA = {"data": {"condition": "service_completed_successfully"}}
+
+
+def _redis(template: dict[str, Any], need_bytes: int) -> tuple[dict[str, Any], int]:
+    """Redis with maxmemory defaulting to `need_bytes` + 25 % (at least 4 GiB); returns it and the MB."""
+    redis = copy.deepcopy(template)
+    need_mb = max(4096, -(-need_bytes * 5 // 4 // 2**20))
+    entry = redis["entrypoint"]
+    redis["entrypoint"] = [*entry[:2], entry[2].replace("${REDIS_MAXMEMORY:-4gb}", f"${{REDIS_MAXMEMORY:-{need_mb}mb}}")]
+    return redis, need_mb
+
+
+def _learner(template: dict[str, Any], mount: str, plan, run: str, start_s: float) -> dict[str, Any]:
+    from searchr1.launcher.placement import LEARNER_SHM
+
+    lrn = _searchr1(template, mount, plan.learner.env, plan.learner.gpus, "learner")
+    lrn["entrypoint"] = [*plan.learner.command_prefix, "-m", "searchr1.cli"]
+    # torchrun reads every option-like word of the line, and `--run` is ambiguous to it (--run-path):
+    # the run's name goes through the environment instead
+    command = _with_run_config(lrn["command"], run)
+    if "--run" in command:
+        at = command.index("--run")
+        del command[at:at + 2]
+    lrn["command"] = command
+    lrn["environment"]["LEARNER_REDIS__RUN"] = run
+    lrn["depends_on"] = {**AFTER_DATA, "redis": {"condition": "service_healthy"}}
+    lrn["healthcheck"] = {**lrn["healthcheck"], "start_period": f"{int(start_s)}s"}
     if len(plan.learner.gpus) > 1:
-        learner["shm_size"] = LEARNER_SHM.replace("Gi", "gb")  # NCCL's shared-memory transport
-    services["learner-gpus"] = learner
-    groups = " | ".join(w.cuda_visible_devices for w in plan.rollout)
-    head = (f"# Generated from the [placement] table of {source or 'a run config'} by\n"
-            f"#   python deploy/scripts/compose_gpu.py {source or '<config>'} > docker-compose.gpu.yml\n"
-            f"# {len(plan.rollout)} vLLM worker(s) on GPUs {groups}; the learner's {len(plan.learner.gpus)} FSDP "
-            f"rank(s) on GPUs {plan.learner.cuda_visible_devices}.\n"
-            "# Use: docker compose -f docker-compose.yml -f docker-compose.gpu.yml up -d --scale rollout=0 "
-            "--scale learner=0\n")
-    return head + yaml.safe_dump({"services": services}, sort_keys=False, default_flow_style=False, width=110)
+        lrn["shm_size"] = LEARNER_SHM.replace("Gi", "gb")  # NCCL's shared-memory transport
+    return lrn
+
+
+def _retriever(template: dict[str, Any], mount: str, plan, index_dir: str, budget_s: int) -> dict[str, Any]:
+    retriever = _searchr1(template, mount, plan.retriever.env, plan.retriever.gpus)
+    retriever["command"] = ["serve", "retriever", "--index", index_dir, "--host", "0.0.0.0", "--grpc-port",
+                            "50051", "--http-port", "8000", "--config", CONFIG_IN_CONTAINER]
+    retriever["healthcheck"] = {**retriever["healthcheck"], "interval": "30s", "retries": 10,
+                                "start_period": f"{budget_s}s"}
+    retriever["depends_on"] = AFTER_DATA
+    return retriever
+
+
+def compose_gpu(config: Path, settings, learner, base: dict[str, Any], *, model_repo: str,
+                encoder_repo: str = "intfloat/e5-base-v2", encoder_dir: str = "models/e5-base-v2",
+                source: str = "") -> str:
+    """The compose project (YAML text) for the run config at `config` whose [placement] is `settings`
+    (PlacementSettings) and whose learner settings are `learner`, built from docker-compose.yml `base`."""
+    from searchr1.core.settings import load_settings
+    from searchr1.launcher.placement import plan_placement
+    from searchr1.launcher.settings import LauncherSettings
+    from searchr1.learner.redis_budget import redis_need_bytes
+
+    launch = load_settings(LauncherSettings, config)
+    plan = plan_placement(settings)
+    run, index_dir = launch.run, launch.retriever.index_dir
+    if index_dir is None:
+        raise SystemExit(f"{config}: [launcher.retriever] index_dir is not set (the index the retriever serves)")
+    mount = str(config) if config.is_absolute() else f"./{config}"
+    src = base["services"]
+    services: dict[str, Any] = {}
+    services["redis"], need_mb = _redis(src["redis"], redis_need_bytes(learner))
+    data = _searchr1(src["init"], mount)
+    data.update(restart="no", depends_on={}, environment=dict(DATA_ENV), command=[data_script(
+        learner.dispatcher.dataset, learner.model.path, model_repo, index_dir, encoder_dir, encoder_repo)])
+    services["data"] = data
+    size = index_bytes(ROOT / index_dir, launch.retriever.kind or "flat")
+    budget = readiness_budget_s(size, launch.retriever.health_timeout_s)
+    services["retriever"] = _retriever(src["retriever"], mount, plan, index_dir, budget)
+    reward = _searchr1(src["reward"], mount)
+    reward.update(command=_with_run_config(reward["command"], run), depends_on=AFTER_DATA)
+    services["reward"] = reward
+    rollout_deps = {**AFTER_DATA, "redis": {"condition": "service_healthy"},
+                    "retriever": {"condition": "service_healthy"}, "reward": {"condition": "service_healthy"}}
+    for i, worker in enumerate(plan.rollout):
+        s = _searchr1(src["rollout-gpu"], mount, worker.env, worker.gpus, "rollout")
+        s.update(command=_with_run_config(s["command"], run), depends_on=rollout_deps,
+                 healthcheck={**s["healthcheck"], "start_period": f"{int(launch.rollout.health_timeout_s)}s"})
+        services[f"rollout-gpu-{i}"] = s
+    services["learner-gpus"] = _learner(src["learner-gpu"], mount, plan, run, launch.learner.health_timeout_s)
+    for name in ("prometheus", "alertmanager", "grafana"):
+        services[name] = copy.deepcopy(src[name])
+    trainers = [n for n, s in services.items() if "train" in (s.get("command") or [])[:1]]
+    assert trainers == ["learner-gpus"], trainers  # one learner per project
+
+    used = {*(g for w in plan.rollout for g in w.gpus), *plan.learner.gpus, *plan.retriever.gpus}
+    idle = [g for g in range(settings.gpus) if g not in used]
+    head = [f"# Generated from {source or config} by",
+            f"#   python deploy/scripts/compose_gpu.py {source or config} > docker-compose.gpu.yml",
+            "# Use: docker compose -f docker-compose.gpu.yml up -d    (secrets in .env, as docker-compose.yml)",
+            f"# Run {run!r}; every searchr1 service reads {source or config} as /app/{CONFIG_IN_CONTAINER}.",
+            "# GPUs:", *_plan_lines(plan, settings, idle),
+            f"# Retriever readiness budget: {budget} s (index of {size} bytes).",
+            f"# Redis maxmemory default: {need_mb} MB (what the learner keeps unacked, +25 %; REDIS_MAXMEMORY).", ""]
+    volumes = {k: None for k in ("data", "inputs", "models", "cache", "redis", "prometheus", "alertmanager")}
+    body = yaml.dump({"services": services, "volumes": volumes}, Dumper=_Dumper, sort_keys=False,
+                     default_flow_style=False, width=110)
+    return "\n".join(head) + body.replace(": null\n", ": {}\n")
+
+
+def default_model_repo(model: str) -> str:
+    """`Qwen/<name>` for a models/Qwen… directory (the Search-R1 configs), else an error asking for --model-repo."""
+    name = Path(model).name
+    if name.startswith("Qwen"):
+        return f"Qwen/{name}"
+    raise SystemExit(f"cannot tell the Hub repository of {model}: pass --model-repo OWNER/NAME")
 
 
 def main(argv: list[str]) -> None:
     from searchr1.core.settings import load_settings
     from searchr1.launcher.placement import PlacementSettings
+    from searchr1.learner.settings import LearnerSettings
 
-    if len(argv) != 1:
-        sys.exit("usage: python deploy/scripts/compose_gpu.py <run config with a [placement] table>")
+    p = argparse.ArgumentParser(description="docker-compose.gpu.yml for a run config with a [placement] table")
+    p.add_argument("config", type=Path)
+    p.add_argument("--model-repo", help="Hub repository of the policy (default: Qwen/<model directory name>)")
+    p.add_argument("--encoder-repo", default="intfloat/e5-base-v2", help="Hub repository of the index's encoder")
+    p.add_argument("--encoder-dir", default="models/e5-base-v2", help="Where the data service puts the encoder")
+    a = p.parse_args(argv)
+    learner = load_settings(LearnerSettings, a.config)
     base = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-    sys.stdout.write(compose_gpu(load_settings(PlacementSettings, argv[0]), base, argv[0]))
+    sys.stdout.write(compose_gpu(a.config, load_settings(PlacementSettings, a.config), learner, base,
+                                 model_repo=a.model_repo or default_model_repo(learner.model.path),
+                                 encoder_repo=a.encoder_repo, encoder_dir=a.encoder_dir, source=str(a.config)))
 
 
 if __name__ == "__main__":

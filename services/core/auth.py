@@ -96,7 +96,8 @@ class BearerAuthMiddleware:
             return
         body = json.dumps({"detail": "missing or invalid bearer token"}).encode()
         await send({"type": "http.response.start", "status": 401,
-                    "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]})
+                    "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer"),
+                                (b"connection", b"close")]})  # an unread body is not waited for
         await send({"type": "http.response.body", "body": body})
 
     def _is_open(self, path: str) -> bool:

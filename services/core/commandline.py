@@ -26,10 +26,30 @@ EXIT_USAGE = 2
 """Bad input: a config, flag or file the command cannot use."""
 
 
+EXIT_FAILED = 1
+"""The command ran and failed (a service it needs, an audit that found a loss)."""
+
+
+def error(message: str, code: int = EXIT_USAGE) -> int:
+    """Print `error: message` on one line to stderr and return `code`: how a run function that returns
+    its exit code reports a user error (no traceback)."""
+    typer.echo(f"error: {' '.join(str(message).split())}", err=True)
+    return code
+
+
 def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
-    """Print `error: message` to stderr and exit with `code`."""
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
+    """Print `error: message` on one line to stderr and exit with `code`: the one way a command reports a
+    user error (no traceback, no usage panel)."""
+    raise typer.Exit(error(message, code))
+
+
+def validation_message(exc: ValueError) -> str:
+    """A settings error on one line: `field.path: reason` for each field pydantic refused, else the text."""
+    from pydantic import ValidationError
+
+    if not isinstance(exc, ValidationError):
+        return str(exc)
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or exc.title}: {e['msg']}" for e in exc.errors())
 
 
 def settings_or_exit(cls: type[M], config: str | Path | None, **overrides: Any) -> M:
@@ -40,7 +60,7 @@ def settings_or_exit(cls: type[M], config: str | Path | None, **overrides: Any) 
     try:
         return load_settings(cls, config, **overrides)  # type: ignore[type-var]
     except (ConfigError, ValueError) as exc:
-        fail(str(exc))
+        fail(validation_message(exc))
 
 
 def token_or_exit(token: str | None, auth: Any, *, server: str, setting: str) -> None:
@@ -126,4 +146,12 @@ def field_help(settings: str | type, path: str, extra: str = "") -> str:
             name = nested[0]
     if not doc:
         raise KeyError(f"{settings}.{path} has no docstring")
-    return f"{doc} {extra}".strip()
+    return help_text(f"{doc} {extra}".strip())
+
+
+def help_text(text: str) -> str:
+    """`text` for a Typer help string: a bracketed word (`[rollout]`, `[default 8600]`) is escaped, so rich
+    markup shows it instead of taking it for a style tag and dropping it."""
+    from rich.markup import escape
+
+    return escape(text)

@@ -4,14 +4,38 @@ times without an ack, or refused by its consumer) with the reason (`searchr1.cor
 `redrive` puts dead letters back on the stream they came from (a new entry with the same payload, the
 dead letter deleted in the same transaction), selected by source stream and a substring of the reason:
 after a fix, or a rolling upgrade that refused entries an older or newer version wrote, the work is
-done instead of stranded. Entries without a payload (it was never readable) stay where they are.
+done instead of stranded. Entries without a payload (it was never readable, or it was over
+`DEAD_PAYLOAD_MAX_BYTES`) stay where they are.
+
+Each dead letter is bounded in bytes (`dead_record`), and the stream in entries (`dead_maxlen` in
+`searchr1.core.streams`), so the dead stream holds at most about `dead_maxlen` × (64 KiB + 2 KB).
 """
 
 from __future__ import annotations
 
+import hashlib
+import time
 from dataclasses import dataclass
 
 from redis import asyncio as aioredis
+
+DEAD_PAYLOAD_MAX_BYTES = 64 * 1024
+"""A dead letter keeps its payload up to this size; a larger one keeps its size and sha256 in the reason
+instead (it cannot be redriven: the payload that killed its consumer is in the sender's log or archive)."""
+DEAD_REASON_MAX_CHARS = 2000
+"""Reasons are cut to this length."""
+
+
+def dead_record(source: str, source_id: str, reason: str, payload: bytes) -> dict[bytes, bytes | str]:
+    """The dead-stream entry of a refused entry, bounded in bytes: at most `DEAD_PAYLOAD_MAX_BYTES` of
+    payload and `DEAD_REASON_MAX_CHARS` of reason, so `dead_maxlen` entries bound the dead stream."""
+    reason = reason[:DEAD_REASON_MAX_CHARS]
+    if len(payload) > DEAD_PAYLOAD_MAX_BYTES:
+        reason = (f"{reason} [payload of {len(payload)} bytes not kept, sha256 "
+                  f"{hashlib.sha256(payload).hexdigest()}]")
+        payload = b""
+    return {b"source": source, b"source_id": source_id, b"reason": reason, b"payload": payload,
+            b"at": repr(time.time())}
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,10 @@ The points: `learner.after_archive` (a step trained and archived, not yet checkp
 checkpoint's files written, not yet fsynced, manifested nor renamed: a torn checkpoint) and `rollout.after_publish` (a group published to the trajectories stream, its task not yet acked): the worst
 moments to die, which a kill from outside hits only by chance. For tests only; never set in production.
 
+`rollout.skip_reload` does not kill either: the rollout weight loader skips the engine's reload once but
+records the new version as loaded — a reload that failed silently, for the learner's desync screen to
+catch (`learner/algo/desync.py`).
+
 `rollout.poison_group` does not kill: `poisoned(group)` returns the group with its first token id
 pushed far past any vocabulary (schema-valid, untrainable), once — a worker sending poison that passes
 the schema, for the learner to dead-letter alone.

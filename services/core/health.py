@@ -6,18 +6,18 @@ token limit. These pure functions compute those figures from what every trajecto
 text, search count and finish reason); the learner exports them per step (`searchr1_learner_<name>`) and
 the trajectory viewer plots them. The trainer's own signals (entropy, KL, importance-ratio extremes,
 gradient norm, non-finite counts) come from the trainer's figures.
+
+Model text is parsed with the linear tag scanner (`searchr1.core.tag_scan`), never a non-greedy regular
+expression: a flood of opening tags would cost a regex n² steps while holding the GIL on the learner's loop.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from searchr1.core.protocol import extract_answer, is_well_formed, normalize_answer
-
-_SEARCH_RE = re.compile(r"<search>(.*?)</search>", re.DOTALL)
-_THINK_RE = re.compile(r"<think>(.*?)</think>", re.DOTALL)
+from searchr1.core.tag_scan import contents
 
 SIGNALS = {
     "malformed_rate": "Share of the step's responses that break the tag grammar (think, search, answer).",
@@ -43,7 +43,7 @@ class TextFeatures:
 
 def queries(text: str) -> list[str]:
     """The response's search queries in order, normalized (lower case, no punctuation or articles)."""
-    return [normalize_answer(q) for q in _SEARCH_RE.findall(text)]
+    return [normalize_answer(q) for q in contents(text, "search")]
 
 
 def repeated(items: Sequence[str]) -> int:
@@ -55,7 +55,7 @@ def text_features(text: str) -> TextFeatures:
     """Features of one response text."""
     qs = queries(text)
     answer = extract_answer(text)
-    think = " ".join(_THINK_RE.findall(text))
+    think = " ".join(contents(text, "think"))
     return TextFeatures(malformed=not is_well_formed(text), queries=len(qs), repeated_queries=repeated(qs),
                         answer_words=len(answer.split()) if answer else 0, think_words=len(think.split()))
 

@@ -15,7 +15,11 @@ holder that finds its value replaced, or cannot renew in time, has lost the leas
 `LeaseLost` and the holder must stop before writing anything (checkpoints, snapshots, announcements).
 
 Everything the holder writes carries its token; readers that see a higher token than the one in front
-of them know the writer was fenced off.
+of them know the writer was fenced off. The writes that decide what is true are also checked inside
+Redis, in the same Lua script as the write (`FENCE_CHECK`, with `fence_keys()` and `fence_args()`): a
+write is refused when the run's fence counter has moved past the writer's token (another learner
+acquired the lease since, even if the lease key itself was lost) or the lease key holds another value.
+`verify()` runs that check alone, right before a write Redis does not hold (a checkpoint on disk).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 
 from redis import asyncio as aioredis
 
@@ -51,6 +56,25 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
 return 0
+"""
+
+
+FENCE_CHECK = """
+local function fenced_off(lease_key, fence_key, token, value)
+  local newest = tonumber(redis.call('GET', fence_key) or '0')
+  if newest > tonumber(token) then return true end
+  local current = redis.call('GET', lease_key)
+  return current ~= false and current ~= value
+end
+"""
+"""A Lua function `fenced_off(lease_key, fence_key, token, value)` for scripts that write on a lease
+holder's behalf: true when a newer token was handed out (the fence counter is past `token`) or the lease
+is someone else's. A lease key that is gone (expired, or lost by Redis) with no newer token does not
+fence: nobody else can have written."""
+
+_VERIFY = FENCE_CHECK + """
+if fenced_off(KEYS[1], KEYS[2], ARGV[1], ARGV[2]) then return 0 end
+return 1
 """
 
 
@@ -108,6 +132,27 @@ class Lease:
     @property
     def value(self) -> str:
         return f"{self.token} {self.holder}"
+
+    def fence_keys(self) -> list[str]:
+        """The KEYS a fenced script passes to `fenced_off` (lease key, fence counter)."""
+        return [self.key, self.fence_key]
+
+    def fence_args(self) -> list[str]:
+        """The ARGV a fenced script passes to `fenced_off` (token, lease value)."""
+        return [str(self.token), self.value]
+
+    def fenced_error(self, what: str) -> LeaseLost:
+        """Mark the lease lost because Redis refused `what`, and return the error to raise."""
+        self.mark_lost(f"{what} refused by Redis: fencing token {self.token} is no longer the run's newest")
+        return LeaseLost(self.lost or what)
+
+    async def verify(self) -> None:
+        """Check in Redis that no newer token was handed out and the lease is not another holder's;
+        raise `LeaseLost` otherwise (also when the local view already says so)."""
+        self.check()
+        ok = await self.redis.eval(_VERIFY, 2, *self.fence_keys(), *self.fence_args())
+        if not int(ok):
+            raise self.fenced_error(f"lease {self.key!r} check")
 
     async def acquire(self, wait_s: float = 0.0) -> int:
         """Take the lease and a new fencing token; raise `LeaseHeld` naming the holder if it is still
@@ -177,9 +222,12 @@ class Lease:
             self.mark_lost(f"lease {self.key!r} was not renewed within {self.ttl_ms * (1 - self.margin):.0f} ms")
         raise LeaseLost(self.lost or f"lease {self.key!r} was never acquired")
 
-    async def keep(self, stop: asyncio.Event) -> None:
+    async def keep(self, stop: asyncio.Event, alive: Callable[[], bool] = lambda: True) -> None:
         """Renew every `ttl / 3` until `stop` or the lease is lost (a Redis error counts as a failed
-        renewal; the lease runs out by itself if Redis stays away). A renewal may take a sixth of the TTL:
+        renewal; the lease runs out by itself if Redis stays away). Once `alive()` is False (the holder's
+        progress watchdog, `searchr1.core.watchdog`: its loop made no progress for too long) the holder
+        stops renewing and marks the lease lost, so a hung holder lets it expire for another process
+        instead of holding the run forever. A renewal may take a sixth of the TTL:
         one lost in a partition (a black-holed connection, no reply and no reset) is abandoned, its
         connection dropped, and tried again on a new one a thirtieth of the TTL later, so a learner keeps
         its lease through a partition of 0.4 TTL whenever it begins (0.73 TTL when it begins right after
@@ -192,6 +240,9 @@ class Lease:
                 return
             except TimeoutError:
                 pass
+            if not alive():
+                self.mark_lost(f"lease {self.key!r} no longer renewed: the holder made no progress")
+                return
             try:
                 await asyncio.wait_for(self.renew(), timeout=period / 2)
             except Exception as exc:  # noqa: BLE001  # Redis away: `valid()` runs out on its own

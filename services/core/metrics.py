@@ -5,22 +5,30 @@ only port is its metrics port: `/healthz` (alive: always 200) and `/readyz` (200
 not, e.g. while Redis is away) — defines the Redis-link metrics every Redis user carries, and keeps the
 stage clock (`StageClock`: a process's wall time split into stages, exposed as a counter of seconds per
 stage).
+
+The server is bounded: at most `max_connections` connections are served at once (one thread each; a
+connection over the cap is closed at once), a read that waits longer than `read_timeout_s` ends its
+connection, and a connection still open `deadline_s` after it was accepted is shut down when the next one
+arrives, so half-sent or slow-drip requests cannot pile up threads.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import json
+import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
@@ -88,9 +96,62 @@ class MetricsServer:
         self.thread.join(timeout=5)
 
 
+DEFAULT_MAX_CONNECTIONS = 16
+"""Connections the metrics/probe server serves at once (a scrape and a few probes need far fewer)."""
+DEFAULT_READ_TIMEOUT_S = 5.0
+"""Seconds one read of a request may wait before its connection is closed."""
+DEFAULT_DEADLINE_S = 30.0
+"""Seconds a connection may stay open in all."""
+
+
 class _QuietHandler(WSGIRequestHandler):
+    timeout = DEFAULT_READ_TIMEOUT_S  # socket timeout of every read (StreamRequestHandler.setup applies it)
+
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
         pass
+
+
+class BoundedWSGIServer(ThreadingWSGIServer):
+    """A thread per connection, at most `max_connections` of them, none older than `deadline_s`
+    (see the module docstring)."""
+
+    def __init__(self, address: tuple[str, int], handler: type, *, max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                 deadline_s: float = DEFAULT_DEADLINE_S) -> None:
+        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        super().__init__(address, handler)
+        self.max_connections, self.deadline_s = max_connections, deadline_s
+        self._lock = threading.Lock()
+        self._open: dict[socket.socket, float] = {}  # connection → when it was accepted
+        self.refused = 0
+
+    def process_request(self, request, client_address) -> None:
+        now = time.monotonic()
+        with self._lock:
+            for conn, since in list(self._open.items()):
+                if now - since > self.deadline_s:  # unblocks the reading thread, which then ends
+                    with contextlib.suppress(OSError):
+                        conn.shutdown(socket.SHUT_RDWR)
+            full = len(self._open) >= self.max_connections
+            if not full:
+                self._open[request] = now
+        if full:
+            self.refused += 1
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._lock:
+                self._open.pop(request, None)
+
+    def handle_error(self, request, client_address) -> None:
+        """A client that timed out or went away is not an error of the server: no traceback."""
+        exc = sys.exc_info()[1]
+        if not isinstance(exc, OSError):
+            super().handle_error(request, client_address)
 
 
 def _bearer_guarded(app, token: str):
@@ -127,20 +188,22 @@ def _with_probes(app, ready: Callable[[], bool], live: Callable[[], bool] | None
 
 def start_metrics_server(registry: CollectorRegistry, host: str = "127.0.0.1", port: int = 0, *,
                          token: str | None = None, ready: Callable[[], bool] | None = None,
-                         live: Callable[[], bool] | None = None) -> MetricsServer:
+                         live: Callable[[], bool] | None = None, max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                         read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
+                         deadline_s: float = DEFAULT_DEADLINE_S) -> MetricsServer:
     """Serve `registry` at http://host:port/metrics (port 0 picks a free one; see `.port`); with `token`,
     only to requests that carry `Authorization: Bearer <token>` (others get 401). With `ready`, also
     `/healthz` and `/readyz` (see the module docstring; open without the token, like every health path);
-    with `live` too (`searchr1.core.watchdog`), `/healthz` is 503 while it is False."""
-    if not token and ready is None:
-        server, thread = start_http_server(port, addr=host, registry=registry)
-        return MetricsServer(server, thread)
+    with `live` too (`searchr1.core.watchdog`), `/healthz` is 503 while it is False. The server is bounded
+    by `max_connections`, `read_timeout_s` and `deadline_s` (the module docstring)."""
     app = make_wsgi_app(registry)
     if token:
         app = _bearer_guarded(app, token)
     if ready is not None:
         app = _with_probes(app, ready, live)
-    server = make_server(host, port, app, ThreadingWSGIServer, handler_class=_QuietHandler)
+    handler = type("_Handler", (_QuietHandler,), {"timeout": read_timeout_s})
+    server = BoundedWSGIServer((host, port), handler, max_connections=max_connections, deadline_s=deadline_s)
+    server.set_app(app)
     thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
     thread.start()
     return MetricsServer(server, thread)

@@ -29,6 +29,7 @@ from redis import asyncio as aioredis
 from redis.exceptions import MasterDownError, OutOfMemoryError, ReadOnlyError, ResponseError
 
 from searchr1.core.retry import is_redis_transient, retrying
+from searchr1.core.settings import REDIS_REPLY_TIMEOUT_S
 
 R = TypeVar("R")
 
@@ -170,10 +171,10 @@ class RedisLink:
         self.on_memory(used, limit)
 
 
-SOCKET_TIMEOUT_S = 30.0
+SOCKET_TIMEOUT_S = REDIS_REPLY_TIMEOUT_S
 """How long a Redis reply may take before the call fails as a timeout (and `RedisLink` waits and retries):
-a black-holed connection (a partition that drops packets without a reset) hangs no caller longer. Keep
-blocking reads (`block_ms`) well below it."""
+a black-holed connection (a partition that drops packets without a reset) hangs no caller longer. The
+settings refuse blocking reads (`block_ms`) of half of it or more (`searchr1.core.settings.check_block_ms`)."""
 
 
 def _keepalive_options() -> dict[int, int]:

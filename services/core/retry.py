@@ -40,6 +40,8 @@ from tenacity import (
 )
 from tenacity.stop import stop_base
 
+from searchr1.core.settings import RetrySettings, default
+
 TRANSIENT_GRPC_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
                                   grpc.StatusCode.RESOURCE_EXHAUSTED})
 """gRPC status codes worth another try (on another replica when there is one)."""
@@ -76,7 +78,7 @@ def retrying(
     *,
     retries: int | None,
     backoff_s: float,
-    max_backoff_s: float = 30.0,
+    max_backoff_s: float = default(RetrySettings, "max_backoff_s"),
     deadline_s: float | None = None,
     retry_if: Callable[[BaseException], bool] = is_transient,
     before_sleep: Callable[[RetryCallState], None] | None = None,

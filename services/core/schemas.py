@@ -70,11 +70,16 @@ class SamplingParams(_Wire):
     """Optional seed for reproducible sampling."""
 
 
+TASK_ID_PATTERN = r"^[^\s\x00-\x1f\x7f]+$"
+"""A task id: printable characters, no whitespace (a newline in an id could forge a log line)."""
+
+
 class Task(_Wire):
     """One question to roll out as a group of `group_size` trajectories."""
 
-    task_id: str = Field(min_length=1, max_length=256)
-    """Unique id; makes replays idempotent (a learner never trains twice on one task id per epoch)."""
+    task_id: str = Field(min_length=1, max_length=256, pattern=TASK_ID_PATTERN)
+    """Unique id; makes replays idempotent (a learner never trains twice on one task id per epoch). No
+    whitespace or control characters (`TASK_ID_PATTERN`): ids appear in log lines the audit reads back."""
     question: str = Field(min_length=1, max_length=16_384)
     """The question text, as in the dataset (the prompt template is applied by the rollout worker)."""
     golden_answers: list[str] = Field(default_factory=list, max_length=1024)

@@ -25,7 +25,7 @@ from grpc_reflection.v1alpha import reflection
 
 from searchr1.core.aio import stop_task
 from searchr1.core.auth import BearerAuthInterceptor
-from searchr1.core.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
+from searchr1.core.body_limit import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, BodyLimit
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_CONCURRENT_RPCS = 1024
@@ -136,10 +136,10 @@ class GrpcServer:
 class HttpServer:
     """uvicorn serving an ASGI app inside the current event loop, on a socket bound up front so port 0
     works and the real port is known before the first request; request bodies over `max_body_bytes` are
-    answered 413 unread (`searchr1.core.body_limit`)."""
+    answered 413 and bodies slower than `body_timeout_s` 408 (`searchr1.core.body_limit`)."""
 
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning",
-                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S) -> None:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets whose proto is TCP, and accepted
         # sockets inherit proto 0 otherwise (Nagle + delayed ACK then add ~40 ms to every small response)
@@ -152,8 +152,8 @@ class HttpServer:
             raise OSError(f"cannot bind HTTP server to {host}:{port}: {exc.strerror}") from exc
         self.host = host
         self.port: int = self._sock.getsockname()[1]
-        # bodies over max_body_bytes get 413 before the app reads (or parses) them
-        config = uvicorn.Config(BodyLimit(app, max_body_bytes), log_level=log_level, lifespan="on", access_log=False)
+        # bodies over max_body_bytes get 413 before the app parses them, slow ones 408
+        config = uvicorn.Config(BodyLimit(app, max_body_bytes, body_timeout_s), log_level=log_level, lifespan="on", access_log=False)
         self._server = uvicorn.Server(config)
         setattr(self._server, "install_signal_handlers", lambda: None)  # noqa: B010 - we own the signals
         self._task: asyncio.Task | None = None

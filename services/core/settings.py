@@ -67,11 +67,33 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def default(cls: type[BaseModel], name: str) -> Any:
+    """The default of field `name` of the settings class `cls`. A runtime class that mirrors a setting (a
+    frozen dataclass the hot path reads) takes its own default from here, so each value is declared once,
+    on the settings field."""
+    return cls.model_fields[name].get_default(call_default_factory=True)
+
+
 class RedisSettings(Section):
     url: str = "redis://127.0.0.1:6379/0"
     """Redis URL (redis://host:port/db). Streams and weight announcements live here."""
     run: str = Field(default="default", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
     """Run name: every key is prefixed `searchr1:{run}:` so runs share a server safely."""
+
+
+REDIS_REPLY_TIMEOUT_S = 30.0
+"""How long a Redis reply may take before the call fails as a timeout (`searchr1.core.redis_link`)."""
+
+
+def check_block_ms(setting: str, block_ms: int) -> int:
+    """`block_ms` of a blocking stream read, refused unless it is under half the Redis reply timeout: a
+    read that blocks longer than the client waits for its reply times out every time."""
+    limit = int(REDIS_REPLY_TIMEOUT_S * 1000 / 2)
+    if block_ms >= limit:
+        raise ValueError(f"{setting} = {block_ms} ms must be below {limit} ms, half the Redis reply timeout "
+                         f"({REDIS_REPLY_TIMEOUT_S:g} s): a read blocking longer than the client waits for its "
+                         f"reply times out every time")
+    return block_ms
 
 
 class AuthSettings(Section):
@@ -104,6 +126,15 @@ class RetrySettings(Section):
     def retry_policy(self) -> RetrySettings:
         """These knobs alone (a settings table that extends this class carries more)."""
         return RetrySettings.model_validate(self.model_dump(include=set(RetrySettings.model_fields)))
+
+
+class RewardRetrySettings(RetrySettings):
+    """The reward client's retry knobs: `RetrySettings` with a longer per-call timeout. The one declaration
+    of its defaults, shared by the client (`core.clients.reward`, when given no policy) and the rollout
+    worker's `[rollout.reward]` table."""
+
+    timeout_s: float = Field(default=30.0, gt=0)
+    """Per-call timeout (one attempt); scoring a group takes longer than a search."""
 
 
 class ServiceSettings(BaseSettings):

@@ -9,8 +9,11 @@ last-delivered id only advances, a claimed entry keeps its id), so a trim comput
 view of the groups is still safe. A stream without any group is never trimmed: nobody has said what
 it has read.
 
-`safe_min_id` is the pure rule; `trim_acked` reads the groups (XINFO GROUPS, XPENDING per group) and
-trims. The streams layer (`searchr1.core.streams`) calls it every `trim_every` acks or publishes.
+`safe_min_id` is the pure rule and `group_views` reads what it needs (XINFO GROUPS, XPENDING per group).
+`trim_acked` applies the same rule inside one Lua script (`_TRIM`: the groups read, the bound computed and
+XTRIM run atomically), so a consumer group created while a trim is under way is either seen by it or
+created after it: never one whose entries a trim computed without it deletes. The streams layer
+(`searchr1.core.streams`) calls it every `trim_every` acks or publishes.
 """
 
 from __future__ import annotations
@@ -88,9 +91,33 @@ async def group_views(redis: aioredis.Redis, key: str, call: Call = _direct) -> 
     return views
 
 
+_TRIM = """
+local groups = redis.pcall('XINFO', 'GROUPS', KEYS[1])
+if groups.err or #groups == 0 then return 0 end
+local best_ms, best_seq
+local function need(ms, seq)
+  if best_ms == nil or ms < best_ms or (ms == best_ms and seq < best_seq) then best_ms, best_seq = ms, seq end
+end
+local function parse(id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  return tonumber(ms), tonumber(seq)
+end
+for _, g in ipairs(groups) do
+  local name, last
+  for j = 1, #g, 2 do
+    if g[j] == 'name' then name = g[j + 1] elseif g[j] == 'last-delivered-id' then last = g[j + 1] end
+  end
+  local ms, seq = parse(last)
+  need(ms, seq + 1)
+  local summary = redis.call('XPENDING', KEYS[1], name)
+  if summary[2] then need(parse(summary[2])) end
+end
+return redis.call('XTRIM', KEYS[1], 'MINID', string.format('%.0f-%.0f', best_ms, best_seq))
+"""
+"""`safe_min_id` over the groups of KEYS[1] and the XTRIM MINID it allows, in one atomic step."""
+
+
 async def trim_acked(redis: aioredis.Redis, key: str, call: Call = _direct) -> int:
-    """Delete the entries of `key` that every consumer group has acked; returns how many went."""
-    bound = safe_min_id(await group_views(redis, key, call))
-    if bound is None:
-        return 0
-    return int(await call(lambda: redis.xtrim(key, minid=bound, approximate=False), "xtrim"))
+    """Delete the entries of `key` that every consumer group has acked (the rule of `safe_min_id`, applied
+    atomically with reading the groups); returns how many went."""
+    return int(await call(lambda: redis.eval(_TRIM, 1, key), "trim"))

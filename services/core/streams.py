@@ -6,25 +6,38 @@ and their groups: docs/architecture.md, "Streams").
 - `publish(item)` → XADD;
 - `read(consumer, count, block_ms)` → XREADGROUP of new entries; a malformed entry is moved to the
   dead stream with its reason and acked, never returned and never crashing the reader;
-- `ack(*ids)` → XACK (the caller acks only after the work the entry stands for is safe);
+- `ack(*ids)` → XACK (the caller acks only after the work the entry stands for is safe); with a `fence`
+  (the learner's lease, `searchr1.core.lease`), the XACK runs in one Lua script that first checks the
+  writer's fencing token against the run's lease in Redis and refuses a stale one (`LeaseLost`; a dead
+  letter, which acks too, is fenced the same way);
 - trimming (`trim_every`): every `trim_every` acks or publishes through this object, the entries every
-  consumer group of the stream has acked are deleted (`searchr1.core.stream_trim`: XTRIM MINID below
-  the oldest entry some group still needs, never a pending or unread one); the dead stream is capped
+  consumer group of the stream has acked are deleted (`searchr1.core.stream_trim`: one Lua script reads
+  the groups and runs XTRIM MINID below the oldest entry some group still needs, never a pending or
+  unread one, so a group created meanwhile cannot lose entries); the dead stream is capped
   at about `dead_maxlen` entries (XADD MAXLEN ~, oldest first);
 - `dead_letter(id, reason)` → a valid entry the consumer refuses goes to the dead stream, acked;
-- `reclaim(consumer, count)` → entries pending longer than the visibility timeout are claimed by this
-  consumer (XPENDING to see delivery counts, then XCLAIM); past `max_deliveries` they go to the dead
-  stream instead with the reason. XAUTOCLAIM would claim in one call but does not report delivery
-  counts, which the dead-letter rule needs;
+- `reclaim(consumer, count, held)` → entries pending longer than the visibility timeout are claimed by
+  this consumer (XPENDING to see delivery counts, then XCLAIM); past `max_deliveries` they go to the dead
+  stream instead with the reason (one Lua script per entry, which buries it only while it is still idle
+  past the timeout). Entries this consumer holds (`held`) are left out before anything is counted, so
+  a consumer never buries what it is still working on. XAUTOCLAIM would claim in one call but does not
+  report delivery counts, which the dead-letter rule needs;
 - `length()`, `pending()` and `lag()` for backpressure and metrics;
 - `reread_own(consumer, held, count)` → on the first call, and after each time Redis came back, the
-  entries still pending for `consumer` (XREADGROUP from id 0) that the caller does not hold: a restarted
-  consumer under the same name gets its own unfinished entries at once (not after the visibility
-  timeout), and a read whose reply was lost to an outage left them delivered but never seen;
+  entries still pending for `consumer` that the caller does not hold: a restarted consumer under the
+  same name gets its own unfinished entries at once (not after the visibility timeout), and a read whose
+  reply was lost to an outage left them delivered but never seen. Each is claimed again (its delivery
+  count goes up) by a script that takes only what is still this consumer's; one already delivered
+  `max_deliveries` times is dead-lettered instead, so an input that crashes its consumer is not handed
+  back to the restarted consumer forever;
 - `heartbeat(consumer, ids)` → the entries of `ids` still pending for `consumer` have their idle time
-  reset (XCLAIM … JUSTID to itself, delivery count unchanged): a live consumer heartbeating its entries
-  more often than the visibility timeout never has them reclaimed, so the timeout can be short enough
-  to reclaim a dead consumer's entries within seconds.
+  reset (XCLAIM … JUSTID to itself, delivery count unchanged) by one Lua script that checks each entry's
+  owner and claims it in the same atomic step, so a heartbeat never takes back an entry another consumer
+  reclaimed: a live consumer heartbeating its entries more often than the visibility timeout never has
+  them reclaimed, so the timeout can be short enough to reclaim a dead consumer's entries within seconds.
+
+Every path that delivers an entry again (`reclaim`, `reread_own`) counts its deliveries and buries it
+past `max_deliveries`; a plain `read` delivers each entry for the first time.
 
 Redis going away: with a `RedisLink` (`searchr1.core.redis_link`), every command waits for Redis to come back (the retry policy of
 `searchr1.core.retry`, no bound on the attempts, backoff capped, each retry logged and counted) and the
@@ -52,11 +65,15 @@ from pydantic import BaseModel
 from redis import asyncio as aioredis
 from redis.exceptions import ResponseError
 
+from searchr1.core import stream_scripts as scripts
+from searchr1.core.dead_letters import DEAD_PAYLOAD_MAX_BYTES, dead_record
 from searchr1.core.dead_letters import DeadLetter as DeadLetter
 from searchr1.core.dead_letters import read_dead as read_dead
+from searchr1.core.lease import Lease
 from searchr1.core.redis_link import RedisLink
 from searchr1.core.redis_link import connect as connect
 from searchr1.core.schemas import SchemaError, Task, TrajectoryGroup, decode, encode
+from searchr1.core.stream_release import release_pending
 from searchr1.core.stream_trim import trim_acked
 
 T = TypeVar("T", bound=BaseModel)
@@ -70,9 +87,10 @@ TASKS_GROUP = "rollout"
 """Consumer group of the tasks stream: the rollout workers (the learner's dispatcher only publishes)."""
 TRAJECTORIES_GROUP = "learner"
 """Consumer group of the trajectories stream: the learner (rank 0)."""
-DEAD_MAXLEN = 10_000
+DEAD_MAXLEN = 1_000
 """About how many dead letters the dead stream keeps (the oldest go first; the reason of each is also
-logged by the process that buried it)."""
+logged by the process that buried it). Each is at most about 66 KB (`dead_letters.dead_record`), so the
+dead stream stays under about 66 MB."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +158,7 @@ class TypedStream(Generic[T]):
         trim_every: int = 0,
         dead_maxlen: int = DEAD_MAXLEN,
         link: RedisLink | None = None,
+        fence: Lease | None = None,
     ) -> None:
         if visibility_timeout_ms <= 0 or max_deliveries <= 0 or dead_maxlen <= 0:
             raise ValueError("visibility_timeout_ms, max_deliveries and dead_maxlen must be positive")
@@ -158,6 +177,8 @@ class TypedStream(Generic[T]):
         self.link = link
         self._call = link.call if link is not None else _direct
         self._reread_at = -1  # the link's reconnect count when this stream last re-read its own entries
+        self.fence = fence
+        """The lease whose token every ack is checked against inside Redis (None: acks are not fenced)."""
 
     async def ensure_group(self) -> None:
         """Create the consumer group (and the stream) if missing; idempotent."""
@@ -208,7 +229,14 @@ class TypedStream(Generic[T]):
         """Acknowledge processed entries; returns how many were pending."""
         if not ids:
             return 0
-        acked = int(await self._call(lambda: self.redis.xack(self.key, self.group, *ids), "xack"))
+        fence = self.fence
+        if fence is None:
+            acked = int(await self._call(lambda: self.redis.xack(self.key, self.group, *ids), "xack"))
+        else:
+            acked = int(await self._call(lambda: self.redis.eval(
+                scripts.ACK_FENCED, 3, self.key, *fence.fence_keys(), self.group, *fence.fence_args(), *ids), "xack"))
+            if acked < 0:
+                raise fence.fenced_error(f"ack of {len(ids)} entries of {self.key}")
         await self._count_towards_trim(len(ids))
         return acked
 
@@ -232,65 +260,88 @@ class TypedStream(Generic[T]):
     async def reread_own(self, consumer: str, held: Collection[str], count: int = 16) -> list[Entry[T]]:
         """On the first call and once after each time the link saw Redis come back: the entries pending for
         `consumer` that it does not hold (`held`: ids read and not yet acked), oldest first, at most
-        `count`. Otherwise []."""
+        `count`, each delivered again (its count raised) — or dead-lettered when it was delivered
+        `max_deliveries` times already. Otherwise []."""
         reconnects = self.link.reconnects if self.link is not None else 0
         if reconnects == self._reread_at:
             return []
-        resp = await self._call(lambda: self.redis.xreadgroup(self.group, consumer, {self.key: "0"},
-                                                              count=count + len(held)), "xreadgroup 0")
-        out: list[Entry[T]] = []
-        for _key, entries in resp or []:
-            for raw_id, fields in entries:
-                mid = _sid(raw_id)
-                if mid in held:
-                    continue
-                if not fields:  # trimmed away while pending: nothing left to do
-                    await self.ack(mid)
-                    continue
-                if len(out) == count:
-                    return out  # more left: look again on the next call
-                entry = await self._decode_or_bury(mid, fields, deliveries=1)
-                if entry is not None:
-                    out.append(entry)
+        rows = await self._call(lambda: self.redis.xpending_range(
+            self.key, self.group, min="-", max="+", count=count + len(held), consumername=consumer), "xpending")
+        again: list[str] = []
+        for r in rows:
+            mid, times = _sid(r["message_id"]), int(r["times_delivered"])
+            if mid in held:
+                continue
+            if times >= self.max_deliveries:
+                await self._bury_if(mid, times, consumer=consumer, min_idle_ms=0)
+            elif len(again) < count:
+                again.append(mid)
+        out = await self._claim_again(consumer, again)
         first, self._reread_at = self._reread_at < 0, reconnects
+        if len(rows) == count + len(held):
+            self._reread_at = -1  # more may be left: look again on the next call
         if out:
             log.warning("%s: re-read %d entries still pending for %s %s", self.key, len(out), consumer,
                         "from before this process started" if first else "after redis came back")
         return out
 
+    async def _claim_again(self, consumer: str, ids: Sequence[str]) -> list[Entry[T]]:
+        """Deliver `ids` to `consumer` again (count raised), those still pending for it only."""
+        if not ids:
+            return []
+        rows = await self._call(lambda: self.redis.eval(scripts.CLAIM_OWN, 1, self.key, self.group, consumer, "0", *ids),
+                                "claim own")
+        out: list[Entry[T]] = []
+        for raw_id, before, flat in rows:
+            mid = _sid(raw_id)
+            if not flat:  # trimmed away while pending: nothing left to do
+                await self.ack(mid)
+                continue
+            fields = dict(zip(flat[::2], flat[1::2], strict=True))
+            entry = await self._decode_or_bury(mid, fields, deliveries=int(before) + 1)
+            if entry is not None:
+                out.append(entry)
+        return out
+
     async def heartbeat(self, consumer: str, ids: Collection[str]) -> int:
-        """Reset the idle time of those of `ids` still pending for `consumer` (never taking one another
-        consumer has reclaimed meanwhile); returns how many."""
+        """Reset the idle time of those of `ids` still pending for `consumer`, in one atomic script that
+        never takes one another consumer has reclaimed meanwhile; returns how many."""
         if not ids:
             return 0
-        lo, hi = min(ids, key=_id_order), max(ids, key=_id_order)
-        rows = await self._call(lambda: self.redis.xpending_range(
-            self.key, self.group, min=lo, max=hi, count=len(ids) * 4 + 16, consumername=consumer), "xpending")
-        mine = [_sid(r["message_id"]) for r in rows if _sid(r["message_id"]) in ids]
-        if not mine:
-            return 0
-        await self._call(lambda: self.redis.xclaim(self.key, self.group, consumer, min_idle_time=0,
-                                                   message_ids=mine, justid=True), "xclaim justid")
-        return len(mine)
+        mine = sorted(ids, key=_id_order)
+        done = await self._call(lambda: self.redis.eval(scripts.CLAIM_OWN, 1, self.key, self.group, consumer, "1", *mine),
+                                "heartbeat")
+        return len(done)
 
-    async def reclaim(self, consumer: str, count: int = 16) -> list[Entry[T]]:
+    async def release(self, consumer: str, ids: Collection[str]) -> int:
+        """Hand back those of `ids` still pending for `consumer`, for any consumer's next `reclaim` to take
+        at once (`searchr1.core.stream_release`); returns how many."""
+        return await self._call(lambda: release_pending(self.redis, self.key, self.group, consumer, ids,
+                                                        self.visibility_timeout_ms), "release")
+
+    async def reclaim(self, consumer: str, count: int = 16, held: Collection[str] = ()) -> list[Entry[T]]:
         """Claim entries idle past the visibility timeout for `consumer`; bury those delivered
-        `max_deliveries` times already. Returns the claimed, valid entries."""
+        `max_deliveries` times already. Entries `consumer` holds (`held`) are left out before anything is
+        counted. Returns the claimed, valid entries."""
         pending = await self._call(lambda: self.redis.xpending_range(
-            self.key, self.group, min="-", max="+", count=count, idle=self.visibility_timeout_ms), "xpending")
-        if not pending:
-            return []
+            self.key, self.group, min="-", max="+", count=count + len(held), idle=self.visibility_timeout_ms),
+            "xpending")
         to_claim: list[str] = []
+        delivered: dict[str, int] = {}
         for p in pending:
             mid = _sid(p["message_id"])
-            if int(p["times_delivered"]) >= self.max_deliveries:
-                await self._bury_by_id(mid, f"delivered {p['times_delivered']} times without ack "
-                                            f"(max_deliveries={self.max_deliveries})")
+            if mid in held and _sid(p["consumer"]) == consumer:
+                continue
+            if len(delivered) >= count:
+                break
+            times = int(p["times_delivered"])
+            delivered[mid] = times
+            if times >= self.max_deliveries:
+                await self._bury_if(mid, times, consumer="", min_idle_ms=self.visibility_timeout_ms)
             else:
                 to_claim.append(mid)
         if not to_claim:
             return []
-        delivered = {_sid(p["message_id"]): int(p["times_delivered"]) for p in pending}
         claimed = await self._call(lambda: self.redis.xclaim(
             self.key, self.group, consumer, min_idle_time=self.visibility_timeout_ms, message_ids=to_claim),
             "xclaim")
@@ -304,6 +355,17 @@ class TypedStream(Generic[T]):
             if entry is not None:
                 out.append(entry)
         return out
+
+    async def _bury_if(self, mid: str, times: int, *, consumer: str, min_idle_ms: int) -> bool:
+        """Dead-letter `mid` (delivered `times` times) while it is still pending for `consumer` ('' any)
+        and idle `min_idle_ms`; True when it was."""
+        reason = f"delivered {times} times without ack (max_deliveries={self.max_deliveries})"
+        done = await self._call(lambda: self.redis.eval(
+            scripts.BURY_IF, 2, self.key, self.dead_key, self.group, mid, consumer, min_idle_ms, reason,
+            repr(time.time()), self.dead_maxlen, DEAD_PAYLOAD_MAX_BYTES), "bury")
+        if int(done):
+            log.warning("%s: dead-lettered %s: %s", self.key, mid, reason)
+        return bool(int(done))
 
     async def dead_letter(self, entry_id: str, reason: str) -> None:
         """Move a delivered entry the consumer will not process to the dead stream with `reason`, and
@@ -358,8 +420,17 @@ class TypedStream(Generic[T]):
         await self._bury(mid, payload, reason)
 
     async def _bury(self, mid: str, payload: bytes, reason: str) -> None:
-        record = {b"source": self.key, b"source_id": mid, b"reason": reason, b"payload": payload,
-                  b"at": repr(time.time())}
+        record = dead_record(self.key, mid, reason, payload)  # bounded in bytes
+
+        fence = self.fence
+        if fence is not None:  # a dead letter is an ack: fenced like one
+            flat = [x for kv in record.items() for x in kv]
+            done = await self._call(lambda: self.redis.eval(
+                scripts.BURY_FENCED, 4, self.key, self.dead_key, *fence.fence_keys(), self.group, mid,
+                *fence.fence_args(), self.dead_maxlen, *flat), "bury")
+            if int(done) < 0:
+                raise fence.fenced_error(f"dead letter of {mid} of {self.key}")
+            return
 
         async def send() -> None:
             async with self.redis.pipeline(transaction=True) as pipe:
@@ -380,11 +451,12 @@ def tasks_stream(redis: aioredis.Redis, keys: StreamKeys, *, visibility_timeout_
 
 
 def trajectories_stream(redis: aioredis.Redis, keys: StreamKeys, *, visibility_timeout_ms: int = 60_000,
-                        max_deliveries: int = 3, trim_every: int = 0,
-                        link: RedisLink | None = None) -> TypedStream[TrajectoryGroup]:
+                        max_deliveries: int = 3, trim_every: int = 0, link: RedisLink | None = None,
+                        fence: Lease | None = None) -> TypedStream[TrajectoryGroup]:
     """The run's trajectories stream (rollout workers → learner), consumed by `TRAJECTORIES_GROUP`; with
     `trim_every`, entries the learner has acked are deleted every `trim_every` acks or publishes through
-    it (a worker publishing groups keeps the stream bounded without the learner's help)."""
+    it (a worker publishing groups keeps the stream bounded without the learner's help). With `fence`
+    (the learner's lease), every ack is checked against its token inside Redis."""
     return TypedStream(redis, keys.trajectories, TrajectoryGroup, TRAJECTORIES_GROUP, dead_key=keys.dead,
                        visibility_timeout_ms=visibility_timeout_ms, max_deliveries=max_deliveries,
-                       trim_every=trim_every, link=link)
+                       trim_every=trim_every, link=link, fence=fence)

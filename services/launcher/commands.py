@@ -29,7 +29,7 @@ def up(
         "--run-dir", help="Run directory (logs in RUN_DIR/logs); default: run_dir of the launcher table.")] = None,
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="Print the process plan (command line, GPUs and environment of each process, as "
-                          "the config's [placement] places them), then exit.")] = False,
+                          "the config's placement table places them), then exit.")] = False,
     verbose: Annotated[bool, typer.Option(
         "--verbose", "-v", help="Stream every line of every process to the console (by default it shows "
                                 "warnings, errors and tracebacks; RUN_DIR/logs always has everything).")] = False,
@@ -67,13 +67,8 @@ def up(
         redis_url=plan.redis_url, run=plan.run, metrics_jsonl=plan.metrics_jsonl,
         learner_metrics_url=plan.learner_metrics_url, jsonl_keys=settings.status.jsonl_keys,
         prometheus_names=settings.status.prometheus_names)
-    supervisor = Supervisor(
-        plan, console=console, grace_period_s=settings.grace_period_s,
-        log_tail_lines=settings.log_tail_lines, die_with_launcher=settings.die_with_launcher,
-        collector=collector, status_refresh_s=settings.status.refresh_s,
-        status_plain_interval_s=settings.status.plain_interval_s,
-        status_plain_every_percent=settings.status.plain_every_percent, verbose=verbose,
-        total_steps=total_steps(config))
+    supervisor = Supervisor(plan, settings, console=console, collector=collector, verbose=verbose,
+                            total_steps=total_steps(config))
     raise typer.Exit(asyncio.run(supervisor.run()))
 
 

@@ -147,11 +147,7 @@ class Demo:
                                 str(self.paths.warmstart), *self.s.demo.warmstart_args])
 
     async def _supervise(self, stage: str, plan: LaunchPlan, collector: StatusCollector | None = None) -> int:
-        sup = Supervisor(plan, console=self.console, grace_period_s=self.s.grace_period_s,
-                         log_tail_lines=self.s.log_tail_lines, die_with_launcher=self.s.die_with_launcher,
-                         collector=collector, status_refresh_s=self.s.status.refresh_s,
-                         status_plain_interval_s=self.s.status.plain_interval_s,
-                         status_plain_every_percent=self.s.status.plain_every_percent, verbose=self.verbose,
+        sup = Supervisor(plan, self.s, console=self.console, collector=collector, verbose=self.verbose,
                          title=self._title(stage),
                          total_steps=total_steps(self.config) if collector is not None else None)
         return await sup.run()

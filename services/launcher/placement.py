@@ -214,17 +214,19 @@ def _k8s_env(p: ProcessPlacement) -> list[dict[str, str]]:
 
 
 def _k8s_workload(kind: str, name: str, replicas: int | None, container: dict[str, Any],
-                  pod: dict[str, Any]) -> dict[str, Any]:
+                  pod: dict[str, Any], container_name: str | None = None) -> dict[str, Any]:
     spec: dict[str, Any] = {} if replicas is None else {"replicas": replicas}
-    spec["template"] = {"spec": {**pod, "containers": [{"name": name, **container}]}}
+    spec["template"] = {"spec": {**pod, "containers": [{"name": container_name or name, **container}]}}
     api = "batch/v1" if kind == "Job" else "apps/v1"
     return {"apiVersion": api, "kind": kind, "metadata": {"name": name}, "spec": spec}
 
 
 def k8s_placement_patch(s: PlacementSettings, source: str = "") -> str:
-    """The kustomize strategic-merge patch (multi-document YAML) that places the rollout Deployment, its
-    autoscaler, the learner Job and the retriever Deployment as `plan_placement(s)` does on one node.
-    `source`: the config named in the header comment."""
+    """The kustomize strategic-merge patch (multi-document YAML) that places the rollout Deployment, the
+    learner Job (`learner-k8s`, the base's name, which the overlay's run replaces after its patches) and
+    the retriever Deployment as `plan_placement(s)` does on one node. The autoscalers' ceilings are the
+    overlay's targeted patches (absent under components/hpa, so not in this patch). `source`: the config
+    named in the header comment."""
     p = plan_placement(s)
     workers, tp = len(p.rollout), s.rollout.tensor_parallel_size
     first = p.rollout[0]
@@ -249,9 +251,7 @@ def k8s_placement_patch(s: PlacementSettings, source: str = "") -> str:
     docs = [
         _k8s_workload("Deployment", "rollout", workers,
                       {"env": rollout_env, "resources": {"limits": {"nvidia.com/gpu": tp}}}, dict(_GPU_NODE)),
-        {"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "metadata": {"name": "rollout"},
-         "spec": {"maxReplicaCount": workers}},
-        _k8s_workload("Job", "learner", None, learner, learner_pod),
+        _k8s_workload("Job", "learner-k8s", None, learner, learner_pod, container_name="learner"),
         _k8s_workload("Deployment", "retriever", 1, retriever, retriever_pod),
     ]
     rgpus = " | ".join(w.cuda_visible_devices for w in p.rollout)

@@ -1,6 +1,7 @@
 """Process plumbing for the supervisor: shell-style exit codes, the kernel's parent-death signal, process
 groups (every child runs in its own session, so a signal to the group reaches the child's own children —
-vLLM's engine process, say) and the record of a started process (`Running`)."""
+vLLM's engine process, say), starting one process with its output piped to the log mux (`spawn`) and
+the record of a started process (`Running`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shlex
 import signal
 import sys
 import time
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from searchr1.core.redaction import redact_argv
+from searchr1.launcher.logs import LogMux
 from searchr1.launcher.specs import ProcessSpec
 
 EXIT_FAILED = 1
@@ -104,18 +107,21 @@ async def _wait_or_force(aw: Awaitable[object], deadline: float, force: asyncio.
 
 async def terminate_group(run: Running, grace_s: float, force: asyncio.Event,
                           say: Callable[..., None]) -> None:
-    """Stop a started process and its process group: SIGTERM, then SIGKILL after `grace_s` (at once when
-    `force` is set); the group's other members get the same treatment once the leader is gone."""
+    """Stop a started process and its process group: SIGTERM to the process itself (not its children: a
+    rollout worker stops its vLLM engine after its last call, so none fails under it), then SIGKILL to the
+    group after `grace_s` (at once when `force` is set); the group's other members get SIGTERM once the
+    leader is gone, and SIGKILL at the same deadline."""
     pgid = run.proc.pid
     name = run.spec.name
     deadline = time.monotonic() + grace_s
     if run.returncode is None:
         say(f"stopping {name} (SIGTERM)")
-        signal_group(pgid, signal.SIGTERM)
-        if not await _wait_or_force(run.proc.wait(), deadline, force):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(run.proc.pid, signal.SIGTERM)
+        # the leader's exit, not `proc.wait()`: that also waits for its output pipes, which a child holds
+        if not await _wait_or_force(_exited(run), deadline, force):
             say(f"{name} still running after {grace_s:.0f}s: SIGKILL", "yellow")
             signal_group(pgid, signal.SIGKILL)
-            await run.proc.wait()
     # the leader is gone; its process group (children it started) must go too
     if group_alive(pgid):
         signal_group(pgid, signal.SIGTERM)
@@ -123,6 +129,12 @@ async def terminate_group(run: Running, grace_s: float, force: asyncio.Event,
             await asyncio.sleep(0.05)
         if group_alive(pgid):
             signal_group(pgid, signal.SIGKILL)
+    await run.proc.wait()
+
+
+async def _exited(run: Running) -> None:
+    while run.returncode is None:
+        await asyncio.sleep(0.05)
 
 
 def write_process_table(path: Path, running: dict[str, Running], restarts: dict[str, int]) -> None:
@@ -133,3 +145,31 @@ def write_process_table(path: Path, running: dict[str, Running], restarts: dict[
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(table, indent=2))
     tmp.replace(path)
+
+
+async def spawn(spec: ProcessSpec, mux: LogMux, *, die_with_launcher: bool) -> Running:
+    """Start `spec`'s process in its own session (with the parent-death signal when `die_with_launcher`),
+    its log opened with a header line, its directories made, its `stdin` bytes written and closed, and
+    both output pipes pumped into `mux`. Raises `Stop` when it cannot be started."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env}
+    log = mux.open(spec.name)
+    log.write(f"--- searchr1 up: {spec.name} starting at {time.strftime('%Y-%m-%d %H:%M:%S')}: "
+              f"{shlex.join(spec.argv)} ---\n".encode())
+    log.flush()
+    for directory in spec.make_dirs:
+        directory.mkdir(parents=True, exist_ok=True)
+    try:
+        stdin = asyncio.subprocess.DEVNULL if spec.stdin is None else asyncio.subprocess.PIPE
+        proc = await asyncio.create_subprocess_exec(
+            *spec.argv, stdin=stdin, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
+            start_new_session=True, preexec_fn=pdeathsig_preexec() if die_with_launcher else None)
+    except OSError as exc:
+        raise Stop(EXIT_FAILED, f"cannot start {spec.name}: {exc}") from exc
+    if proc.stdin is not None and spec.stdin is not None:  # a secret config (Redis's password), not argv
+        proc.stdin.write(spec.stdin)
+        proc.stdin.close()
+    running = Running(spec, proc, time.monotonic())
+    assert proc.stdout is not None and proc.stderr is not None
+    running.pumps = [asyncio.create_task(mux.pump(spec.name, proc.stdout)),
+                     asyncio.create_task(mux.pump(spec.name, proc.stderr))]
+    return running

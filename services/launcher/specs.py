@@ -52,7 +52,9 @@ DEFAULT_TEMPLATES: dict[str, list[str]] = {
     "reward": ["serve", "reward", "--host", "{host}", "--port", "{port}", "--config", "{config}"],
     "rollout": ["serve", "rollout", "--config", "{config}", "--worker-id", "{worker_id}", "--run", "{run}",
                 "--retriever", "{retriever_grpc}", "--reward", "{reward_url}", "--metrics-port", "{metrics_port}"],
-    "learner": ["train", "--config", "{config}", "--run", "{run}", "--metrics-port", "{metrics_port}"],
+    # The learner's run name goes by environment (LEARNER_REDIS__RUN, below): under torchrun an argument
+    # `--run` after `-m searchr1.cli` is read by torchrun's own parser as an abbreviation of its `--run-path`.
+    "learner": ["train", "--config", "{config}", "--metrics-port", "{metrics_port}"],
     # `searchr1 demo`'s evaluation runs: the retriever and reward service, then this as the main process.
     "eval": ["eval", "--config", "{config}", "--retriever", "{retriever_grpc}", "--reward", "{reward_url}"],
 }
@@ -64,7 +66,7 @@ DEFAULT_ENV: dict[str, dict[str, str]] = {
     # Everything a run writes lives under its run directory, so two runs never share (or resume from)
     # each other's snapshots and checkpoints (nor a worker another's local copies). Env beats the run config's
     # [learner.weights]/[learner.checkpoint]/[rollout.weights].
-    "learner": {"LEARNER_LOG_DIR": "{run_dir}/learner", "LEARNER_WEIGHTS__DIR": "{run_dir}/weights",
+    "learner": {"LEARNER_REDIS__RUN": "{run}", "LEARNER_LOG_DIR": "{run_dir}/learner", "LEARNER_WEIGHTS__DIR": "{run_dir}/weights",
                 "LEARNER_CHECKPOINT__DIR": "{run_dir}/checkpoints", "LEARNER_ARCHIVE__DIR": "{run_dir}/archive"},
     "rollout": {"ROLLOUT_WEIGHTS__DOWNLOAD_DIR": "{run_dir}/rollout-weights/{worker_id}"},
 }

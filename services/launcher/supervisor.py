@@ -3,7 +3,7 @@
 One loop, top to bottom: refuse (the plan's problems) → start stage by stage (spawn, then gate every
 process of the stage on its health checks, or for a one-shot process wait for exit 0) → watch (status
 line; wait for a signal, the main process's exit, or an unexpected death) → stop everything in reverse
-stage order (SIGTERM to each process group, wait `grace_period_s`, then SIGKILL).
+stage order (SIGTERM to each process, wait `grace_period_s`, then SIGKILL to its process group).
 
 Restarts (`restarts.py`, `[launcher.restart]`): a process whose spec has a restart rule, that has passed
 its health checks once and that exits non-zero or dies of a signal is restarted in place — what is left of
@@ -21,8 +21,8 @@ Exit codes: the main process's (the learner's; `128+n` if it died of signal n) w
 gate or times out; 2 when the plan is refused before anything starts.
 
 Every child runs in its own session/process group (`start_new_session=True`), so a terminal's Ctrl-C
-reaches only the launcher, which then stops the children in order, and a child's own children (vLLM's
-engine process) are signalled with it. On Linux each child also gets PR_SET_PDEATHSIG=SIGTERM: even a
+reaches only the launcher, which then stops the children in order; a child's own children (vLLM's engine)
+are left to it, then get SIGTERM once it is gone and SIGKILL after the grace period. On Linux each child also gets PR_SET_PDEATHSIG=SIGTERM: even a
 launcher killed with SIGKILL leaves no child running. A spec's `stdin` bytes are written to it and closed.
 
 The console (`LogMux`, `LiveView`): each process's whole output goes to `RUN_DIR/logs/<name>.log`; the
@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import shlex
 import signal
 import time
@@ -52,12 +51,13 @@ from searchr1.launcher.processes import (
     Stop,
     exit_code_of,
     group_alive,
-    pdeathsig_preexec,
     signal_group,
+    spawn,
     terminate_group,
     write_process_table,
 )
 from searchr1.launcher.restarts import RestartRule
+from searchr1.launcher.settings import LauncherSettings
 from searchr1.launcher.specs import LaunchPlan, ProcessSpec
 from searchr1.launcher.status import StatusCollector
 from searchr1.launcher.ticker import StatusTicker
@@ -69,16 +69,14 @@ POLL_S = 0.2
 class Supervisor:
     """Runs one `LaunchPlan` (see module docstring)."""
 
-    def __init__(self, plan: LaunchPlan, *, console: Console, grace_period_s: float = 10.0,
-                 log_tail_lines: int = 20, die_with_launcher: bool = True,
-                 collector: StatusCollector | None = None, status_refresh_s: float = 1.0,
-                 status_plain_interval_s: float = 15.0, status_plain_every_percent: float = 0.0,
-                 verbose: bool = False, title: str = "searchr1 up", total_steps: int | None = None) -> None:
+    def __init__(self, plan: LaunchPlan, settings: LauncherSettings, *, console: Console,
+                 collector: StatusCollector | None = None, verbose: bool = False, title: str = "searchr1 up",
+                 total_steps: int | None = None) -> None:
+        """`settings` gives the grace period, log tails, parent-death signal and status cadence;
+        `collector` (None: no status line) the figures; `total_steps` the progress bar's total."""
         self.plan = plan
         self.console = console
-        self.grace_period_s = grace_period_s
-        self.log_tail_lines = log_tail_lines
-        self.die_with_launcher = die_with_launcher
+        self.s = settings
         self.collector = collector
         self.verbose = verbose
         self.mux = LogMux(console, plan.log_dir, [s.name for s in plan.specs], verbose=verbose)
@@ -87,9 +85,10 @@ class Supervisor:
         self._wake = asyncio.Event()
         self._force = asyncio.Event()
         self._signal: int | None = None
-        cadence = PlainCadence(status_plain_interval_s, status_plain_every_percent, total_steps)
+        status = settings.status
+        cadence = PlainCadence(status.plain_interval_s, status.plain_every_percent, total_steps)
         self.ticker = None if collector is None else StatusTicker(
-            collector, self.view, self.mux, cadence, status_refresh_s,
+            collector, self.view, self.mux, cadence, status.refresh_s,
             lambda: f" · restarts {sum(self.restarts.values())}" if self.restarts else "")
         self.rules: dict[str, RestartRule] = {}
         """Restart history of every process that has a restart rule (created at its first death)."""
@@ -177,27 +176,7 @@ class Supervisor:
     async def _spawn(self, spec: ProcessSpec) -> Running:
         self.mux.say(f"starting {spec.name}: {shlex.join(spec.argv)}" if self.verbose else f"starting {spec.name}")
         self.view.phase(f"starting {spec.name}")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env}
-        log = self.mux.open(spec.name)
-        log.write(f"--- searchr1 up: {spec.name} starting at {time.strftime('%Y-%m-%d %H:%M:%S')}: "
-                  f"{shlex.join(spec.argv)} ---\n".encode())
-        log.flush()
-        for directory in spec.make_dirs:
-            directory.mkdir(parents=True, exist_ok=True)
-        try:
-            stdin = asyncio.subprocess.DEVNULL if spec.stdin is None else asyncio.subprocess.PIPE
-            proc = await asyncio.create_subprocess_exec(
-                *spec.argv, stdin=stdin, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
-                start_new_session=True, preexec_fn=pdeathsig_preexec() if self.die_with_launcher else None)
-        except OSError as exc:
-            raise Stop(EXIT_FAILED, f"cannot start {spec.name}: {exc}") from exc
-        if proc.stdin is not None and spec.stdin is not None:  # a secret config (Redis's password), not argv
-            proc.stdin.write(spec.stdin)
-            proc.stdin.close()
-        running = Running(spec, proc, time.monotonic())
-        assert proc.stdout is not None and proc.stderr is not None
-        running.pumps = [asyncio.create_task(self.mux.pump(spec.name, proc.stdout)),
-                         asyncio.create_task(self.mux.pump(spec.name, proc.stderr))]
+        running = await spawn(spec, self.mux, die_with_launcher=self.s.die_with_launcher)
         running.waiter = asyncio.create_task(self._wait_exit(running))
         self.running[spec.name] = running
         self._write_process_table()
@@ -337,7 +316,7 @@ class Supervisor:
 
     def _say_tail(self, name: str) -> None:
         path = self.mux.path(name)
-        lines = tail(path, self.log_tail_lines)
+        lines = tail(path, self.s.log_tail_lines)
         if lines:
             self.mux.say(f"last {len(lines)} lines of {path}:", "red")
             for line in lines:
@@ -388,7 +367,7 @@ class Supervisor:
                 await asyncio.gather(*(self._terminate(r) for r in runs))
 
     async def _terminate(self, run: Running) -> None:
-        grace = 0.0 if self._force.is_set() else self.grace_period_s
+        grace = 0.0 if self._force.is_set() else self.s.grace_period_s
         await terminate_group(run, grace, self._force, self.mux.say)
         if run.waiter is not None:
             await run.waiter

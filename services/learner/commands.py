@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from searchr1.core.commandline import INSECURE_HELP, field_help, settings_or_exit, token_or_exit
+from searchr1.core.commandline import INSECURE_HELP, error, fail, field_help, settings_or_exit, token_or_exit
 
 if TYPE_CHECKING:
     from searchr1.cli import Groups
@@ -24,9 +24,15 @@ if TYPE_CHECKING:
 LEARNER_SETTINGS = "searchr1.learner.settings:LearnerSettings"
 
 
+SIGNALLED_EXIT = 143
+"""`searchr1 train`'s exit code when SIGTERM/SIGINT stopped it before its last step (128 + SIGTERM): it has
+checkpointed, and a supervisor (a Kubernetes Job, torchrun) that restarts failed processes starts it again
+to resume. Exit 0 means the run is done."""
+
+
 def run_train(settings: LearnerSettings, max_steps: int | None) -> int:
     """Train until `max_steps` (or the configured total) under the OpenMP wait policy the settings ask for;
-    returns the exit code."""
+    returns the exit code: 0 at the last step, `SIGNALLED_EXIT` when a signal stopped it earlier."""
     import asyncio
     import logging
 
@@ -37,13 +43,21 @@ def run_train(settings: LearnerSettings, max_steps: int | None) -> int:
     logging.getLogger("searchr1.learner").info("OpenMP waits: %s", waits)
     from searchr1.core.lease import LeaseHeld, LeaseLost
     from searchr1.learner.process import run_learner
+    from searchr1.learner.redis_budget import RedisBudgetError
 
+    stop = asyncio.Event()  # set by SIGTERM/SIGINT (run_learner installs the handlers)
     try:
-        state = asyncio.run(run_learner(settings, max_steps=max_steps))
+        state = asyncio.run(run_learner(settings, stop, max_steps=max_steps))
     except (LeaseHeld, LeaseLost) as exc:  # another learner runs this run: nothing was written
-        typer.echo(f"error: {exc}", err=True)
-        return 3
+        return error(str(exc), 3)
+    except RedisBudgetError as exc:  # the run's settings, not a fault: nothing was written
+        return error(str(exc), 2)
     typer.echo(f"stopped at step {state.step} (policy version {state.version})")
+    last = max_steps if max_steps is not None else settings.optim.total_steps
+    if stop.is_set() and state.step < last:
+        typer.echo(f"stopped by a signal before step {last}: exit {SIGNALLED_EXIT} (resume from the checkpoint)",
+                   err=True)
+        return SIGNALLED_EXIT
     return 0
 
 
@@ -87,7 +101,7 @@ def prepare(
     try:
         n = _prepare(src, dst)
     except DatasetError as exc:
-        raise typer.BadParameter(str(exc)) from exc
+        fail(str(exc))
     typer.echo(f"wrote {n} tasks to {dst}")
 
 
@@ -117,7 +131,7 @@ def fetch(
                                       repo=repo, template=template, revision=revision,
                                       cache_dir=str(cache_dir) if cache_dir else None)
     except (DatasetError, ValueError) as exc:
-        raise typer.BadParameter(str(exc)) from exc
+        fail(str(exc))
     for path, counts in ((result.train, result.train_counts), (result.test, result.test_counts)):
         if path is not None:
             detail = ", ".join(f"{k} {v}" for k, v in counts.items())
@@ -148,8 +162,7 @@ def weights_rollback(
     try:
         wv = asyncio.run(_rollback(redis_url, run, version))
     except LookupError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
+        fail(str(exc), 1)
     typer.echo(f"announced version {wv.version} again: {wv.uri} (sha256 {wv.sha256})")
 
 

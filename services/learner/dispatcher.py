@@ -1,12 +1,13 @@
 """The dispatcher (inside the learner process): feeds the tasks stream from a dataset, epoch-shuffled with
 a seed (epoch e uses `seed + e`, so a resumed run reproduces the order), keeping at most `max_inflight`
 tasks ahead of the learner (backpressure): tasks undelivered or unacked on the tasks stream, plus — given
-the trajectories stream as `downstream` — groups published and not yet read by the learner. A stalled
+the learner's group source as `downstream` (`Backlog`: its `lag`) — groups published and not yet read by
+the learner. A stalled
 learner thus stops the dispatcher, and the trajectories stream stops growing, at `max_inflight`. Groups
 the learner has read and not yet acked (they wait for a checkpoint) do not count: they are in its hands.
 
 Task ids are `{dataset id}@e{epoch}`, so one question is trained once per epoch and replays are
-recognised. Its position `{epoch, cursor}` is saved in learner checkpoints; tasks published after the
+recognised. Its position `{epoch, cursor}` is saved in learner checkpoints (and `restore`d from them); tasks published after the
 last checkpoint are published again after a crash and skipped by the learner as already consumed if
 their groups were trained on.
 
@@ -23,6 +24,7 @@ import asyncio
 import contextlib
 import random
 from collections.abc import Sequence
+from typing import Protocol
 
 from searchr1.core.datasets import Question
 from searchr1.core.schemas import Task
@@ -30,6 +32,15 @@ from searchr1.core.streams import TypedStream
 from searchr1.learner.algo.staleness import StalenessPolicy
 from searchr1.learner.algo.temperature import task_sampling
 from searchr1.learner.settings import DispatcherSettings
+
+
+class Backlog(Protocol):
+    """What the dispatcher reads its downstream backpressure from: the learner's group source (or the
+    trajectories stream itself)."""
+
+    async def lag(self) -> int:
+        """Groups published and not yet read by the learner."""
+        ...
 
 
 def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
@@ -46,12 +57,10 @@ class Dispatcher:
 
     def __init__(self, stream: TypedStream[Task], specs: Sequence[Question], settings: DispatcherSettings,
                  *, epoch: int = 0, cursor: int = 0, on_publish=None, staleness: StalenessPolicy | None = None,
-                 version: int = 0, downstream: TypedStream | None = None, vocab_size: int | None = None,
-                 record=None) -> None:
+                 version: int = 0, vocab_size: int | None = None, record=None) -> None:
         if not specs:
             raise ValueError("the dispatcher needs at least one task")
         self.stream = stream
-        self.downstream = downstream
         self.specs = list(specs)
         self.s = settings
         self.epoch = epoch + cursor // len(self.specs)
@@ -85,6 +94,15 @@ class Dispatcher:
     def position(self) -> dict[str, int]:
         return {"epoch": self.epoch, "cursor": self.cursor}
 
+    def restore(self, position: dict[str, int], version: int) -> None:
+        """Resume from a checkpoint: its saved `position` (empty: the start) and the learner's `version`."""
+        cursor = position.get("cursor", 0)
+        self.epoch = position.get("epoch", 0) + cursor // len(self.specs)
+        self.cursor = cursor % len(self.specs)
+        self._order = epoch_order(len(self.specs), self.s.seed, self.epoch)
+        if self.staleness is not None:
+            self.min_policy_version = self.staleness.min_policy_version(version)
+
     def _next(self) -> Task:
         spec = self.specs[self._order[self.cursor]]
         task = Task(
@@ -100,16 +118,17 @@ class Dispatcher:
             self._order = epoch_order(len(self.specs), self.s.seed, self.epoch)
         return task
 
-    async def in_flight(self) -> int:
-        """Tasks ahead of the learner: queued or rolling out, or rolled out and not yet read."""
+    async def in_flight(self, downstream: Backlog | None = None) -> int:
+        """Tasks ahead of the learner: queued or rolling out, or (given `downstream`) rolled out and not
+        yet read."""
         ahead = await self.stream.in_flight()
-        if self.downstream is not None:
-            ahead += await self.downstream.lag()
+        if downstream is not None:
+            ahead += await downstream.lag()
         return ahead
 
-    async def fill(self) -> int:
+    async def fill(self, downstream: Backlog | None = None) -> int:
         """Publish until `max_inflight` tasks are ahead or the epochs are done; returns how many."""
-        room = self.s.max_inflight - await self.in_flight()
+        room = self.s.max_inflight - await self.in_flight(downstream)
         if self.budget is not None:
             room = min(room, self.budget)
         batch = []
@@ -126,11 +145,12 @@ class Dispatcher:
                 self.on_publish(len(batch))
         return len(batch)
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Keep the stream filled until `stop` is set or the dataset is exhausted."""
+    async def run(self, stop: asyncio.Event, downstream: Backlog | None = None) -> None:
+        """Keep the stream filled until `stop` is set or the dataset is exhausted, counting `downstream`'s
+        backlog as tasks ahead."""
         await self.stream.ensure_group()
         while not stop.is_set() and not self.exhausted:
-            await self.fill()
+            await self.fill(downstream)
             # `stop` is how this loop ends: a cancellation can be lost inside a redis-py command
             # (core.aio.stop_task), which once left it running after the learner had finished
             with contextlib.suppress(TimeoutError):

@@ -9,23 +9,24 @@ consumed and acked; workers only ever load newer versions). Events go to the log
 `{checkpoint.dir}/guard-events.jsonl` and the `searchr1_learner_guard_*` metrics. Single-process learners
 only: a distributed learner refuses the setting.
 
-`GuardPolicy` is the decision (pure); `CollapseGuard` applies it to a running `Learner`.
+`GuardPolicy` counts and decides (pure); `CollapseGuard` turns its verdict into a `Decision` naming the
+checkpoint to roll back to (or the stop's message); the learner loop carries the decision out, with
+`roll_back` for the weights and learning rate.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import math
 import re
 import time
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import Field
 
 from searchr1.core.settings import Section
@@ -51,9 +52,15 @@ class GuardSettings(Section):
 
 @dataclass(frozen=True)
 class Decision:
+    """What the guard decided after a step; the loop carries it out."""
+
     action: Literal["continue", "rollback", "stop"]
     reasons: tuple[str, ...] = ()
     first_bad_step: int | None = None
+    checkpoint: Path | None = None
+    """A rollback's target: the newest healthy checkpoint (`CollapseGuard.judge`)."""
+    message: str = ""
+    """A stop's reason, for the log and the loop's exit."""
 
 
 def breaches(figures: dict[str, Any], above: dict[str, float], below: dict[str, float]) -> list[str]:
@@ -115,82 +122,53 @@ def healthy_checkpoint(root: Path, first_bad_step: int, unhealthy: Collection[in
 
 
 class CollapseGuard:
-    """`GuardPolicy` applied to a running learner: `after_step` rolls back or sets `stopped`."""
+    """`GuardPolicy` over a running learner's step figures: `judge` returns what to do (continue, roll back
+    to a named checkpoint, stop); the learner loop carries it out (`Learner.apply_guard`). It holds no
+    learner: the checkpoint root to search, the metrics registry to count on, the events file to write."""
 
-    def __init__(self, settings: GuardSettings, learner: Any) -> None:
-        if learner.info.enabled:
-            raise ValueError("learner.guard needs a single-process learner (it is off for torchrun runs)")
+    def __init__(self, settings: GuardSettings, checkpoint_dir: Path, registry: CollectorRegistry) -> None:
         self.policy = GuardPolicy(settings)
         self.s = settings
-        self.stopped: str | None = None
-        """The reason the guard stopped the learner, once it has."""
-        self.events = Path(learner.s.checkpoint.dir) / "guard-events.jsonl"
-        r = learner.metrics.registry
+        self.checkpoint_dir = Path(checkpoint_dir)
+        self.events = self.checkpoint_dir / "guard-events.jsonl"
         self.rollbacks = Counter("searchr1_learner_guard_rollbacks_total",
-                                 "Rollbacks to a healthy checkpoint by the collapse guard.", registry=r)
+                                 "Rollbacks to a healthy checkpoint by the collapse guard.", registry=registry)
         self.stop_gauge = Gauge("searchr1_learner_guard_stopped", "1 once the collapse guard stopped the learner.",
-                                registry=r)
+                                registry=registry)
 
-    async def after_step(self, learner: Any, figures: dict[str, Any]) -> None:
-        d = self.policy.observe(learner.state.step, figures)
-        if d.action == "continue":
-            return
-        path = (healthy_checkpoint(Path(learner.s.checkpoint.dir), d.first_bad_step, self.policy.unhealthy)
-                if d.action == "rollback" else None)
-        if d.action == "rollback" and path is None:
+    def judge(self, step: int, figures: dict[str, Any]) -> Decision:
+        """The decision after `step`: a rollback names its healthy checkpoint; a rollback with none kept
+        becomes a stop; a stop carries its message (logged, counted)."""
+        d = self.policy.observe(step, figures)
+        if d.action == "rollback":
+            path = healthy_checkpoint(self.checkpoint_dir, d.first_bad_step, self.policy.unhealthy)
+            if path is not None:
+                return replace(d, checkpoint=path)
             d = Decision("stop", (*d.reasons, f"no checkpoint before step {d.first_bad_step} is kept "
                                               "(checkpoint.keep must exceed guard.patience + 1)"), d.first_bad_step)
         if d.action == "stop":
-            self.stopped = (f"collapse guard: unhealthy since step {d.first_bad_step} ({'; '.join(d.reasons)}) "
-                            f"after {self.policy.rollbacks} rollback(s): stopping")
+            d = replace(d, message=f"collapse guard: unhealthy since step {d.first_bad_step} "
+                                   f"({'; '.join(d.reasons)}) after {self.policy.rollbacks} rollback(s): stopping")
             self.stop_gauge.set(1)
-            log.error(self.stopped)
-            await self._record(learner, {"event": "guard_stop", "first_bad_step": d.first_bad_step,
-                                         "reasons": list(d.reasons), "rollbacks": self.policy.rollbacks})
-            return
-        lr = await asyncio.to_thread(self._restore, learner, path)
-        learner.state.version += 1  # the rolled-back weights, announced as a new version
-        await learner.publish_weights()
+            log.error(d.message)
+        return d
+
+    def rolled_back(self, d: Decision, lr: float, version: int) -> dict[str, Any]:
+        """Count and log a rollback the loop carried out; returns its event record."""
+        assert d.checkpoint is not None
         self.rollbacks.inc()
         log.warning("collapse guard: unhealthy since step %d (%s): rolled back to %s, learning rate now %.3g",
-                    d.first_bad_step, "; ".join(d.reasons), path.name, lr)
-        await self._record(learner, {"event": "guard_rollback", "first_bad_step": d.first_bad_step,
-                                     "reasons": list(d.reasons), "checkpoint": path.name, "lr": lr,
-                                     "version": learner.state.version, "rollbacks": self.policy.rollbacks})
+                    d.first_bad_step, "; ".join(d.reasons), d.checkpoint.name, lr)
+        return {"event": "guard_rollback", "first_bad_step": d.first_bad_step, "reasons": list(d.reasons),
+                "checkpoint": d.checkpoint.name, "lr": lr, "version": version, "rollbacks": self.policy.rollbacks}
 
-    def _restore(self, learner: Any, path: Path) -> float:
-        """Load `path` into the learner's components (not its step counters) and cut the learning rate:
-        the schedule's base becomes the base in force before the rollback (every earlier cut included,
-        whatever the checkpoint saved) times `lr_factor`, at the checkpoint's point of the schedule."""
-        components = learner.training.components
-        before = {c.name: list(c.scheduler.base_lrs) for c in components
-                  if c.optimizer is not None and hasattr(c.scheduler, "base_lrs")}
-        learner.checkpointer.load(components, path)
-        lr = 0.0
-        for c in components:
-            if c.optimizer is None:
-                continue
-            sched = c.scheduler
-            if c.name in before:
-                sched.base_lrs = [b * self.s.lr_factor for b in before[c.name]]
-                lambdas = getattr(sched, "lr_lambdas", [lambda _: 1.0] * len(sched.base_lrs))
-                for group, base, fn in zip(c.optimizer.param_groups, sched.base_lrs, lambdas):
-                    group["lr"] = base * fn(sched.last_epoch)
-                sched._last_lr = [g["lr"] for g in c.optimizer.param_groups]  # what the next step reports
-            else:
-                for group in c.optimizer.param_groups:
-                    group["lr"] *= self.s.lr_factor
-            lr = lr or c.optimizer.param_groups[0]["lr"]
-        return lr
+    def stop_event(self, d: Decision) -> dict[str, Any]:
+        """The event record of a stop."""
+        return {"event": "guard_stop", "first_bad_step": d.first_bad_step, "reasons": list(d.reasons),
+                "rollbacks": self.policy.rollbacks}
 
-    async def _record(self, learner: Any, event: dict[str, Any]) -> None:
-        record = {"step": learner.state.step, "time": time.time(), **event}
-
-        def write() -> None:
-            self.events.parent.mkdir(parents=True, exist_ok=True)
-            with self.events.open("a", encoding="utf-8") as f:
-                f.write(json.dumps(record) + "\n")
-            if learner.step_log is not None:
-                learner.step_log.write(learner.state.step, event)
-
-        await asyncio.to_thread(write)
+    def record(self, step: int, event: dict[str, Any]) -> None:
+        """Append `event` to `guard-events.jsonl`. Blocking: run it in a thread."""
+        self.events.parent.mkdir(parents=True, exist_ok=True)
+        with self.events.open("a", encoding="utf-8") as f:
+            f.write(json.dumps({"step": step, "time": time.time(), **event}) + "\n")

@@ -41,6 +41,13 @@ STEP_GAUGES = {
     "staleness_mean": "Mean version lag of the step's groups.",
     "tokens_per_second": "Training tokens (prompt + response) per second of step time.",
     "lr": "Current policy learning rate.",
+    "mismatch_abs_logp_mean": "Mean |log π_learner − log π_engine| over the step's on-policy sampled tokens.",
+    "mismatch_seq_log_ratio_mean": "Mean over the step's sequences of their mean log-ratio π_learner/π_engine.",
+    "mismatch_ess": "Normalised effective sample size (Σr)²/(N·Σr²) of the step's token ratios (1 = no mismatch).",
+    "mismatch_masked_token_frac": "Share of on-policy tokens the mismatch correction gave weight 0.",
+    "mismatch_masked_seq_frac": "Share of on-policy sequences the mismatch correction gave weight 0 throughout.",
+    "worker_mismatch_max": "Largest per-worker mean |Δ log p| of the step's groups (desync screen).",
+    "worker_mismatch_median": "Median per-worker mean |Δ log p| of the step's groups (desync screen).",
     **HEALTH_GAUGES,
 }
 
@@ -59,6 +66,9 @@ class LearnerMetrics:
         self.nonfinite_grad = Counter("searchr1_learner_nonfinite_grad_skips_total",
                                       "Optimizer updates skipped because the gradient norm was NaN or infinite.",
                                       registry=r)
+        self.desync_flags = Counter("searchr1_learner_desync_flags_total",
+                                    "Workers flagged as out of sync with the learner's weights (their groups set "
+                                    "aside, a re-sync requested), one per worker and step.", registry=r)
         self.trajectories = Counter("searchr1_learner_trajectories_total", "Trajectories trained on.", registry=r)
         self.tokens = Counter("searchr1_learner_tokens_total", "Tokens (prompt + response) trained on.",
                               registry=r)

@@ -24,6 +24,7 @@ import json
 import re
 import shutil
 import struct
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -131,16 +132,18 @@ def _fingerprint(directory: Path) -> tuple:
 class WeightPublisher:
     """Writes, announces, serves and prunes weight snapshots under `root`."""
 
-    def __init__(self, root: Path, keep: int = 3, base_url: str | None = None) -> None:
+    def __init__(self, root: Path, keep: int = 3, base_url: str | None = None, *, fence: int = 0,
+                 guard: Callable[[], None] | None = None) -> None:
         self.root = Path(root).resolve()
         self.keep = keep
         self.base_url = base_url.rstrip("/") if base_url else None
         self._digests: dict[int, tuple[str, tuple]] = {}
-        self.fence = 0
+        self.fence = fence
         """The writer's fencing token (core/lease.py): in each snapshot's safetensors metadata
         (`searchr1_fence`) and stored with each announcement."""
-        self.guard: Any = None
-        """Called with no argument before every snapshot write and announcement; raises to stop it."""
+        self.guard = guard
+        """Called with no argument before every snapshot write and announcement; raises to stop it (the
+        learner's lease check)."""
 
     def path(self, version: int) -> Path:
         return self.root / f"v{version:08d}"
@@ -257,8 +260,11 @@ def weights_app(publisher: WeightPublisher, *, token: str | None = None) -> Fast
     @app.get("/weights/{version}/files/{name:path}")
     def get_file(version: int, name: str) -> SnapshotFile:
         root = _dir(version).resolve()
+        # the listing first: a name outside it (a NUL byte, `..`) is never turned into a path
+        if name not in snapshot_listing(root):
+            raise HTTPException(status_code=404, detail=f"no file {name!r} in snapshot {version}")
         target = (root / name).resolve()
-        if root not in target.parents or not target.is_file() or name not in snapshot_listing(root):
+        if root not in target.parents or not target.is_file():
             raise HTTPException(status_code=404, detail=f"no file {name!r} in snapshot {version}")
         return SnapshotFile(target)
 

@@ -18,7 +18,11 @@ checkpoint and (re)announces its current version (version 0 = the initial weight
 
 One learner per run: rank 0 holds the run's lease (`core/lease.py`) from before the models load until it
 exits, and makes sure it is still its own before every checkpoint, snapshot, announcement and ack
-(`hold_lease`); its fencing token goes into each of them. A second learner refuses to start.
+(`hold_lease`); its fencing token goes into each of them. The writes Redis holds are fenced inside Redis
+by one script each (acks: `core/streams.py`; announcements: `core/weights.py`; the recovery-snapshot record:
+`core/catchup.py`); before a checkpoint the token is checked against Redis (`Lease.verify`), and the
+checkpoint itself is fenced on disk (`train/fences.py`). A second learner refuses to start. A loop that makes
+no progress for `stall_timeout_s` stops renewing the lease and fails `/healthz` (the progress watchdog).
 
 Redis away: every Redis call of rank 0 (reads, acks, the dispatcher's publishes, weight announcements)
 goes through one `RedisLink` and waits for Redis to come back, so an ack waits behind its checkpoint
@@ -39,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import statistics
 import time
 from collections import deque
 from typing import Any
@@ -48,24 +53,29 @@ from searchr1.core.faults import fault_point
 from searchr1.core.lease import Lease
 from searchr1.core.metrics import in_stage
 from searchr1.core.redis_link import RedisLink
+from searchr1.core.resync import request_resync
 from searchr1.core.schemas import TrajectoryGroup
-from searchr1.core.streams import StreamKeys, tasks_stream, trajectories_stream
+from searchr1.core.streams import StreamKeys
+from searchr1.core.watchdog import Watchdog
 from searchr1.learner.algo.batch import Batch, build_batch
+from searchr1.learner.algo.desync import DesyncDecision, DesyncPolicy
 from searchr1.learner.algo.figures import by_source, group_figures
 from searchr1.learner.algo.group_filters import mask_overlong
 from searchr1.learner.algo.health import health_figures
-from searchr1.learner.algo.staleness import StalenessPolicy
-from searchr1.learner.guard import CollapseGuard
+from searchr1.learner.dispatcher import Dispatcher
+from searchr1.learner.guard import CollapseGuard, Decision
 from searchr1.learner.metrics import LearnerMetrics, StepLog
 from searchr1.learner.publisher import WeightPublisher
 from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.sources.base import GroupSource, StepGroups
-from searchr1.learner.sources.stream import StreamSource
 from searchr1.learner.tools.archive import ArchiveWriter
 from searchr1.learner.train.build import Training
 from searchr1.learner.train.checkpoint import Checkpointer, TrainState
 from searchr1.learner.train.distributed import broadcast_groups
 from searchr1.learner.train.model import DistInfo, export_weights
+from searchr1.learner.train.rollback import roll_back
+from searchr1.learner.train.screen import worker_mismatch
+from searchr1.learner.transport import WeightTransport
 
 __all__ = ["Learner"]
 
@@ -81,8 +91,9 @@ def _stages(learner: Learner):
 
 
 class Learner:
-    """Runs the learner loop. Dependencies are passed in. The group source is `source`, else the
-    trajectories stream on `redis`; ranks other than 0 have neither (they follow rank 0's broadcasts)."""
+    """Runs the learner loop over collaborators built whole by `process.build_learner`. `source` is where
+    each step's groups come from (None on ranks other than 0: they follow rank 0's broadcasts);
+    `transport` delivers and announces each version (rank 0)."""
 
     def __init__(
         self,
@@ -90,64 +101,70 @@ class Learner:
         training: Training,
         checkpointer: Checkpointer,
         publisher: WeightPublisher,
+        transport: WeightTransport,
         metrics: LearnerMetrics,
         step_log: StepLog | None,
         *,
-        redis=None,
-        info: DistInfo | None = None,
-        archive: ArchiveWriter | None = None,
-        link: RedisLink | None = None,
+        info: DistInfo,
         source: GroupSource | None = None,
+        redis=None,
+        link: RedisLink | None = None,
+        archive: ArchiveWriter | None = None,
         lease: Lease | None = None,
+        dispatcher: Dispatcher | None = None,
+        guard: CollapseGuard | None = None,
+        desync: DesyncPolicy | None = None,
+        watchdog: Watchdog | None = None,
     ) -> None:
+        if guard is not None and info.enabled:
+            raise ValueError("learner.guard needs a single-process learner (it is off for torchrun runs)")
         self.s = settings
         self.training = training
         self.checkpointer = checkpointer
         self.publisher = publisher
+        """The snapshot store (what the weight server serves, and the rollback's published weights)."""
+        self.transport = transport
         self.metrics = metrics
         self.step_log = step_log
+        self.info = info
+        self.source = source
         self.redis = redis
-        self.info = info or DistInfo()
-        self.archive = archive if self.info.is_main else None
-        training.trainer.stage_clock = _stages(self)  # times the optimizer step within `train`
-        self.stages: deque[str] = deque(maxlen=64)
-        """The last stages run, in order (`archive`, `checkpoint`, `ack`, …): the loop's record of itself."""
-        self.keys = StreamKeys(settings.redis.run)
-        self.staleness = StalenessPolicy.from_settings(settings)
-        self.state = TrainState()
-        self.dispatcher: Any = None  # set by `run` on rank 0
-        self.guard = CollapseGuard(settings.guard, self) if settings.guard.enabled else None
-        self.transport: Any = None
-        """A `WeightTransport` (`transport.py`) set by `run_learner` on rank 0; None: write and announce."""
+        """Rank 0's Redis (watched through `link` while the loop runs); None without one."""
         self.link = link
-        self.tasks = None
-        if redis is not None:
-            if self.link is None:
-                self.link = RedisLink("learner", **metrics.redis.link_callbacks())
-            self.tasks = tasks_stream(redis, self.keys, link=self.link)
-            if source is None:
-                trajectories = trajectories_stream(redis, self.keys, link=self.link,
-                                                   visibility_timeout_ms=settings.visibility_timeout_ms,
-                                                   max_deliveries=settings.max_deliveries)
-                source = StreamSource(settings, trajectories, self.tasks, self.staleness, metrics)
-                source.vocab_size = training.vocab_size()
-        self.source: GroupSource | None = source
+        self.archive = archive if info.is_main else None
         self.lease = lease
         """The run's lease (rank 0 of a learner on Redis): checked before every checkpoint, snapshot,
         announcement and ack; its fencing token goes into each of them."""
-        if lease is not None:
-            checkpointer.guard = publisher.guard = lease.check
+        self.dispatcher = dispatcher
+        """Feeds the tasks stream on rank 0 (run as a task beside the loop); its position is checkpointed."""
+        self.guard = guard
+        self.desync = desync
+        """The desync rule (`algo/desync.py`), judged on every step's groups before they train; None = off."""
+        self.halted: str | None = None
+        """Why a policy stopped the run (the collapse guard's message), once one has."""
+        self.stages: deque[str] = deque(maxlen=64)
+        """The last stages run, in order (`archive`, `checkpoint`, `ack`, …): the loop's record of itself."""
+        self.state = TrainState()
+        self.watchdog = watchdog
+        """Beaten at each stage of a step and each pass of a read (rank 0): a loop that stops making progress
+        stops renewing the lease and fails `/healthz` (`process.py`)."""
+
+    def beat(self) -> None:
+        """The loop made progress (the watchdog's beat; nothing without one)."""
+        if self.watchdog is not None:
+            self.watchdog.beat()
 
     # ------------------------------------------------------------------ start-up
 
     async def start(self) -> TrainState:
-        """Resume from the latest checkpoint, prepare the group source and announce the current version."""
-        if self.lease is not None:
-            self.checkpointer.fence = self.publisher.fence = self.lease.token
+        """Resume from the latest checkpoint (the dispatcher from its saved position), prepare the group
+        source and announce the current version."""
         restored = await asyncio.to_thread(self.checkpointer.load, self.training.components)
         if restored is not None:
             self.state = restored
             log.info("resumed from step %d (version %d)", restored.step, restored.version)
+        if self.dispatcher is not None:
+            self.dispatcher.restore(self.state.dispatcher or {}, self.state.version)
         if self.source is not None:
             await self.source.start()
         await self.publish_weights()  # a collective under FSDP: every rank writes-or-not alike
@@ -158,6 +175,53 @@ class Learner:
     def make_batch(self, groups: list[TrajectoryGroup]) -> Batch:
         """Pad the groups into a batch (the trainer computes the advantages)."""
         return build_batch(groups, pad_id=self.training.pad_id, max_seq_len=self.s.batch.max_seq_len)
+
+    @in_stage("forward_backward", _stages)
+    def score_workers(self, groups: list[TrajectoryGroup]):
+        """Per worker, the mismatch of its groups against the weights this step starts from (every rank)."""
+        b, trainer = self.s.batch, self.training.trainer
+        with trainer.autocast():
+            return worker_mismatch(trainer.policy, groups, pad_id=self.training.pad_id, max_seq_len=b.max_seq_len,
+                                   micro_batch_size=b.micro_batch_size, device=trainer.device, info=self.info)
+
+    async def screen(self, step: StepGroups) -> StepGroups:
+        """Desync screen: judge each worker's groups (`algo/desync.py`) and carry out the decision — a
+        flagged worker's groups are set aside (dead-lettered with the reason, never trained) and the worker
+        is told to re-sync its weights. Returns the step's remaining groups, with the screen's figures."""
+        decision: DesyncDecision = self.desync.decide(await asyncio.to_thread(self.score_workers, step.groups))
+        means = list(decision.figures.values()) or [0.0]
+        figures = {**step.figures, "desync_flagged_workers": float(len(decision.flagged)),
+                   "worker_mismatch_max": max(means), "worker_mismatch_median": statistics.median(means)}
+        keep = [i for i, g in enumerate(step.groups) if g.worker_id not in decision.flagged]
+        if self.info.is_main and decision.any:
+            await self.carry_out(decision, step, keep)
+        return StepGroups([step.groups[i] for i in keep],
+                          [step.entry_ids[i] for i in keep] if step.entry_ids else [], figures)
+
+    async def carry_out(self, decision: DesyncDecision, step: StepGroups, keep: list[int]) -> None:
+        """Rank 0: dead-letter the flagged workers' groups and ask each flagged worker to re-sync."""
+        kept = set(keep)
+        for i, g in enumerate(step.groups):
+            if i in kept:
+                continue
+            reason = f"desync: worker {g.worker_id}: {decision.flagged[g.worker_id]}"
+            log.error("setting aside group of task %s (version %d): %s", g.task.task_id, g.policy_version, reason)
+            if self.source is not None and step.entry_ids and step.entry_ids[i]:
+                await self.source.reject(step.entry_ids[i], reason)
+        for worker, why in decision.flagged.items():
+            self.metrics.desync_flags.inc()
+            log.error("worker %s is out of sync with the learner's weights (%s): re-sync requested", worker, why)
+            if self.redis is not None:
+                await self.request_resync(worker, why)
+
+    async def request_resync(self, worker: str, why: str) -> None:
+        """Tell `worker` to reload the announced weights (through the Redis link: waits out an outage)."""
+        keys = StreamKeys(self.s.redis.run)
+
+        def call():
+            return request_resync(self.redis, keys, worker, why)
+
+        await (self.link.call(call, "resync") if self.link is not None else call())
 
     @in_stage("forward_backward", _stages)
     def train(self, batch: Batch) -> dict[str, float]:
@@ -177,18 +241,25 @@ class Learner:
         self.stages.append("archive")
         fault_point("learner.after_archive")  # test hook (core/faults.py): off unless its env var is set
 
-    async def hold_lease(self) -> None:
+    async def hold_lease(self, in_redis: bool = False) -> None:
         """Before a write: make sure the run's lease is still this learner's. Renewed through the Redis
         link when its last renewal is too old (waiting for Redis through an outage); raises `LeaseLost`
         when another learner took it or it expired meanwhile (the process stops; a restart resumes from
-        the checkpoint)."""
-        if self.lease is None or self.lease.valid():
+        the checkpoint). `in_redis`: also check the token against the lease in Redis (`Lease.verify`),
+        for a write Redis does not fence itself (a checkpoint)."""
+        if self.lease is None:
             return
-        if self.link is not None:
-            await self.link.call(self.lease.renew, "renew lease")
-        else:
-            await self.lease.renew()
-        self.lease.check()
+        if not self.lease.valid():
+            if self.link is not None:
+                await self.link.call(self.lease.renew, "renew lease")
+            else:
+                await self.lease.renew()
+            self.lease.check()
+        if in_redis:
+            if self.link is not None:
+                await self.link.call(self.lease.verify, "verify lease")
+            else:
+                await self.lease.verify()
 
     @in_stage("checkpoint", _stages)
     def checkpoint(self) -> None:
@@ -206,20 +277,15 @@ class Learner:
         self.stages.append("ack")
 
     @in_stage("weight_publish", _stages)
-    async def publish_weights(self, force_write: bool = True) -> None:
-        """Snapshot (collective gather), announce and prune."""
+    async def publish_weights(self) -> None:
+        """Gather the weights (a collective) and hand them to the transport (rank 0), which delivers and
+        announces them."""
         await self.hold_lease()
-        if force_write:
-            model, state = await asyncio.to_thread(export_weights, self.training.trainer.policy, self.info)
-            if self.info.is_main and self.transport is not None and self.redis is not None:
-                wv = await self.transport.publish(self.state.version, model, state)
+        model, state = await asyncio.to_thread(export_weights, self.training.trainer.policy, self.info)
+        if self.info.is_main:
+            wv = await self.transport.publish(self.state.version, model, state)
+            if wv is not None:
                 self.metrics.version.set(wv.version)
-                return
-            if self.info.is_main:
-                await asyncio.to_thread(self.publisher.write, self.state.version, model, state)
-        if self.info.is_main and self.redis is not None:
-            wv = await self.publisher.announce(self.redis, self.keys, self.state.version, link=self.link)
-            self.metrics.version.set(wv.version)
 
     # ------------------------------------------------------------------ loop
 
@@ -239,6 +305,10 @@ class Learner:
         """Batch, train, archive, checkpoint, ack, publish, grant and log one step's groups (every rank;
         `step.entry_ids` is empty on ranks other than 0)."""
         t0 = time.perf_counter()
+        if self.desync is not None:
+            step = await self.screen(step)
+            if not step.groups:  # every group came from a flagged worker: nothing to train this time
+                return
         groups = step.groups
         filter_figures = dict(step.figures)
         if self.s.algorithm.overlong_filter:
@@ -247,6 +317,7 @@ class Learner:
         batch = self.make_batch(groups)
         figures = await asyncio.to_thread(self.train, batch)
         self.stages.append("train")
+        self.beat()
         figures.update(filter_figures)
         step_seconds = time.perf_counter() - t0
         figures.update(group_figures(groups, self.state.version))
@@ -264,8 +335,9 @@ class Learner:
         if self.state.step % self.s.checkpoint.every == 0:
             if self.dispatcher is not None:  # read on the loop thread, where the dispatcher runs
                 self.state.dispatcher = self.dispatcher.position()
-            await self.hold_lease()
+            await self.hold_lease(in_redis=True)
             await asyncio.to_thread(self.checkpoint)
+            self.beat()
             await self.ack()
         await self.publish_weights()
         if self.source is not None:  # the next tasks are sampled with the weights just announced
@@ -290,9 +362,28 @@ class Learner:
         log.info("step %d: loss %.4f reward %.3f %.0f tok/s", self.state.step, figures.get("loss", 0.0),
                  figures["reward_mean"], figures["tokens_per_second"])
         if self.guard is not None:
-            await self.guard.after_step(self, figures)
+            await self.apply_guard(self.guard.judge(self.state.step, figures))
 
-    async def run(self, stop: asyncio.Event, max_steps: int | None = None, dispatcher=None) -> TrainState:
+    async def apply_guard(self, d: Decision) -> None:
+        """Carry out the collapse guard's decision: roll the policy back to its checkpoint (with a cut
+        learning rate) and announce the rolled-back weights as a new version, or stop the run."""
+        if d.action == "continue" or self.guard is None:
+            return
+        if d.action == "stop":
+            self.halted = d.message
+            event = self.guard.stop_event(d)
+        else:
+            assert d.checkpoint is not None
+            lr = await asyncio.to_thread(roll_back, self.training.components, self.checkpointer, d.checkpoint,
+                                         self.guard.s.lr_factor)
+            self.state.version += 1  # the rolled-back weights, announced as a new version
+            await self.publish_weights()
+            event = self.guard.rolled_back(d, lr, self.state.version)
+        await asyncio.to_thread(self.guard.record, self.state.step, event)
+        if self.step_log is not None:
+            await asyncio.to_thread(self.step_log.write, self.state.step, event)
+
+    async def run(self, stop: asyncio.Event, max_steps: int | None = None) -> TrainState:
         """Train until `stop`, `max_steps` (default `optim.total_steps`) or the dispatcher runs dry.
         Ranks other than 0 follow rank 0's broadcasts."""
         limit = max_steps if max_steps is not None else self.s.optim.total_steps
@@ -303,18 +394,17 @@ class Learner:
                     break
                 await self.train_and_commit(StepGroups(groups))
             return self.state
+        assert self.source is not None, "rank 0 trains from a group source"
         disp_task = None
-        self.dispatcher = dispatcher
-        if dispatcher is not None:  # only the stream source is fed by a dispatcher
-            self.source.dispatcher = dispatcher
         halt = asyncio.Event()  # ends the dispatcher when this loop ends (a cancel alone can be lost: core.aio)
-        if dispatcher is not None:
-            disp_task = asyncio.create_task(dispatcher.run(halt))
+        if self.dispatcher is not None:  # its backpressure: the groups published and not yet read
+            disp_task = asyncio.create_task(self.dispatcher.run(halt, downstream=self.source))
         watch_task = None
         if self.link is not None and self.redis is not None:
             watch_task = asyncio.create_task(self.link.watch(self.redis, halt))
         try:
-            while self.state.step < limit and not stop.is_set() and not (self.guard and self.guard.stopped):
+            while self.state.step < limit and not stop.is_set() and self.halted is None:
+                self.beat()
                 await self.step_once(stop)
                 if await self.source.finished():
                     log.info("no groups left to train on (dataset or archive exhausted): stopping")

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from searchr1.core.settings import AuthSettings, RedisSettings, Section, ServiceSettings
+from searchr1.core.settings import AuthSettings, RedisSettings, Section, ServiceSettings, check_block_ms
 from searchr1.learner.algo.temperature import TRAINING_TEMPERATURE, check_rollout_temperature
 from searchr1.learner.guard import GuardSettings
 
@@ -34,8 +34,10 @@ class LoraSettings(Section):
 class ModelSettings(Section):
     path: str = Field(min_length=1, default="model")
     """Local directory (or hub name, when the hub is reachable) of the HF causal LM to train."""
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    """Parameter dtype: auto = bfloat16 on GPU, float32 on CPU."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Training precision (`train/precision.py`): float32; bfloat16 (parameters and forward); float16 (fp32
+    master weights, fp16 autocast forward, dynamic loss scaling: pair it with an fp16 engine); auto =
+    bfloat16 on GPU, float32 on CPU."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (saves memory, costs ~30% time)."""
     lora: LoraSettings = Field(default_factory=LoraSettings)
@@ -89,6 +91,15 @@ class AlgorithmSettings(Section):
     tis_cap: float | None = Field(default=None, ge=1.0, le=100.0)
     """Truncated importance sampling against the train–inference mismatch (veRL's `tis_imp_ratio_cap`):
     on-policy tokens' advantages × min(π_learner / π_engine, tis_cap) (`algo/tis.py`); None = off. veRL: 2."""
+    mismatch_correction: Literal["tis", "seq_mask", "icepop"] = "tis"
+    """Correction of the on-policy rows for the train–inference mismatch (`algo/mismatch.py`): `tis`
+    (truncation by `tis_cap`; none when it is unset), `seq_mask` (sequences whose geometric-mean ratio
+    leaves `seq_mask_band` get no policy gradient; kept ones get TIS when `tis_cap` is set) or `icepop`
+    (tokens whose ratio leaves `icepop_band` get none). docs/learner.md says when to use which."""
+    seq_mask_band: tuple[float, float] = (0.999, 1.001)
+    """`seq_mask`: the geometric-mean ratios π_learner/π_engine kept, [lo, hi] with 0 < lo ≤ 1 ≤ hi."""
+    icepop_band: tuple[float, float] = (0.5, 5.0)
+    """`icepop`: the token ratios kept, [α, β] with 0 < α ≤ 1 ≤ β."""
     ref_ema_tau: float = Field(default=1.0, gt=0.0, le=1.0)
     """EMA anchor (EMA-PG's `ref_policy_ema_tau`): every `ref_ema_period` steps, after the optimizer step,
     θ_ref ← τ·θ_ref + (1 − τ)·θ. 1 = a frozen reference (off); EMA-PG uses 0.9. Saved in checkpoints
@@ -115,6 +126,14 @@ class AlgorithmSettings(Section):
     without filling one step (DAPO's `max_num_gen_batches`)."""
     overlong_filter: bool = False
     """DAPO overlong filtering: responses cut by the length limit (finish reason "length") get loss mask 0."""
+
+    @field_validator("seq_mask_band", "icepop_band")
+    @classmethod
+    def _ratio_band(cls, band: tuple[float, float], info) -> tuple[float, float]:
+        lo, hi = band
+        if not (0.0 < lo <= 1.0 <= hi):
+            raise ValueError(f"algorithm.{info.field_name} must satisfy 0 < lo <= 1 <= hi, got [{lo}, {hi}]")
+        return band
 
     @property
     def kl_loss_on(self) -> bool:
@@ -198,8 +217,9 @@ class BroadcastSettings(Section):
     receivers: int = Field(default=1, ge=1, le=4096)
     """Rollout engines in the group (one per worker); a generation forms once all of them have joined."""
     host: str = "127.0.0.1"
-    """Address of the group's store announced to the workers (torch's `TCPStore` listens on every
-    interface, unauthenticated: keep its port on the cluster's private network)."""
+    """Address the group's store listens on (only this one) and announces to the workers. Each version
+    is signed with `weights.token` (HMAC-SHA256) and the workers reject one their token does not verify;
+    the store itself takes no token: keep its port on the cluster's private network."""
     public_host: str | None = None
     """Host name the workers use to reach the store, if not `host`."""
     port: int = Field(default=29510, ge=0, le=65535)
@@ -261,6 +281,23 @@ class ArchiveSettings(Section):
     step in order. Replay writes no archive."""
 
 
+class DesyncSettings(Section):
+    """Per-worker desync detection (`algo/desync.py`): before each step, the learner scores the step's groups
+    and sets aside every group of a worker whose mismatch is far beyond its peers', telling it to re-sync."""
+
+    enabled: bool = False
+    """Run the screen (one no-grad forward over the step's rows, about a third of a step's compute)."""
+    abs_threshold: float = Field(default=0.005, gt=0.0, le=10.0)
+    """Mean |log π_learner − log π_engine| per sampled token below which no worker is flagged (fp32 pairs
+    sit near 1e-5, a reload skipped at lr 2e-6 near 0.014, bf16 engines near 0.04: docs/learner.md,
+    "Train–inference mismatch")."""
+    ratio: float = Field(default=5.0, ge=1.0, le=1e6)
+    """A worker is flagged when its mean exceeds this many times the median of its peers' (or the
+    threshold, when it is the step's only worker)."""
+    min_tokens: int = Field(default=64, ge=1)
+    """Workers with fewer sampled tokens in a step are not judged (too little evidence)."""
+
+
 class LearnerSettings(ServiceSettings):
     """Settings of the learner service (`searchr1 train`)."""
 
@@ -287,6 +324,8 @@ class LearnerSettings(ServiceSettings):
     """Trajectory archive (and replay from one)."""
     guard: GuardSettings = Field(default_factory=GuardSettings)
     """The guarded response to a collapse: roll back, cut the learning rate, stop after a bound (off by default)."""
+    desync: DesyncSettings = Field(default_factory=DesyncSettings)
+    """Per-worker desync detection and its guard action: set aside, re-sync (off by default)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Training device."""
     seed: int = 0
@@ -324,12 +363,25 @@ class LearnerSettings(ServiceSettings):
     visibility_timeout_ms: int = Field(default=600_000, ge=1)
     """Unacked groups idle longer than this are re-read (after a crash)."""
     max_deliveries: int = Field(default=5, ge=1)
-    """Groups delivered this often without ack are dead-lettered."""
+    """Groups delivered this often without ack are dead-lettered. Every delivery counts: the first read, a
+    reclaim, and each re-read by a restarted learner (a group that crashes the learner is buried after
+    this many restarts before its checkpoint)."""
     read_block_ms: int = Field(default=1000, ge=1)
-    """How long one stream read blocks."""
+    """How long one stream read blocks (under half the Redis reply timeout of 30 s)."""
+
+    @field_validator("read_block_ms")
+    @classmethod
+    def _block_below_reply_timeout(cls, v: int) -> int:
+        return check_block_ms("read_block_ms", v)
     lease_ttl_ms: int = Field(default=30_000, ge=1_000, le=600_000)
     """The learner's lease on its run (one learner per run, core/lease.py): renewed every third of this;
     a second learner refuses to start while it is held, and a crashed learner's lease expires after it."""
+    stall_timeout_s: float = Field(default=1800.0, gt=0, le=86_400)
+    """Liveness that means progress (core/watchdog.py): once the loop made no progress (a step stage,
+    a read pass) for this long — a hung collective, a checkpoint on a dead volume — `/healthz` answers 503
+    and rank 0 stops renewing its lease, so the process is restarted and another learner may take the run
+    over. Waiting for Redis is not a stall. It must exceed the longest stage (a model load, a step, a
+    checkpoint)."""
     wandb_project: str | None = None
     """Also log to this wandb project (needs `wandb`)."""
 

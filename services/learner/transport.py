@@ -1,7 +1,8 @@
 """How a new policy version reaches the rollout engines (docs/architecture.md, "Weight sync"): one
 `WeightTransport` interface, two implementations, chosen by `weights.transport`.
 
-- `SnapshotTransport` (default): write the snapshot (`WeightPublisher.write`), announce it.
+- `SnapshotTransport` (default): write the snapshot (`WeightPublisher.write`), announce it (without Redis —
+  `train --replay` — write it only).
 - `BroadcastTransport`: announce a `broadcast://` URI (the group's address, generation and the
   version), then send the tensors over the process group (`searchr1.core.broadcast`) to every receiver
   engine; no file. A snapshot is still written every `snapshot_every` versions, and at once after a
@@ -24,11 +25,13 @@ from typing import Any, Protocol
 
 from searchr1.core.broadcast import Broadcaster, BroadcastFailed
 from searchr1.core.catchup import record_snapshot
+from searchr1.core.lease import Lease
 from searchr1.core.redis_link import RedisLink
 from searchr1.core.schemas import WeightVersion
 from searchr1.core.streams import StreamKeys
 from searchr1.core.weights import announce
 from searchr1.learner.publisher import WeightPublisher, drop_shared
+from searchr1.learner.settings import WeightsSettings
 
 log = logging.getLogger("searchr1.learner.transport")
 
@@ -36,7 +39,8 @@ log = logging.getLogger("searchr1.learner.transport")
 class WeightTransport(Protocol):
     """Delivers and announces one version (called on rank 0 with the gathered weights)."""
 
-    async def publish(self, version: int, model: Any, state: dict) -> WeightVersion: ...
+    async def publish(self, version: int, model: Any, state: dict) -> WeightVersion | None:
+        """Deliver and announce `version`; the announcement (None when nothing was announced)."""
 
     def close(self) -> None: ...
 
@@ -47,13 +51,17 @@ async def _call(link: RedisLink | None, fn, what: str):
 
 @dataclass
 class SnapshotTransport:
+    """A snapshot on disk per version, announced on Redis (`redis` None: written, not announced)."""
+
     publisher: WeightPublisher
     redis: Any
     keys: StreamKeys
     link: RedisLink | None = None
 
-    async def publish(self, version: int, model: Any, state: dict) -> WeightVersion:
+    async def publish(self, version: int, model: Any, state: dict) -> WeightVersion | None:
         await asyncio.to_thread(self.publisher.write, version, model, state)
+        if self.redis is None:
+            return None
         return await self.publisher.announce(self.redis, self.keys, version, link=self.link)
 
     def close(self) -> None:
@@ -69,13 +77,15 @@ class BroadcastTransport:
     link: RedisLink | None = None
     snapshot_every: int = 10
     failures: int = 0
+    lease: Lease | None = None
+    """The learner's lease: the recovery-snapshot record is fenced by its token inside Redis."""
 
     async def _snapshot(self, version: int, model: Any, state: dict) -> None:
         await asyncio.to_thread(self.publisher.write, version, model, state)
         digest = await asyncio.to_thread(self.publisher.digest, version)
         wv = WeightVersion(version=version, uri=self.publisher.uri(version), sha256=digest)
-        await _call(self.link, lambda: record_snapshot(self.redis, self.keys, wv, fence=self.publisher.fence),
-                    "record snapshot")
+        await _call(self.link, lambda: record_snapshot(self.redis, self.keys, wv, fence=self.publisher.fence,
+                                                       lease=self.lease), "record snapshot")
         await asyncio.to_thread(self.publisher.prune, version)
 
     async def publish(self, version: int, model: Any, state: dict) -> WeightVersion:
@@ -101,14 +111,15 @@ class BroadcastTransport:
         self.broadcaster.close()
 
 
-def build_transport(weights: Any, publisher: WeightPublisher, redis: Any, keys: StreamKeys,
-                    link: RedisLink | None) -> WeightTransport:
-    """The transport `weights.transport` names (`weights` is the learner's `WeightsSettings`)."""
-    if weights.transport == "snapshot":
+def build_transport(weights: WeightsSettings, publisher: WeightPublisher, redis: Any, keys: StreamKeys,
+                    link: RedisLink | None, lease: Lease | None = None) -> WeightTransport:
+    """The transport `weights.transport` names; without Redis (`train --replay`) snapshots written only.
+    `lease` fences the broadcast transport's recovery-snapshot record inside Redis."""
+    if weights.transport == "snapshot" or redis is None:
         return SnapshotTransport(publisher, redis, keys, link)
     b = weights.broadcast
     bc = Broadcaster(b.host, b.port, b.receivers + 1, backend=b.backend, timeout_s=b.timeout_s,
-                     bucket_bytes=b.bucket_mb << 20)
+                     bucket_bytes=b.bucket_mb << 20, key=(weights.token or "").encode())  # signs each version
     if b.public_host:
         bc.host = b.public_host
-    return BroadcastTransport(publisher, bc, redis, keys, link, snapshot_every=b.snapshot_every)
+    return BroadcastTransport(publisher, bc, redis, keys, link, snapshot_every=b.snapshot_every, lease=lease)

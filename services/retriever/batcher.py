@@ -29,8 +29,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from searchr1.core.aio import stop_task
+from searchr1.core.settings import default
 from searchr1.retriever.indexes import Ranked
 from searchr1.retriever.metrics import RetrieverMetrics
+from searchr1.retriever.settings import BatchSettings, LimitSettings
 
 SearchFn = Callable[[Sequence[str], int], Ranked]
 Hits = list[list[tuple[int, float]]]
@@ -76,10 +78,10 @@ class MicroBatcher:
         self,
         search_fn: SearchFn,
         *,
-        max_queries: int = 128,
-        max_wait_s: float = 0.0,
-        refill_share: float = 0.25,
-        max_queue_queries: int = 8192,
+        max_queries: int = default(BatchSettings, "max_queries"),
+        max_wait_s: float = default(BatchSettings, "max_wait_ms") / 1000,
+        refill_share: float = default(BatchSettings, "refill_share"),
+        max_queue_queries: int = default(LimitSettings, "max_queue_queries"),
         metrics: RetrieverMetrics | None = None,
     ) -> None:
         self._search_fn = search_fn

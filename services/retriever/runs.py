@@ -7,20 +7,20 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from searchr1.core.commandline import error
+
 if TYPE_CHECKING:
+    from searchr1.retriever.build_settings import IndexBuildSettings
     from searchr1.retriever.indexes import FaissParams
 
 
 def _error(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return 2
+    return error(message)
 
 
-def run_build(corpus: Path, out: Path, kind: str, encoder: dict[str, Any] | None, *, device: str, fp16: bool,
-              bf16: bool, batch_size: int, threads: int, params: FaissParams, chunk_size: int,
-              keep_chunks: bool, progress: bool) -> int:
-    """Build a `kind` index over `corpus` into `out`. `encoder`: `EncoderSpec` fields with
-    `convention` possibly `auto` (dense kinds); `threads` 0 means every core this process may use."""
+def run_build(settings: IndexBuildSettings) -> int:
+    """Build the `settings.kind` index over `settings.corpus` into `settings.out`; `threads` 0 means every
+    core this process may use."""
     import time
 
     from rich.console import Console
@@ -29,32 +29,41 @@ def run_build(corpus: Path, out: Path, kind: str, encoder: dict[str, Any] | None
     from searchr1.retriever.builder import build_index, rich_progress
     from searchr1.retriever.threads import available_cores
 
-    threads = threads or available_cores()
+    if settings.corpus is None or settings.out is None:
+        return _error("give the corpus and the index directory (--corpus and --out, or corpus and out in the "
+                      "run config's index table)")
+    if not settings.corpus.is_file():
+        return _error(f"corpus file not found: {settings.corpus}")
+    threads = settings.threads or available_cores()
+    e = settings.encoder
     passive_openmp_waits()  # before torch and faiss load
     enc = spec = None
-    if kind != "bm25" and encoder is not None:
+    if settings.kind != "bm25":
         import torch
 
         from searchr1.retriever.encoders import EncoderSpec, TransformerEncoder, resolve_convention
 
         torch.set_num_threads(threads)
-        spec = EncoderSpec(**{**encoder, "convention": resolve_convention(encoder["convention"], encoder["name"])})
+        spec = EncoderSpec(name=e.name, convention=resolve_convention(e.convention, e.name), pooling=e.pooling,
+                           normalize=e.normalize, max_length=e.max_length)
         try:
-            enc = TransformerEncoder(spec, device=device, fp16=fp16, bf16=bf16, batch_size=batch_size)
+            enc = TransformerEncoder(spec, device=e.device, fp16=e.fp16, bf16=e.bf16, batch_size=e.batch_size)
         except FileNotFoundError as exc:
             return _error(str(exc))
-    from searchr1.retriever.indexes import configure_faiss
+    from searchr1.retriever.indexes import FaissParams, configure_faiss
 
     configure_faiss(threads)
     t0 = time.perf_counter()
-    with rich_progress(progress) as advance:
-        manifest = build_index(corpus, out, kind, encoder=enc, encoder_spec=spec,  # type: ignore[arg-type]
-                               params=params, chunk_size=chunk_size, keep_chunks=keep_chunks, progress=advance)
+    with rich_progress(settings.progress) as advance:
+        manifest = build_index(settings.corpus, settings.out, settings.kind, encoder=enc,  # type: ignore[arg-type]
+                               encoder_spec=spec, params=FaissParams.for_build(settings.faiss),
+                               chunk_size=settings.chunk_size, keep_chunks=settings.keep_chunks, progress=advance)
     elapsed = time.perf_counter() - t0
     Console(stderr=True).print(
         f"[green]built[/] {manifest.kind} index of {manifest.count} passages"
-        f"{f' ({manifest.dim}-dim, {spec.name})' if spec else ''} in {out}: {elapsed:.1f} s, "
-        f"{manifest.count / max(elapsed, 1e-9):.1f} passages/s ({threads} threads{', bf16' if bf16 and spec else ''})")
+        f"{f' ({manifest.dim}-dim, {spec.name})' if spec else ''} in {settings.out}: {elapsed:.1f} s, "
+        f"{manifest.count / max(elapsed, 1e-9):.1f} passages/s "
+        f"({threads} threads{', bf16' if e.bf16 and spec else ''})")
     return 0
 
 

@@ -93,8 +93,8 @@ def build_service(settings: RewardSettings, *, registry: Registry | None = None,
     if judge is None and settings.judge.url:
         j = settings.judge
         llm = LLMJudge(settings.judge.url, model=j.model, api_key=j.api_key, timeout_s=j.timeout_s, retries=j.retries,
-                       backoff_s=j.backoff_s, cache_size=j.cache_size, max_concurrency=j.max_concurrency,
-                       on_event=metrics.judge_event)
+                       backoff_s=j.backoff_s, max_backoff_s=j.max_backoff_s, deadline_s=j.deadline_s,
+                       cache_size=j.cache_size, max_concurrency=j.max_concurrency, on_event=metrics.judge_event)
         closers.append(llm.close)
         judge = llm
     if encoder is None:

@@ -4,7 +4,8 @@ timeouts, retries with backoff and jitter on connection errors, timeouts, 429 an
 of `searchr1.core.retry`; any other 4xx fails at once), a bound on concurrent calls,
 and an in-memory LRU cache of verdicts keyed by the SHA-256 of the request (at most `cache_size` entries of
 fixed size; same model + prompt + sampling → same verdict; temperature 0 is the default so this is sound).
-The prompt template holds only plain named fields (`params.template_parts`), rendered by concatenation.
+The prompt template holds only plain named fields (`params.template_parts`), rendered by concatenation;
+the policy's answer is fenced as `<candidate>…</candidate>` (`params.delimit_prediction`).
 
 Owns the HTTP exchange only; verdict parsing is `scoring.parse_judge_verdict`. The endpoint URL and key
 are server configuration, never request parameters (a request must not make the service call out to an
@@ -22,9 +23,11 @@ from collections.abc import Callable, Sequence
 import httpx
 
 from searchr1.core.retry import TransientHTTPStatus, is_transient_http_status, retrying
+from searchr1.core.settings import default
 from searchr1.reward import scoring
-from searchr1.reward.params import render_template
+from searchr1.reward.params import delimit_prediction, render_template
 from searchr1.reward.registry import JudgeParams
+from searchr1.reward.settings import JudgeSettings
 
 
 class JudgeUnavailable(RuntimeError):
@@ -35,13 +38,19 @@ class LLMJudge:
     """Grades answers with a chat model. `on_event(outcome)` is called with `call`, `cache_hit`, `retry`,
     `error` or `unparsed` (the service counts them in Prometheus)."""
 
-    def __init__(self, url: str, *, model: str, api_key: str | None = None, timeout_s: float = 30.0,
-                 retries: int = 2, backoff_s: float = 0.2, cache_size: int = 10_000, max_concurrency: int = 8,
+    def __init__(self, url: str, *, model: str, api_key: str | None = None,
+                 timeout_s: float = default(JudgeSettings, "timeout_s"), retries: int = default(JudgeSettings, "retries"),
+                 backoff_s: float = default(JudgeSettings, "backoff_s"),
+                 max_backoff_s: float = default(JudgeSettings, "max_backoff_s"), deadline_s: float | None = None,
+                 cache_size: int = default(JudgeSettings, "cache_size"),
+                 max_concurrency: int = default(JudgeSettings, "max_concurrency"),
                  on_event: Callable[[str], None] | None = None) -> None:
         self.url = url.rstrip("/")
         self.model = model
         self.retries = retries
         self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.deadline_s = deadline_s
         self.cache_size = cache_size
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(timeout_s))
@@ -59,7 +68,7 @@ class LLMJudge:
     async def judge(self, question: str, prediction: str, golds: Sequence[str], params: JudgeParams) -> float:
         """The verdict in [0, 1] for one answer (an unparseable verdict counts as 0)."""
         content = render_template(params.prompt, {"question": question, "golds": "; ".join(golds),
-                                                  "prediction": prediction})
+                                                  "prediction": delimit_prediction(prediction)})
         body = {"model": params.model or self.model, "messages": [{"role": "user", "content": content}],
                 "max_tokens": params.max_tokens, "temperature": params.temperature}
         key = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()  # 64 bytes per entry
@@ -82,6 +91,7 @@ class LLMJudge:
         async with self._sem:
             try:
                 async for attempt in retrying(retries=self.retries, backoff_s=self.backoff_s,
+                                              max_backoff_s=self.max_backoff_s, deadline_s=self.deadline_s,
                                               before_sleep=lambda _state: self._on_event("retry")):
                     with attempt:
                         attempts += 1

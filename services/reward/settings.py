@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from searchr1.core.settings import AuthSettings, Section, ServiceSettings
+from searchr1.core.settings import AuthSettings, RetrySettings, Section, ServiceSettings
 
 
 class EmbeddingSettings(Section):
@@ -25,7 +25,11 @@ class EmbeddingSettings(Section):
     """torch intra-op threads set when the encoder loads (0 = leave torch's default)."""
 
 
-class JudgeSettings(Section):
+class JudgeSettings(RetrySettings):
+    """The `llm_judge` endpoint. Its retry knobs (`timeout_s` per call, `retries`, `backoff_s`,
+    `max_backoff_s`, `deadline_s`) are those of `RetrySettings`, with a judge's own timeout, retries and
+    first backoff."""
+
     url: str | None = Field(default=None, max_length=2048)
     """Base URL of an OpenAI-compatible server (`…/v1/chat/completions` is appended); None disables
     the `llm_judge` scorer."""
@@ -34,11 +38,11 @@ class JudgeSettings(Section):
     model: str = Field(default="judge", min_length=1, max_length=256)
     """Model name sent to the endpoint when a request names none."""
     timeout_s: float = Field(default=30.0, gt=0, le=600)
-    """Timeout of one judge call."""
+    """Timeout of one judge call (a chat completion takes longer than a search)."""
     retries: int = Field(default=2, ge=0, le=10)
     """Extra attempts after a connection error, timeout, 429 or 5xx."""
     backoff_s: float = Field(default=0.2, ge=0, le=60)
-    """First retry delay (doubles each retry)."""
+    """First retry's backoff; it doubles per retry (with jitter) up to `max_backoff_s`."""
     cache_size: int = Field(default=100_000, ge=0, le=10_000_000)
     """Verdicts kept in the in-memory LRU cache."""
     max_concurrency: int = Field(default=16, ge=1, le=1024)

@@ -37,10 +37,12 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from searchr1.core.clients.retriever import RetrieverError
-from searchr1.core.protocol import INVALID_ACTION_MESSAGE, STOP_STRINGS, observation_for, parse_action
+from searchr1.core.protocol import INVALID_ACTION_MESSAGE, STOP_STRINGS, Action, observation_for, parse_action
 from searchr1.core.schemas import FinishReason, Segment
 from searchr1.core.segments import segments_from_versions
-from searchr1.rollout.engine import Generator, TextCodec, TurnRequest
+from searchr1.core.settings import default
+from searchr1.rollout.engine import Generator, TextCodec, TurnOutput, TurnRequest
+from searchr1.rollout.settings import AgentSettings
 
 OBS_CLOSE = "</information>\n\n"
 """The tail an observation always keeps when truncated."""
@@ -54,27 +56,52 @@ SearchFn = Callable[[str], Awaitable[Sequence[HitLike]]]
 """Search one query, returning its hits (each with a `contents` string whose first line is the title)."""
 
 
+_AGENT = AgentSettings
+"""Where the defaults below are declared (each once, with its bounds and docstring)."""
+
+
 @dataclass(frozen=True, slots=True)
 class AgentLimits:
-    """Turn and token limits of one trajectory."""
+    """Turn and token limits of one trajectory: a frozen view of `AgentSettings` (`from_settings`), whose
+    fields declare the defaults."""
 
-    max_turns: int = 4
-    max_tokens_per_turn: int = 500
-    max_obs_tokens: int = 500
-    max_response_tokens: int = 4096
+    max_turns: int = default(_AGENT, "max_turns")
+    max_tokens_per_turn: int = default(_AGENT, "max_tokens_per_turn")
+    max_obs_tokens: int = default(_AGENT, "max_obs_tokens")
+    max_response_tokens: int = default(_AGENT, "max_response_tokens")
     max_context_tokens: int | None = None
     """The engine's context length (prompt + response), if it is to be respected here."""
+
+    @classmethod
+    def from_settings(cls, agent: AgentSettings, *, max_context_tokens: int | None = None,
+                      max_tokens_per_turn: int | None = None) -> AgentLimits:
+        """The limits of `agent` (`max_tokens_per_turn`: a task's own budget, when it sets one);
+        `max_context_tokens` is the engine's context length."""
+        per_turn = agent.max_tokens_per_turn if max_tokens_per_turn is None else max_tokens_per_turn
+        return cls(max_turns=agent.max_turns, max_tokens_per_turn=per_turn,
+                   max_obs_tokens=agent.max_obs_tokens, max_response_tokens=agent.max_response_tokens,
+                   max_context_tokens=max_context_tokens)
 
 
 @dataclass(frozen=True, slots=True)
 class Sampling:
-    """Sampling parameters of every turn of a trajectory."""
+    """Sampling parameters of every turn of a trajectory: a frozen view of `AgentSettings`
+    (`from_settings`), whose fields declare the defaults."""
 
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
+    temperature: float = default(_AGENT, "temperature")
+    top_p: float = default(_AGENT, "top_p")
+    top_k: int = default(_AGENT, "top_k")
     seed: int | None = None
     extra_args: dict[str, Any] | None = None
+
+    @classmethod
+    def from_settings(cls, agent: AgentSettings, *, seed: int | None = None, temperature: float | None = None,
+                      top_p: float | None = None, top_k: int | None = None) -> Sampling:
+        """The sampling of `agent`; a value given here (a task's or a command's own) takes precedence
+        over the setting."""
+        return cls(temperature=agent.temperature if temperature is None else temperature,
+                   top_p=agent.top_p if top_p is None else top_p, top_k=agent.top_k if top_k is None else top_k,
+                   seed=seed, extra_args=dict(agent.extra_args) or None)
 
 
 @dataclass
@@ -142,6 +169,64 @@ def search_failure_reason(exc: BaseException) -> FinishReason:
     return "error"
 
 
+def token_room(res: TrajectoryResult, limits: AgentLimits) -> int:
+    """Tokens the response may still grow by: what is left of `max_response_tokens` and, when it is to be
+    respected, of the engine's context."""
+    room = limits.max_response_tokens - len(res.response_ids)
+    if limits.max_context_tokens is not None:
+        room = min(room, limits.max_context_tokens - len(res.prompt_ids) - len(res.response_ids))
+    return room
+
+
+async def sample_turn(generator: Generator, res: TrajectoryResult, sampling: Sampling, max_tokens: int,
+                      turn: int, request_id: str) -> TurnOutput:
+    """Generate turn `turn` on the whole context so far and append what was sampled (mask 1)."""
+    seed = None if sampling.seed is None else sampling.seed + 7919 * turn
+    t0 = time.perf_counter()
+    out = await generator.generate(
+        TurnRequest(
+            prompt_ids=res.prompt_ids + res.response_ids,
+            max_tokens=max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            seed=seed,
+            stop=STOP_STRINGS,
+            extra_args=sampling.extra_args,
+        ),
+        f"{request_id}-t{turn}",
+    )
+    res.generate_seconds += time.perf_counter() - t0
+    res.add_sampled(out.token_ids, out.logprobs, out.versions)
+    return out
+
+
+async def respond(res: TrajectoryResult, action: Action, search: SearchFn, codec: TextCodec,
+                  limits: AgentLimits, close_ids: list[int]) -> bool:
+    """The environment's reply to a turn that neither answered nor ended (mask 0): the search's
+    observation, or the invalid-action message. False when the search failed (the trajectory ends with
+    its finish reason and error)."""
+    remaining = token_room(res, limits)
+    if action.kind != "search":  # invalid action (no complete <search>/<answer>)
+        res.add_env(codec.encode(INVALID_ACTION_MESSAGE)[:remaining])
+        return True
+    t1 = time.perf_counter()
+    try:
+        hits = await search(action.content)
+    except Exception as exc:  # noqa: BLE001 - the environment failed: end the trajectory, keep what we have
+        res.search_seconds += time.perf_counter() - t1
+        res.finish_reason = search_failure_reason(exc)
+        res.error = f"search failed: {exc}"
+        return False
+    res.search_seconds += time.perf_counter() - t1
+    res.num_searches += 1
+    obs_ids = codec.encode(observation_for([h.contents for h in hits]))
+    obs_ids, cut = truncate_observation(obs_ids, close_ids, min(limits.max_obs_tokens, remaining))
+    res.obs_truncations += int(cut)
+    res.add_env(obs_ids)
+    return True
+
+
 async def run_trajectory(
     prompt_ids: Sequence[int],
     generator: Generator,
@@ -160,30 +245,12 @@ async def run_trajectory(
     turn = 0
     while True:
         final = turn >= limits.max_turns
-        budget = limits.max_response_tokens - len(res.response_ids)
-        if limits.max_context_tokens is not None:
-            budget = min(budget, limits.max_context_tokens - len(res.prompt_ids) - len(res.response_ids))
+        budget = token_room(res, limits)
         if budget <= 0:
             res.finish_reason = "length"
             return res
         max_tokens = min(limits.max_tokens_per_turn, budget)
-        seed = None if sampling.seed is None else sampling.seed + 7919 * turn
-        t0 = time.perf_counter()
-        out = await generator.generate(
-            TurnRequest(
-                prompt_ids=res.prompt_ids + res.response_ids,
-                max_tokens=max_tokens,
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                top_k=sampling.top_k,
-                seed=seed,
-                stop=STOP_STRINGS,
-                extra_args=sampling.extra_args,
-            ),
-            f"{request_id}-t{turn}",
-        )
-        res.generate_seconds += time.perf_counter() - t0
-        res.add_sampled(out.token_ids, out.logprobs, out.versions)
+        out = await sample_turn(generator, res, sampling, max_tokens, turn, request_id)
         turn += 1
         res.num_turns = turn
         action = parse_action((opened if turn == 1 else "") + out.text)
@@ -200,24 +267,5 @@ async def run_trajectory(
         if final:  # the last turn may only answer (Search-R1: do_search=False)
             res.finish_reason = "max_turns"
             return res
-
-        remaining = limits.max_response_tokens - len(res.response_ids)
-        if limits.max_context_tokens is not None:
-            remaining = min(remaining, limits.max_context_tokens - len(res.prompt_ids) - len(res.response_ids))
-        if action.kind == "search":
-            t1 = time.perf_counter()
-            try:
-                hits = await search(action.content)
-            except Exception as exc:  # noqa: BLE001 - the environment failed: end the trajectory, keep what we have
-                res.search_seconds += time.perf_counter() - t1
-                res.finish_reason = search_failure_reason(exc)
-                res.error = f"search failed: {exc}"
-                return res
-            res.search_seconds += time.perf_counter() - t1
-            res.num_searches += 1
-            obs_ids = codec.encode(observation_for([h.contents for h in hits]))
-            obs_ids, cut = truncate_observation(obs_ids, close_ids, min(limits.max_obs_tokens, remaining))
-            res.obs_truncations += int(cut)
-            res.add_env(obs_ids)
-        else:  # invalid action (no complete <search>/<answer>)
-            res.add_env(codec.encode(INVALID_ACTION_MESSAGE)[:remaining])
+        if not await respond(res, action, search, codec, limits, close_ids):
+            return res

@@ -19,6 +19,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from searchr1.core.settings import default
+from searchr1.rollout.settings import RetrieverClientSettings
+
 
 class SearchBackend(Protocol):
     """What the batcher calls: `RetrieverClient.search` has this signature."""
@@ -33,10 +36,10 @@ class SearchBatcher:
         self,
         backend: SearchBackend,
         *,
-        top_k: int = 3,
-        max_batch: int = 64,
-        max_wait_s: float = 0.005,
-        max_query_chars: int = 4096,
+        top_k: int = default(RetrieverClientSettings, "top_k"),
+        max_batch: int = default(RetrieverClientSettings, "max_batch"),
+        max_wait_s: float = default(RetrieverClientSettings, "max_wait_ms") / 1000,
+        max_query_chars: int = default(RetrieverClientSettings, "max_query_chars"),
         on_batch: Callable[[int, float], None] | None = None,
     ) -> None:
         if max_batch < 1 or max_wait_s < 0 or max_query_chars < 1:

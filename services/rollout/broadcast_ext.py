@@ -6,7 +6,8 @@ rollout process calls with `collective_rpc` (vLLM's supported extension point fo
   the rank, or raises when the group is full (a late joiner catches up from a snapshot instead);
 - `searchr1_weights_receive(uri)`: receive the publication the URI names, bucket by bucket, straight
   into the model's `load_weights` through the runner's in-place `reload_weights` (no file, no second
-  copy of the model); returns the digest of the received tensors, checked against the learner's. A
+  copy of the model); returns the digest of the received tensors, checked against the learner's and
+  its signature against the run's weight token (`SEARCHR1_WEIGHTS_KEY`, set by the rollout process). A
   failure (timeout, the sender gone, a digest mismatch) leaves the group and raises: the worker then
   loads the latest snapshot, and joins the next generation when one is announced.
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from searchr1.core.broadcast import Receiver, parse_group_uri
+from searchr1.core.broadcast import WEIGHTS_KEY_ENV, Receiver, parse_group_uri
 
 
 class BroadcastWeightReceiver:
@@ -31,7 +32,8 @@ class BroadcastWeightReceiver:
 
             device = "cpu" if self.device.type == "cpu" else str(self.device)  # type: ignore[attr-defined]
             rx = Receiver(backend="gloo" if device == "cpu" else "nccl",
-                          timeout_s=float(os.environ.get("SEARCHR1_WEIGHTS_TIMEOUT_S", "60")), device=device)
+                          timeout_s=float(os.environ.get("SEARCHR1_WEIGHTS_TIMEOUT_S", "60")), device=device,
+                          key=os.environ.get(WEIGHTS_KEY_ENV, "").encode())  # the run's weight token
             self._searchr1_rx = rx
         return rx
 

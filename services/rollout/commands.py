@@ -4,7 +4,7 @@
 
 Each command parses its flags, loads `RolloutSettings` through the one validated override path
 (`core.commandline.settings_or_exit`) and calls the run function that lives with the service
-(`service.run`, `once.run_once`, `eval_run.run_eval`). Help texts of settings-backed flags are the
+(`service.run`, `tools.once.run_once`, `evaluation.run.run_eval`). Help texts of settings-backed flags are the
 settings fields' docstrings. Keep this module light: heavy imports happen inside the run functions.
 """
 
@@ -24,7 +24,7 @@ ROLLOUT_SETTINGS = "searchr1.rollout.settings:RolloutSettings"
 AGENT_SETTINGS = "searchr1.rollout.settings:AgentSettings"
 
 ConfigOption = Annotated[Path | None, typer.Option(
-    "--config", "-c", help="Run config (TOML/YAML): its [rollout] table gives engine, agent limits, retriever "
+    "--config", "-c", help="Run config (TOML/YAML): its rollout table gives engine, agent limits, retriever "
                            "and reward settings.")]
 RetrieverOption = Annotated[list[str] | None, typer.Option(
     "--retriever", help=field_help(ROLLOUT_SETTINGS, "retriever.addresses", "Repeat the flag for several."))]
@@ -56,27 +56,36 @@ def serve_rollout(
 
 def once(
     question: Annotated[str, typer.Option(help="The question to answer.")],
-    model: Annotated[str, typer.Option(help="Policy directory (HF save_pretrained).")],
-    retriever: Annotated[str, typer.Option("--retriever", help="Retriever gRPC address host:port.")]
-    = "127.0.0.1:50051",
-    engine: Annotated[str, typer.Option(help="`vllm` or `hf` (slow fallback).")] = "vllm",
-    max_turns: Annotated[int, typer.Option(min=0, max=64, help=field_help(AGENT_SETTINGS, "max_turns"))] = 4,
-    max_tokens_per_turn: Annotated[int, typer.Option(
-        min=1, help=field_help(AGENT_SETTINGS, "max_tokens_per_turn"))] = 500,
-    temperature: Annotated[float, typer.Option(min=0.0, help="Sampling temperature (0 = greedy).")] = 1.0,
-    top_k: Annotated[int, typer.Option("--top-k", min=1, help="Passages per search.")] = 3,
+    model: Annotated[str | None, typer.Option(help=field_help(ROLLOUT_SETTINGS, "model"))] = None,
+    retriever: RetrieverOption = None,
+    engine: Annotated[str | None, typer.Option(help=field_help(ROLLOUT_SETTINGS, "engine.kind"))] = None,
+    max_turns: Annotated[int | None, typer.Option(min=0, max=64, help=field_help(AGENT_SETTINGS, "max_turns"))]
+    = None,
+    max_tokens_per_turn: Annotated[int | None, typer.Option(
+        min=1, help=field_help(AGENT_SETTINGS, "max_tokens_per_turn"))] = None,
+    temperature: Annotated[float | None, typer.Option(
+        min=0.0, help=field_help(AGENT_SETTINGS, "temperature", "0: greedy."))] = None,
+    top_k: Annotated[int | None, typer.Option("--top-k", min=1, help=field_help(ROLLOUT_SETTINGS, "retriever.top_k"))]
+    = None,
     seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
     steer: Annotated[bool, typer.Option(help="Force the Search-R1 turn structure (for random demo "
                                              "models; vLLM only).")] = False,
+    config: ConfigOption = None,
 ) -> None:
-    """Sample ONE trajectory and print it colourised: think, search, information and answer."""
-    from searchr1.rollout.agent import AgentLimits, Sampling
-    from searchr1.rollout.once import OnceRequest, run_once
+    """Sample ONE trajectory and print it colourised: think, search, information and answer.
 
-    raise typer.Exit(run_once(OnceRequest(
-        question=question, model=model, retriever=retriever, engine=engine,
-        limits=AgentLimits(max_turns=max_turns, max_tokens_per_turn=max_tokens_per_turn),
-        sampling=Sampling(temperature=temperature, seed=seed), top_k=top_k, steer=steer)))
+    Engine, agent limits, sampling and retriever come from the run config's rollout table and ROLLOUT_*
+    environment variables, as for a worker; the flags override them."""
+    from searchr1.rollout.settings import RolloutSettings
+    from searchr1.rollout.tools.once import OnceRequest, run_once
+
+    settings = settings_or_exit(
+        RolloutSettings, config, model=model, retriever__addresses=retriever or None, retriever__top_k=top_k,
+        engine__kind=engine, agent__max_turns=max_turns, agent__max_tokens_per_turn=max_tokens_per_turn,
+        agent__temperature=temperature)
+    if not settings.model:
+        fail("give --model (or model in the run config's rollout table)")
+    raise typer.Exit(run_once(OnceRequest(question=question, settings=settings, seed=seed, steer=steer)))
 
 
 def eval_(
@@ -116,7 +125,7 @@ def eval_(
     the configured metadata keys) is written to OUT/eval.json and OUT/eval.md (OUT/<model>/ for several
     --model). Then the table (a row per model, a column per test set, the average; greedy) is printed
     and written to OUT/table.md. With --table, only that table, from earlier eval.json files."""
-    from searchr1.rollout.eval_run import EvalRequest, run_eval, run_table
+    from searchr1.rollout.evaluation.run import EvalRequest, run_eval, run_table
 
     if table:
         if model or data:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from searchr1.core.aio import stop_task
+from searchr1.core.broadcast import WEIGHTS_KEY_ENV
 from searchr1.core.clients.retriever import RetrieverClient
 from searchr1.core.clients.reward import RewardClient
 from searchr1.core.metrics import MetricsServer, start_metrics_server
@@ -34,17 +35,12 @@ from searchr1.core.streams import StreamKeys, connect, tasks_stream, trajectorie
 from searchr1.core.watchdog import Watchdog
 from searchr1.rollout.batcher import SearchBatcher
 from searchr1.rollout.broadcast_ext import WORKER_EXTENSION
-from searchr1.rollout.engine import (
-    Generator,
-    GeneratorDead,
-    HfCodec,
-    HfGenerator,
-    VllmEngineConfig,
-    VllmGenerator,
-)
+from searchr1.rollout.engine import Generator, GeneratorDead, HfCodec
+from searchr1.rollout.hf_engine import HfGenerator
 from searchr1.rollout.metrics import RolloutMetrics
 from searchr1.rollout.partial import InterruptibleGenerator
 from searchr1.rollout.settings import EngineSettings, RolloutSettings
+from searchr1.rollout.vllm_engine import VllmEngineConfig, VllmGenerator
 from searchr1.rollout.weights import WeightLoader
 from searchr1.rollout.worker import GroupSampler, Worker
 
@@ -127,6 +123,8 @@ async def build_service(settings: RolloutSettings, *, generator: Generator | Non
     owns = generator is None
     try:
         if generator is None:
+            # the engine's workers check each broadcast version's signature with the run's weight token
+            os.environ[WEIGHTS_KEY_ENV] = settings.weights.token or ""
             generator = await start_generator(settings.model, settings.engine)
         if tokenizer is None:
             tokenizer = generator.tokenizer()  # type: ignore[attr-defined]

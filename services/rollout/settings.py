@@ -3,15 +3,19 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from searchr1.core.settings import RedisSettings, RetrySettings, Section, ServiceSettings
-
-if TYPE_CHECKING:
-    from searchr1.rollout.agent import AgentLimits, Sampling
+from searchr1.core.settings import (
+    RedisSettings,
+    RetrySettings,
+    RewardRetrySettings,
+    Section,
+    ServiceSettings,
+    check_block_ms,
+)
 
 
 class EngineSettings(Section):
@@ -21,8 +25,10 @@ class EngineSettings(Section):
     """Fraction of accelerator memory vLLM reserves (on the CPU build: of CPU memory)."""
     max_model_len: int = Field(default=4096, ge=64)
     """Context length (prompt + response) the engine allows."""
-    dtype: str = "auto"
-    """Model dtype for vLLM (`auto`, `bfloat16`, `float32`, …)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Model dtype of the vLLM engine (`auto` = the checkpoint's; vLLM refuses one its device lacks, e.g.
+    bfloat16 on a GPU before Ampere). Match the learner's `model.dtype` (float16 on both sides mismatches
+    least: docs/learner.md, "Train–inference mismatch")."""
     enforce_eager: bool = True
     """Skip CUDA-graph / compile capture (starts much faster; set false on GPUs for speed)."""
     seed: int = 0
@@ -63,29 +69,6 @@ class AgentSettings(Section):
     """Passed to the engine with every turn (vLLM `SamplingParams.extra_args`, read by custom logits
     processors)."""
 
-    def limits(self, *, max_context_tokens: int | None = None,
-               max_tokens_per_turn: int | None = None) -> AgentLimits:
-        """The agent loop's limits from these settings (`max_tokens_per_turn`: a task's own budget, when
-        it sets one); `max_context_tokens` is the engine's context length."""
-        from searchr1.rollout.agent import AgentLimits  # the agent loop (and its gRPC client) loads on use
-
-        return AgentLimits(
-            max_turns=self.max_turns,
-            max_tokens_per_turn=self.max_tokens_per_turn if max_tokens_per_turn is None else max_tokens_per_turn,
-            max_obs_tokens=self.max_obs_tokens, max_response_tokens=self.max_response_tokens,
-            max_context_tokens=max_context_tokens)
-
-    def sampling(self, *, seed: int | None = None, temperature: float | None = None, top_p: float | None = None,
-                 top_k: int | None = None) -> Sampling:
-        """The agent loop's sampling from these settings; a value given here (a task's or a command's own)
-        takes precedence over the setting."""
-        from searchr1.rollout.agent import Sampling
-
-        return Sampling(
-            temperature=self.temperature if temperature is None else temperature,
-            top_p=self.top_p if top_p is None else top_p, top_k=self.top_k if top_k is None else top_k,
-            seed=seed, extra_args=dict(self.extra_args) or None)
-
 
 class RetrieverClientSettings(RetrySettings):
     """How this worker calls the retriever (the server's own settings are the retriever service's); the
@@ -106,17 +89,15 @@ class RetrieverClientSettings(RetrySettings):
     """Queries are cut to this many characters (keep ≤ the retriever's `limits.max_query_chars`)."""
 
 
-class RewardClientSettings(RetrySettings):
+class RewardClientSettings(RewardRetrySettings):
     """How this worker calls the reward service (the server's own settings are the reward service's); the
-    retry knobs are those of `RetrySettings`. When `deadline_s` runs out the task stays unacked and is redelivered
+    retry knobs are those of `RewardRetrySettings`. When `deadline_s` runs out the task stays unacked and is redelivered
     after the visibility timeout."""
 
     url: str = "http://127.0.0.1:8002"
     """Base URL of the reward service."""
     token: str | None = None
     """Bearer token, if the reward service requires one."""
-    timeout_s: float = Field(default=30.0, gt=0)
-    """Per-call timeout (one attempt); scoring a group takes longer than a search."""
     scorer: str = "searchr1_em"
     """Scorer name the reward service applies."""
     item_format: Literal["solution_str", "prompt_response"] = "solution_str"
@@ -130,13 +111,19 @@ class TaskSettings(Section):
     max_concurrent: int = Field(default=8, ge=1, le=1024)
     """Tasks (groups) this worker rolls out at once; trajectories of all of them share the engine."""
     block_ms: int = Field(default=500, ge=1)
-    """How long one read of the tasks stream blocks."""
+    """How long one read of the tasks stream blocks (under half the Redis reply timeout of 30 s)."""
+
+    @field_validator("block_ms")
+    @classmethod
+    def _block_below_reply_timeout(cls, v: int) -> int:
+        return check_block_ms("tasks.block_ms", v)
     visibility_timeout_ms: int = Field(default=30_000, ge=1)
     """A task idle this long is reclaimed by another worker (a killed worker's task is redone). Live
     workers reset the idle time of the tasks they hold every quarter of it (a heartbeat), so a slow
     task is never taken from a live worker and a dead one's tasks are redone within about this long."""
     max_deliveries: int = Field(default=3, ge=1)
-    """After this many deliveries without ack a task goes to the dead stream."""
+    """After this many deliveries without ack a task goes to the dead stream. Every delivery counts: the
+    first read, another worker's reclaim, and each re-read by a worker restarted under its name."""
     reclaim_interval_s: float = Field(default=5.0, gt=0)
     """How often idle tasks are looked for."""
     drain_timeout_s: float | None = Field(default=8.0, ge=0)

@@ -3,6 +3,10 @@ and verify its snapshot (sha256, via `searchr1.core.weights.fetch_snapshot`), an
 place. The worker calls `maybe_update` only when no trajectory is in flight, so every group is generated
 by exactly one version.
 
+The learner may ask one worker to re-sync (`core.weights.request_resync`: its groups showed a
+train–inference mismatch far beyond its peers'); the worker takes the request before its next tasks and
+reloads the announced weights even at an unchanged version (`resync`).
+
 A snapshot that fails verification is skipped (and logged); the worker keeps the weights it has and
 tries again when a newer version is announced. So is an announcement the worker must not trust: one
 made with an older fencing token (`core/lease.py`) than the newest this worker has seen (a stale
@@ -25,12 +29,14 @@ from pathlib import Path
 
 from redis import asyncio as aioredis
 
+from searchr1.core.faults import fault_fires
 from searchr1.core.metrics import in_stage
 from searchr1.core.redis_link import RedisLink
+from searchr1.core.resync import take_resync
 from searchr1.core.schemas import WeightVersion
 from searchr1.core.streams import StreamKeys
 from searchr1.core.weights import SnapshotError, fetch_snapshot, is_published, latest_fenced, prune_copies
-from searchr1.rollout.broadcast_loader import is_broadcast, load_broadcast
+from searchr1.rollout.broadcast_loader import is_broadcast, receive_or_catch_up
 from searchr1.rollout.engine import Generator
 from searchr1.rollout.metrics import RolloutMetrics
 
@@ -90,7 +96,7 @@ class WeightLoader:
         """Fetch, verify and reload `announced`; True when the engine now runs it."""
         t0 = time.perf_counter()
         if is_broadcast(announced.uri):
-            loaded = await load_broadcast(self, announced)
+            loaded = await self.load_broadcast(announced)
             if loaded is None:
                 self._failed_version = announced.version
                 return False
@@ -100,7 +106,8 @@ class WeightLoader:
             return True
         try:
             path = await fetch_snapshot(announced, self.download_dir, token=self.token)
-            await self.generator.reload(str(path))
+            if not fault_fires("rollout.skip_reload"):  # test hook (core/faults.py): a reload that did nothing
+                await self.generator.reload(str(path))
         except SnapshotError as exc:
             self._failed_version, self._failed_sha256 = announced.version, announced.sha256
             log.error("skipping weight version %d: %s", announced.version, exc)
@@ -112,6 +119,29 @@ class WeightLoader:
         self.metrics.weight_reload_seconds.observe(elapsed)
         log.info("loaded weight version %d from %s in %.3f s", announced.version, announced.uri, elapsed)
         return True
+
+    async def take_resync(self, worker_id: str) -> str | None:
+        """The learner's pending request that this worker re-sync (taken as read), or None."""
+        return await self._redis(lambda: take_resync(self.redis, self.keys, worker_id), "resync")
+
+    async def resync(self) -> bool:
+        """Reload the announced weights even if their version is the one loaded (the learner found this
+        worker's groups out of sync with them: a reload that failed silently, wrong bytes, another dtype)."""
+        announced, _ = await self._redis(lambda: latest_fenced(self.redis, self.keys), "weights")
+        if announced is None:
+            return False
+        self._failed_sha256 = None
+        return await self.load(announced)
+
+    async def load_broadcast(self, announced: WeightVersion) -> str | None:
+        """Receive `announced` over the broadcast group, or catch up from the latest recovery snapshot
+        (`broadcast_loader.py`); returns what now runs (`broadcast` or the snapshot's URI), or None."""
+        got = await receive_or_catch_up(self.generator, self.redis, self.keys, announced,
+                                        download_dir=self.download_dir, token=self.token, fence=self.fence)
+        if got is None:
+            return None
+        self.version, loaded = got
+        return loaded
 
     async def maybe_update(self) -> bool:
         """Load the newest version if there is one; True when the version changed."""

@@ -25,10 +25,16 @@ after `max_deliveries`. A dead engine
 (`GeneratorDead`) is fatal: the worker takes no more tasks, drains, and `run` raises it (the process
 exits 1 for its supervisor to restart; the tasks it held are redelivered). SIGTERM drains:
 no new tasks, in-flight groups finish, are published and acked (those not done within
-`drain_timeout_s` are cancelled and left for redelivery), then the worker exits. Redis away: the
+`drain_timeout_s` are abandoned and released: pending with an idle time past the visibility timeout, so
+another worker's next reclaim takes them at once), then the worker exits 0. Redis away: the
 streams' `RedisLink` makes every read, publish and ack wait for it (a task is acked only after its
 group is published), and once Redis is back the worker first re-reads the tasks still pending for it
 that it does not hold (a read whose reply the outage lost).
+
+Every task read is held until it is acked or given up, and a heartbeat task resets the idle time of
+the tasks held every `heartbeat_s` (a quarter of the visibility timeout) from the read on — through a
+weight load the task waits for, a drain, a partial-rollout swap — so another worker reclaims a task only
+from a worker that stopped heartbeating (dead, or hung past the timeout).
 
 What the worker does not do: decide how many tasks exist (the learner's dispatcher) or train.
 """
@@ -48,13 +54,14 @@ from redis.exceptions import RedisError
 from searchr1.core.faults import fault_point, poisoned
 from searchr1.core.protocol import render_prompt
 from searchr1.core.schemas import Task, Trajectory, TrajectoryGroup
+from searchr1.core.settings import default
 from searchr1.core.streams import Entry, TypedStream
 from searchr1.core.watchdog import Watchdog
 from searchr1.rollout.agent import AgentLimits, Sampling, SearchFn, TrajectoryResult, run_trajectory
 from searchr1.rollout.engine import Generator, GeneratorDead, TextCodec
 from searchr1.rollout.metrics import RolloutMetrics, StagedGenerator, staged_search
 from searchr1.rollout.partial import InterruptibleGenerator
-from searchr1.rollout.settings import AgentSettings, RewardClientSettings
+from searchr1.rollout.settings import AgentSettings, RewardClientSettings, TaskSettings, WeightSettings
 from searchr1.rollout.weights import WeightLoader
 
 log = logging.getLogger("searchr1.rollout.worker")
@@ -91,14 +98,14 @@ def _dead_generator(exc: BaseException) -> GeneratorDead | None:
 def sampling_for(task: Task, agent: AgentSettings) -> Sampling:
     """The task's sampling params, with the worker's settings where the task leaves one unset (None)."""
     s = task.sampling
-    return agent.sampling(seed=s.seed, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
+    return Sampling.from_settings(agent, seed=s.seed, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
 
 
 def limits_for(task: Task, agent: AgentSettings, max_context_tokens: int | None = None) -> AgentLimits:
     """The task's per-turn budget when it sets one, the worker's otherwise; the other limits are the
     worker's."""
-    return agent.limits(max_context_tokens=max_context_tokens,
-                        max_tokens_per_turn=task.sampling.max_tokens_per_turn)
+    return AgentLimits.from_settings(agent, max_context_tokens=max_context_tokens,
+                                     max_tokens_per_turn=task.sampling.max_tokens_per_turn)
 
 
 def score_items(task: Task, prompt_text: str, responses: Sequence[str], searches: Sequence[int],
@@ -200,7 +207,8 @@ class GroupSampler:
 
 @dataclass
 class Worker:
-    """Consumes tasks, publishes scored groups, keeps the weights fresh."""
+    """Consumes tasks, publishes scored groups, keeps the weights fresh. Its knobs are the `[rollout.tasks]`
+    settings of the same names (and `weights.poll_interval_s`), whose fields declare the defaults."""
 
     sampler: GroupSampler
     tasks: TypedStream[Task]
@@ -208,22 +216,25 @@ class Worker:
     loader: WeightLoader
     metrics: RolloutMetrics
     worker_id: str
-    max_concurrent: int = 8
-    block_ms: int = 500
-    reclaim_interval_s: float = 10.0
-    weight_poll_s: float = 2.0
-    drain_timeout_s: float | None = None
+    max_concurrent: int = default(TaskSettings, "max_concurrent")
+    block_ms: int = default(TaskSettings, "block_ms")
+    reclaim_interval_s: float = default(TaskSettings, "reclaim_interval_s")
+    weight_poll_s: float = default(WeightSettings, "poll_interval_s")
+    drain_timeout_s: float | None = default(TaskSettings, "drain_timeout_s")
     heartbeat_s: float | None = None
     watchdog: Watchdog | None = None
     partial: InterruptibleGenerator | None = None
     """Set (the sampler's engine, wrapped): weight swaps interrupt in-flight turns instead of draining."""
     _inflight: set[asyncio.Task] = field(default_factory=set)
     _inflight_ids: set[str] = field(default_factory=set)
+    _entry_ids: dict[asyncio.Task, str] = field(default_factory=dict)  # task in flight → its stream entry
+    _held: set[str] = field(default_factory=set)
+    """Ids of the tasks read and not yet acked or given up: heartbeaten from read to ack, through weight
+    loads, swaps and drains."""
     _seq: int = 0
     _next_reclaim: float = 0.0
     _next_weights: float = 0.0
     _next_lag: float = 0.0
-    _next_heartbeat: float = 0.0
     _fatal: GeneratorDead | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -233,6 +244,7 @@ class Worker:
         self.metrics.weight_version.set(self.loader.version)
         self._next_reclaim = 0.0
         self._next_weights = 0.0
+        beating = asyncio.create_task(self._keep_heartbeat()) if self.heartbeat_s is not None else None
         try:
             while not stop.is_set() and self._fatal is None:
                 try:
@@ -241,7 +253,12 @@ class Worker:
                     log.error("redis error in the worker loop (retrying in 1 s): %s", exc)
                     await asyncio.sleep(1.0)
         finally:
-            await self._drain(self.drain_timeout_s)
+            try:
+                await self._drain(self.drain_timeout_s)
+            finally:
+                if beating is not None:
+                    beating.cancel()
+                    await asyncio.gather(beating, return_exceptions=True)
         if self._fatal is not None:  # after the drain: every task still held stays unacked for redelivery
             raise self._fatal
 
@@ -252,16 +269,14 @@ class Worker:
         now = time.monotonic()
         if now >= self._next_weights:
             await self._move_to_announced_weights()
-        if self.heartbeat_s is not None and now >= self._next_heartbeat:
-            await self._heartbeat()
         slots = self.max_concurrent - len(self._inflight)
         if slots <= 0:
             await asyncio.wait(self._inflight, timeout=self.block_ms / 1000, return_when=asyncio.FIRST_COMPLETED)
             return
-        entries = await self.tasks.reread_own(self.worker_id, self._inflight_ids, slots)
+        entries = await self.tasks.reread_own(self.worker_id, self._held, slots)
         if not entries and now >= self._next_reclaim:
             self._next_reclaim = now + self.reclaim_interval_s
-            reclaimed = await self.tasks.reclaim(self.worker_id, slots)
+            reclaimed = await self.tasks.reclaim(self.worker_id, slots, held=self._held)
             # our own slow tasks look idle too: claiming them resets their idle time, nothing more
             entries = [e for e in reclaimed if e.id not in self._inflight_ids]
             for e in entries:
@@ -269,10 +284,15 @@ class Worker:
         if not entries:
             block = self.block_ms if not self._inflight else min(self.block_ms, 50)
             entries = await self.tasks.read(self.worker_id, count=slots, block_ms=block)
-        if entries and max(e.value.min_policy_version for e in entries) > self.loader.version:
-            # load the announced weights now, not at the next poll: these tasks' groups would otherwise
-            # be dropped as stale by the learner (in synchronous training, every step's first tasks)
-            await self._move_to_announced_weights()
+        self._held.update(e.id for e in entries)  # heartbeaten from here, through a load for them
+        try:
+            if entries and max(e.value.min_policy_version for e in entries) > self.loader.version:
+                # load the announced weights now, not at the next poll: these tasks' groups would otherwise
+                # be dropped as stale by the learner (in synchronous training, every step's first tasks)
+                await self._move_to_announced_weights()
+        except BaseException:
+            self._held.difference_update(e.id for e in entries)  # not started: left for redelivery
+            raise
         for e in entries:
             self._start(e)
         await self._update_lag()
@@ -282,6 +302,12 @@ class Worker:
         partial rollouts, interrupt their turns), then load them (no-op, bar one Redis read, when nothing
         newer is announced yet)."""
         self._next_weights = time.monotonic() + self.weight_poll_s
+        why = await self.loader.take_resync(self.worker_id)
+        if why is not None:  # the learner set this worker's groups aside: reload whatever is announced
+            log.error("re-sync requested by the learner (%s): reloading the announced weights", why)
+            await self._drain()
+            await self.loader.resync()
+            return
         if await self.loader.newer() is None:
             return
         if self.partial is not None:
@@ -305,42 +331,53 @@ class Worker:
         task = asyncio.create_task(self._handle(entry, f"{self.worker_id}-{self._seq}"))
         self._inflight.add(task)
         self._inflight_ids.add(entry.id)
+        self._entry_ids[task] = entry.id
         self.metrics.inflight_tasks.set(len(self._inflight))
 
         def _done(t: asyncio.Task) -> None:
             self._inflight.discard(t)
             self._inflight_ids.discard(entry.id)
+            self._entry_ids.pop(t, None)
+            self._held.discard(entry.id)
             self.metrics.inflight_tasks.set(len(self._inflight))
 
         task.add_done_callback(_done)
 
-    async def _heartbeat(self) -> None:
-        """Reset the idle time of the tasks in flight, so only a dead worker's pass the visibility timeout."""
-        self._next_heartbeat = time.monotonic() + (self.heartbeat_s or 0.0)
-        if self._inflight_ids:
-            await self.tasks.heartbeat(self.worker_id, set(self._inflight_ids))
+    async def _keep_heartbeat(self) -> None:
+        """Every `heartbeat_s`, reset the idle time of the tasks held (read and not yet acked), whatever
+        the loop is doing — reading, loading or swapping weights, draining — so only a dead worker's tasks
+        pass the visibility timeout. A failed heartbeat is logged and tried again at the next beat."""
+        assert self.heartbeat_s is not None
+        while True:
+            await asyncio.sleep(self.heartbeat_s)
+            if not self._held:
+                continue
+            try:
+                async with asyncio.timeout(max(self.heartbeat_s, 1.0)):
+                    await self.tasks.heartbeat(self.worker_id, set(self._held))
+            except (TimeoutError, RedisError, OSError) as exc:
+                log.warning("could not heartbeat %d held task(s) (trying again in %.1f s): %s", len(self._held),
+                            self.heartbeat_s, exc)
 
     async def _drain(self, timeout: float | None = None) -> None:
-        """Wait for the tasks in flight, heartbeating them meanwhile; those still running after `timeout`
-        seconds are cancelled and stay unacked (redelivered)."""
+        """Wait for the tasks in flight (the heartbeat keeps them held meanwhile); those still running after
+        `timeout` seconds are cancelled and stay unacked (redelivered)."""
         if not self._inflight:
             return
         running = list(self._inflight)
-        end = None if timeout is None else time.monotonic() + timeout
-        while True:
-            left = None if end is None else max(0.0, end - time.monotonic())
-            step = left if self.heartbeat_s is None else min(self.heartbeat_s, left if left is not None else 1e9)
-            _, late = await asyncio.wait(running, timeout=step)
-            if not late or (left is not None and left <= step):
-                break
-            with contextlib.suppress(TimeoutError, RedisError, OSError):  # never holds up the drain's bound
-                async with asyncio.timeout(self.heartbeat_s):
-                    await self._heartbeat()
+        _, late = await asyncio.wait(running, timeout=timeout)
         if late:
-            log.warning("%d task(s) still in flight after the %.0f s drain: cancelled, left unacked for "
-                        "redelivery", len(late), timeout or 0.0)
+            held = {self._entry_ids[t] for t in late if t in self._entry_ids}
             for t in late:
                 t.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+            released = 0
+            with contextlib.suppress(TimeoutError, RedisError, OSError):  # else they wait out the visibility timeout
+                async with asyncio.timeout(2.0):
+                    released = await self.tasks.release(self.worker_id, held)
+            log.info("%d task(s) still in flight after the %.0f s drain: abandoned, %d released for another "
+                     "worker to take at once", len(late), timeout or 0.0, released)
+            return
         await asyncio.gather(*running, return_exceptions=True)
 
     async def _handle(self, entry: Entry[Task], prefix: str) -> None:

@@ -52,14 +52,24 @@ def _distinct(table: pa.Table, col: str) -> list[str]:
     return sorted(v for v in set(table.column(col).to_pylist()) if v is not None)
 
 
+class TokenizerError(ValueError):
+    """The `tokenizer` setting names no readable tokenizer.json."""
+
+
 def load_tokenizer(path: Path | None):
-    """A `tokenizers.Tokenizer` from `path` (a tokenizer.json or a directory with one), or None."""
+    """A `tokenizers.Tokenizer` from `path` (a tokenizer.json or a directory with one), or None; raises
+    `TokenizerError` when there is none to read there."""
     if path is None:
         return None
     from tokenizers import Tokenizer
 
     file = path / "tokenizer.json" if path.is_dir() else path
-    return Tokenizer.from_file(str(file))
+    if not file.is_file():
+        raise TokenizerError(f"no tokenizer.json at {file}")
+    try:
+        return Tokenizer.from_file(str(file))
+    except Exception as exc:  # noqa: BLE001 - tokenizers raises its own untyped errors on a bad file
+        raise TokenizerError(f"cannot read the tokenizer {file}: {exc}") from None
 
 
 class Viewer:

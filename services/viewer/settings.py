@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
@@ -11,9 +12,8 @@ from searchr1.core.settings import AuthSettings, ServiceSettings
 
 
 class ViewerSettings(ServiceSettings):
-    model_config = SettingsConfigDict(env_prefix="VIEWER_", extra="forbid", env_nested_delimiter="__",
-                                      validate_default=True, case_sensitive=False)
-    section = "viewer"
+    model_config = SettingsConfigDict(env_prefix="VIEWER_")
+    section: ClassVar[str] = "viewer"
 
     host: str = "127.0.0.1"
     """Address to bind (loopback by default: the archive holds every prompt and response of the run)."""

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from searchr1.core.commandline import field_help, settings_or_exit
+from searchr1.core.commandline import fail, field_help, settings_or_exit
 
 if TYPE_CHECKING:
     from searchr1.cli import Groups
@@ -77,7 +77,7 @@ def warmstart(
     from searchr1.world.warmstart import run_warmstart
 
     if not (world / "world.json").is_file():
-        raise typer.BadParameter(f"{world} is not a world directory (no world.json); run `searchr1 world build`")
+        fail(f"{world} is not a world directory (no world.json); run `searchr1 world build`")
     from searchr1.world.settings import WorldSettings
 
     settings = settings_or_exit(
@@ -101,7 +101,7 @@ def check(
     from searchr1.world.checks import run_check
 
     if observation not in ("gold", "bm25"):
-        raise typer.BadParameter("--observation must be 'gold' or 'bm25'")
+        fail("--observation must be 'gold' or 'bm25'")
     typer.echo(json.dumps(run_check(model, world, n, observation, threads), indent=1))
 
 

@@ -72,8 +72,7 @@ class TraceSampler:
 
         self._CorpusSearch = CorpusSearch
         self.rng = random.Random(f"warmstart-{self.ws.seed}")
-        self.rates = TraceRates(self.ws.p_guess, self.ws.p_needless_search, self.ws.p_noisy_query,
-                                self.ws.p_wrong_copy, self.ws.topk)
+        self.rates = TraceRates.from_settings(self.ws)
 
     def _refresh(self, epoch: int) -> None:
         # seeds far from any world a user builds by hand; names of the target world are reserved

@@ -24,8 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from searchr1.core.protocol import extract_answer, observation_for
+from searchr1.core.settings import default
 from searchr1.world.chat import IM_END
 from searchr1.world.generator import INDUSTRIES, OCCUPATIONS, RELATIONS, Entity, Question, World
+from searchr1.world.settings import WarmstartSettings
 
 PHRASES = (
     "<think> I need to find ",
@@ -70,13 +72,18 @@ class Trace:
 
 @dataclass(frozen=True, slots=True)
 class TraceRates:
-    """Probabilities of the imperfect behaviours (see the module docstring)."""
+    """Probabilities of the imperfect behaviours (see the module docstring): a frozen view of the
+    `WarmstartSettings` fields of the same names, which declare the defaults and their meaning."""
 
-    p_guess: float = 0.1
-    p_needless_search: float = 0.3
-    p_noisy_query: float = 0.15
-    p_wrong_copy: float = 0.08
-    topk: int = 3
+    p_guess: float = default(WarmstartSettings, "p_guess")
+    p_needless_search: float = default(WarmstartSettings, "p_needless_search")
+    p_noisy_query: float = default(WarmstartSettings, "p_noisy_query")
+    p_wrong_copy: float = default(WarmstartSettings, "p_wrong_copy")
+    topk: int = default(WarmstartSettings, "topk")
+
+    @classmethod
+    def from_settings(cls, ws: WarmstartSettings) -> TraceRates:
+        return cls(**{f: getattr(ws, f) for f in cls.__dataclass_fields__})
 
 
 Search = Callable[[str, int], list[int]]

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import shutil
 import time
 from pathlib import Path
 
@@ -77,10 +76,7 @@ def _wait_steps(compose: list[str], env: dict, predicate, timeout: float, what: 
     raise AssertionError(f"timed out waiting for {what}: {dk.run([*compose, 'ps'], env=env)}")
 
 
-def test_kill_a_worker_to_the_next_step(tmp_path):
-    missing = dk.missing_tools()
-    if missing:
-        pytest.skip(f"needs {', '.join(missing)} (Debian: docker.io docker-compose mmdebstrap prometheus)")
+def test_kill_a_worker_to_the_next_step(tmp_path, docker_session):
     log = tmp_path / "deploy.log"
     config_dir = tmp_path / "configs"
     config_dir.mkdir()
@@ -90,47 +86,37 @@ def test_kill_a_worker_to_the_next_step(tmp_path):
         name: {"volumes": [f"{config_dir}:/app/configs:ro"]} for name in ("init", "retriever", "reward",
                                                                              "rollout", "learner")}}))
     project = f"searchr1test{secrets.token_hex(3)}"
-    workdir = Path("/tmp") / f"{project}-docker"  # short: the daemon's socket path has a length limit
-    workdir.mkdir()
+    _deploy_kill_and_measure(docker_session, log, override, project)
+
+
+def _deploy_kill_and_measure(env: dict, log: Path, override: Path, project: str) -> None:
+    env = {**env, "REDIS_PASSWORD": secrets.token_hex(16), "RETRIEVER_TOKEN": secrets.token_hex(16),
+           "REWARD_TOKEN": secrets.token_hex(16), "REDIS_IMAGE": dk.BASE_IMAGE, "SEARCHR1_IMAGE": dk.IMAGE,
+           "REDIS_PORT": str(_free_port()), "RETRIEVER_PORT": str(_free_port()),
+           "PROMETHEUS_PORT": str(_free_port()), "ALERTMANAGER_PORT": str(_free_port())}
+    compose = ["docker-compose", "-p", project, "-f", str(ROOT / "docker-compose.yml"), "-f", str(override)]
     try:
-        _deploy_kill_and_measure(workdir, log, override, project)
+        dk.run([*compose, "up", "-d", "--no-build", "--scale", "rollout=2", "redis", "init", "retriever",
+                "reward", "rollout", "learner"], env=env, log=log, timeout=3600)
+        _wait_steps(compose, env, lambda s: len(s) >= 2, 3600, "two training steps")
+        victim = dk.run([*compose, "ps", "-q", "rollout"], env=env).split()[0]
+        out = dk.run([dk.DOCKER, "exec", victim, "python", "-c", KILL_WHILE_HOLDING], env=env, log=log)
+        stamp, pid, consumer, held = out.split()[-4:]
+        killed_at = float(stamp)
+        steps = _wait_steps(compose, env, lambda s: any(r["time"] > killed_at for r in s), 1800,
+                            "the next step after the kill")
+        next_step = min(r["time"] for r in steps if r["time"] > killed_at) - killed_at
+        deadline = time.monotonic() + 600
+        while (inspect := json.loads(dk.run([dk.DOCKER, "inspect", victim], env=env))[0])["RestartCount"] < 1:
+            assert time.monotonic() < deadline, inspect["State"]
+            time.sleep(2)
+        print(f"compose kill -9 of one rollout worker of two (its main process, pid {pid} in its "
+              f"container, consumer {consumer}, holding {held} task(s)): next training step {next_step:.1f} s after the kill; the container restarted "
+              f"{inspect['RestartCount']} time(s), last started {inspect['State']['StartedAt']} (killed at "
+              f"{time.strftime('%H:%M:%S', time.gmtime(killed_at))} UTC); "
+              f"steps before the kill {sum(r['time'] <= killed_at for r in steps)}")
     finally:
-        if (workdir / "dockerd.log").exists():
-            shutil.move(workdir / "dockerd.log", tmp_path / "dockerd.log")
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _deploy_kill_and_measure(workdir: Path, log: Path, override: Path, project: str) -> None:
-    with dk.docker_daemon(workdir) as env:
-        dk.build_base(env, log)
-        dk.build_image(env, ROOT, log)
-        env = {**env, "REDIS_PASSWORD": secrets.token_hex(16), "RETRIEVER_TOKEN": secrets.token_hex(16),
-               "REWARD_TOKEN": secrets.token_hex(16), "REDIS_IMAGE": dk.BASE_IMAGE, "SEARCHR1_IMAGE": dk.IMAGE,
-               "REDIS_PORT": str(_free_port()), "RETRIEVER_PORT": str(_free_port()),
-               "PROMETHEUS_PORT": str(_free_port()), "ALERTMANAGER_PORT": str(_free_port())}
-        compose = ["docker-compose", "-p", project, "-f", str(ROOT / "docker-compose.yml"), "-f", str(override)]
         try:
-            dk.run([*compose, "up", "-d", "--no-build", "--scale", "rollout=2", "redis", "init", "retriever",
-                    "reward", "rollout", "learner"], env=env, log=log, timeout=3600)
-            _wait_steps(compose, env, lambda s: len(s) >= 2, 3600, "two training steps")
-            victim = dk.run([*compose, "ps", "-q", "rollout"], env=env).split()[0]
-            out = dk.run([dk.DOCKER, "exec", victim, "python", "-c", KILL_WHILE_HOLDING], env=env, log=log)
-            stamp, pid, consumer, held = out.split()[-4:]
-            killed_at = float(stamp)
-            steps = _wait_steps(compose, env, lambda s: any(r["time"] > killed_at for r in s), 1800,
-                                "the next step after the kill")
-            next_step = min(r["time"] for r in steps if r["time"] > killed_at) - killed_at
-            deadline = time.monotonic() + 600
-            while (inspect := json.loads(dk.run([dk.DOCKER, "inspect", victim], env=env))[0])["RestartCount"] < 1:
-                assert time.monotonic() < deadline, inspect["State"]
-                time.sleep(2)
-            print(f"compose kill -9 of one rollout worker of two (its main process, pid {pid} in its "
-                  f"container, consumer {consumer}, holding {held} task(s)): next training step {next_step:.1f} s after the kill; the container restarted "
-                  f"{inspect['RestartCount']} time(s), last started {inspect['State']['StartedAt']} (killed at "
-                  f"{time.strftime('%H:%M:%S', time.gmtime(killed_at))} UTC); "
-                  f"steps before the kill {sum(r['time'] <= killed_at for r in steps)}")
+            dk.run([*compose, "logs", "--no-color", "--tail", "200"], env=env, log=log, timeout=300)
         finally:
-            try:
-                dk.run([*compose, "logs", "--no-color", "--tail", "200"], env=env, log=log, timeout=300)
-            finally:
-                dk.run([*compose, "down", "-v", "--remove-orphans", "-t", "30"], env=env, log=log, timeout=600)
+            dk.run([*compose, "down", "-v", "--remove-orphans", "-t", "30"], env=env, log=log, timeout=600)

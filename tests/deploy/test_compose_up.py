@@ -3,7 +3,8 @@ and index built, the warm start copied from the image), retriever, reward, two r
 learner, Prometheus and Alertmanager, from an image built on a locally built base. Passes when training
 reaches N steps, both workers generate with a newer policy version, Prometheus scrapes every target `up`
 and reaches Alertmanager, every Grafana panel's PromQL returns a series and every alert expression
-evaluates; everything is torn down after (the test's Docker data root included).
+evaluates; everything is torn down after (the session's Docker data root too, after the last deploy test:
+tests/deploy/conftest.py).
 
 The run config is configs/compose.toml shrunk (fewer groups per step, shorter answers) so steps are
 quick on a small CPU machine; ports are published on free loopback ports.
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import shutil
 import socket
 import time
 import tomllib
@@ -92,10 +92,7 @@ def _check_dashboards_and_alerts(port: int) -> None:
         _query(port, expr)  # asserts status success; an alert that does not fire returns no series
 
 
-def test_compose_up_trains_and_every_target_is_scraped(tmp_path):
-    missing = dk.missing_tools()
-    if missing:
-        pytest.skip(f"needs {', '.join(missing)} (Debian: docker.io docker-compose mmdebstrap prometheus)")
+def test_compose_up_trains_and_every_target_is_scraped(tmp_path, docker_session):
     log = tmp_path / "deploy.log"
     config_dir = tmp_path / "configs"
     config_dir.mkdir()
@@ -106,69 +103,58 @@ def test_compose_up_trains_and_every_target_is_scraped(tmp_path):
         name: {"volumes": [f"{config_dir}:/app/configs:ro"]} for name in ("init", "retriever", "reward",
                                                                              "rollout", "learner")}}))
     project = f"searchr1test{secrets.token_hex(3)}"
-    workdir = Path("/tmp") / f"{project}-docker"  # short: the daemon's socket path has a length limit
-    workdir.mkdir()
-    try:
-        _deploy_and_train(workdir, log, override, prom_port, project)
-    finally:
-        if (workdir / "dockerd.log").exists():
-            shutil.move(workdir / "dockerd.log", tmp_path / "dockerd.log")
-        shutil.rmtree(workdir, ignore_errors=True)
+    _deploy_and_train(docker_session, log, override, prom_port, project)
 
 
-def _deploy_and_train(workdir: Path, log: Path, override: Path, prom_port: int, project: str) -> None:
+def _deploy_and_train(env: dict, log: Path, override: Path, prom_port: int, project: str) -> None:
     timings: dict[str, float] = {}
-    with dk.docker_daemon(workdir) as env:
-        t0 = time.monotonic()
-        dk.build_base(env, log)
-        timings["base"] = time.monotonic() - t0
-        dk.build_image(env, ROOT, log)
-        dk.build_prometheus(env, log)
-        dk.build_alertmanager(env, log)
-        timings["images"] = time.monotonic() - t0 - timings["base"]
-        env = {**env, "REDIS_PASSWORD": secrets.token_hex(16), "RETRIEVER_TOKEN": secrets.token_hex(16),
-               "REWARD_TOKEN": secrets.token_hex(16), "REDIS_IMAGE": dk.BASE_IMAGE,
-               "PROMETHEUS_IMAGE": dk.PROMETHEUS_IMAGE, "SEARCHR1_IMAGE": dk.IMAGE,
-               "ALERTMANAGER_IMAGE": dk.ALERTMANAGER_IMAGE, "REDIS_PORT": str(_free_port()),
-               "RETRIEVER_PORT": str(_free_port()), "PROMETHEUS_PORT": str(prom_port),
-               "ALERTMANAGER_PORT": str(_free_port())}
-        compose = ["docker-compose", "-p", project, "-f", str(ROOT / "docker-compose.yml"), "-f", str(override)]
+    t0 = time.monotonic()  # the base and searchr1 images come built with the session's daemon
+    dk.build_prometheus(env, log)
+    dk.build_alertmanager(env, log)
+    timings["images"] = time.monotonic() - t0
+    env = {**env, "REDIS_PASSWORD": secrets.token_hex(16), "RETRIEVER_TOKEN": secrets.token_hex(16),
+           "REWARD_TOKEN": secrets.token_hex(16), "REDIS_IMAGE": dk.BASE_IMAGE,
+           "PROMETHEUS_IMAGE": dk.PROMETHEUS_IMAGE, "SEARCHR1_IMAGE": dk.IMAGE,
+           "ALERTMANAGER_IMAGE": dk.ALERTMANAGER_IMAGE, "REDIS_PORT": str(_free_port()),
+           "RETRIEVER_PORT": str(_free_port()), "PROMETHEUS_PORT": str(prom_port),
+           "ALERTMANAGER_PORT": str(_free_port())}
+    compose = ["docker-compose", "-p", project, "-f", str(ROOT / "docker-compose.yml"), "-f", str(override)]
+    try:
+        t_up = time.monotonic()
+        dk.run([*compose, "up", "-d", "--no-build", "--scale", f"rollout={WORKERS}", "redis", "init",
+                "retriever", "reward", "rollout", "learner", "prometheus", "alertmanager"],
+               env=env, log=log, timeout=3600)
+        timings["up"] = time.monotonic() - t_up
+        deadline = time.monotonic() + 3600
+        steps, versions, up = {}, {}, {}
+        while time.monotonic() < deadline:
+            steps = _values(prom_port, "searchr1_learner_steps_total")
+            if steps and max(steps.values()) >= 1 and "first_step" not in timings:
+                timings["first_step"] = time.monotonic() - t_up  # `up` started -> first step scraped
+            versions = _values(prom_port, "searchr1_rollout_weight_version")
+            up = _values(prom_port, "up")
+            if (steps and max(steps.values()) >= STEPS and len(versions) == WORKERS
+                    and min(versions.values()) >= 1 and len(up) == sum(TARGETS.values())
+                    and min(up.values()) == 1):
+                break
+            time.sleep(10)
+        timings["train"] = time.monotonic() - t_up - timings["up"]
+        status = dk.run([*compose, "ps"], env=env, log=log)
+        assert steps and max(steps.values()) >= STEPS, f"learner steps {steps}\n{status}"
+        assert len(versions) == WORKERS and min(versions.values()) >= 1, f"worker versions {versions}"
+        jobs = {s["metric"]["job"]: 0 for s in _query(prom_port, "up")}
+        for s in _query(prom_port, "up"):
+            jobs[s["metric"]["job"]] += 1
+            assert s["value"][1] == "1", f"target down: {s['metric']}"
+        assert jobs == TARGETS, jobs
+        rules = json.load(urllib.request.urlopen(f"http://127.0.0.1:{prom_port}/api/v1/rules", timeout=10))
+        assert sum(len(g["rules"]) for g in rules["data"]["groups"]) >= 9
+        _check_alertmanager(prom_port)
+        _check_dashboards_and_alerts(prom_port)
+    finally:
         try:
-            t_up = time.monotonic()
-            dk.run([*compose, "up", "-d", "--no-build", "--scale", f"rollout={WORKERS}", "redis", "init",
-                    "retriever", "reward", "rollout", "learner", "prometheus", "alertmanager"],
-                   env=env, log=log, timeout=3600)
-            timings["up"] = time.monotonic() - t_up
-            deadline = time.monotonic() + 3600
-            steps, versions, up = {}, {}, {}
-            while time.monotonic() < deadline:
-                steps = _values(prom_port, "searchr1_learner_steps_total")
-                if steps and max(steps.values()) >= 1 and "first_step" not in timings:
-                    timings["first_step"] = time.monotonic() - t_up  # `up` started -> first step scraped
-                versions = _values(prom_port, "searchr1_rollout_weight_version")
-                up = _values(prom_port, "up")
-                if (steps and max(steps.values()) >= STEPS and len(versions) == WORKERS
-                        and min(versions.values()) >= 1 and len(up) == sum(TARGETS.values())
-                        and min(up.values()) == 1):
-                    break
-                time.sleep(10)
-            timings["train"] = time.monotonic() - t_up - timings["up"]
-            status = dk.run([*compose, "ps"], env=env, log=log)
-            assert steps and max(steps.values()) >= STEPS, f"learner steps {steps}\n{status}"
-            assert len(versions) == WORKERS and min(versions.values()) >= 1, f"worker versions {versions}"
-            jobs = {s["metric"]["job"]: 0 for s in _query(prom_port, "up")}
-            for s in _query(prom_port, "up"):
-                jobs[s["metric"]["job"]] += 1
-                assert s["value"][1] == "1", f"target down: {s['metric']}"
-            assert jobs == TARGETS, jobs
-            rules = json.load(urllib.request.urlopen(f"http://127.0.0.1:{prom_port}/api/v1/rules", timeout=10))
-            assert sum(len(g["rules"]) for g in rules["data"]["groups"]) >= 9
-            _check_alertmanager(prom_port)
-            _check_dashboards_and_alerts(prom_port)
+            dk.run([*compose, "logs", "--no-color", "--tail", "200"], env=env, log=log, timeout=300)
         finally:
-            try:
-                dk.run([*compose, "logs", "--no-color", "--tail", "200"], env=env, log=log, timeout=300)
-            finally:
-                dk.run([*compose, "down", "-v", "--remove-orphans", "-t", "30"], env=env, log=log, timeout=600)
-                timings["total"] = time.monotonic() - t0
-                print(f"deploy timings (s): { {k: round(v) for k, v in timings.items()} }; log: {log}")
+            dk.run([*compose, "down", "-v", "--remove-orphans", "-t", "30"], env=env, log=log, timeout=600)
+            timings["total"] = time.monotonic() - t0
+            print(f"deploy timings (s): { {k: round(v) for k, v in timings.items()} }; log: {log}")

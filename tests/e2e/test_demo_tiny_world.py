@@ -31,6 +31,7 @@ WARMSTART = ROOT / "assets" / "tiny-world" / "warmstart"
 STEPS = 60
 WINDOW = 20
 MARGIN = 0.04
+SHORT_STEPS = 4
 
 
 def shortened_config(root: Path, steps: int = STEPS) -> str:
@@ -50,6 +51,7 @@ def shortened_config(root: Path, steps: int = STEPS) -> str:
     return text
 
 
+@pytest.mark.release
 @pytest.mark.timeout(2400)  # 10 min on 2 cores (5.9 s/step); shared cores can double it
 def test_demo_learns_through_the_real_services(tmp_path):
     cfg = tmp_path / "e2e.toml"
@@ -93,3 +95,27 @@ def test_demo_learns_through_the_real_services(tmp_path):
     assert f"training: {STEPS} steps" in out
     for name in ("retriever", "reward", "rollout-0", "learner", "redis"):
         assert (run / "logs" / f"{name}.log").is_file(), name
+    assert_no_traceback(out, run / "logs")
+
+
+def assert_no_traceback(console: str, log_dir: Path) -> None:
+    """A finished run stops every process cleanly: no traceback and no ERROR line on the console or in
+    any process's log (a stopped worker closes its own engine, so no call fails under it)."""
+    places = {"console": console, **{p.name: p.read_text(errors="replace") for p in sorted(log_dir.glob("*.log"))}}
+    for where, text in places.items():
+        bad = [line for line in text.splitlines() if "Traceback (most recent call last)" in line or " ERROR " in line]
+        assert not bad, f"{where}: {bad[:5]}"
+
+
+@pytest.mark.timeout(1800)
+def test_a_finished_demo_leaves_no_traceback(tmp_path):
+    """A short demo (SHORT_STEPS steps): when the learner finishes, the launcher stops the rollout worker
+    with its vLLM engine, and neither the console nor any log carries a traceback."""
+    cfg = tmp_path / "short.toml"
+    cfg.write_text(shortened_config(tmp_path, steps=SHORT_STEPS))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run([sys.executable, "-m", "searchr1.cli", "demo", "--config", str(cfg)],
+                          capture_output=True, text=True, timeout=1700, env=env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    assert_no_traceback(out, tmp_path / "run" / "logs")

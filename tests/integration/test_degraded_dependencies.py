@@ -25,7 +25,7 @@ from searchr1.core.servers import HttpServer, free_port
 from searchr1.core.streams import StreamKeys, TypedStream, connect
 from searchr1.rollout.service import build_service
 from searchr1.rollout.settings import RolloutSettings
-from searchr1.rollout.steering import steer_args, word_tokens
+from searchr1.rollout.tools.steering import steer_args, word_tokens
 from tests.support.rollout_stack import QUESTIONS, start_vllm, write_corpus
 from tests.support.tiny_lm import build_tiny_lm
 

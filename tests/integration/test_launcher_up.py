@@ -43,6 +43,7 @@ p.add_argument("--fake-ignore-sigterm", action="store_true")
 p.add_argument("--fake-child", action="store_true")
 p.add_argument("--fake-redis", action="store_true")
 a = p.parse_args()
+a.run = a.run or os.environ.get("LEARNER_REDIS__RUN", "")  # the learner's run comes by environment
 words = a.words
 # the learner gets its log dir through LearnerSettings' env prefix (specs.DEFAULT_ENV)
 if words[0] == "train" and os.environ.get("LEARNER_LOG_DIR") and not a.fake_jsonl:

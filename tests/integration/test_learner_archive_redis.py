@@ -15,13 +15,12 @@ import torch
 
 from searchr1.core.schemas import TrajectoryGroup
 from searchr1.core.streams import StreamKeys, TypedStream, trajectories_stream
-from searchr1.learner.metrics import LearnerMetrics, StepLog
-from searchr1.learner.publisher import WeightPublisher
+from searchr1.learner.metrics import StepLog
+from searchr1.learner.process import build_learner
 from searchr1.learner.service import Learner
 from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.tools.archive import ArchiveWriter, latest_copies, read
 from searchr1.learner.train.build import build_training
-from searchr1.learner.train.checkpoint import Checkpointer
 from searchr1.learner.train.model import DistInfo
 from tests.support.synthetic import synthetic_group, tiny_qwen2
 
@@ -55,12 +54,8 @@ def _settings(tmp_path, redis_url, model_path, **over) -> LearnerSettings:
 def _learner(settings, redis, consumer="learner-0") -> Learner:
     settings = settings.model_copy(update={"consumer": consumer})
     training = build_training(settings, DistInfo())
-    return Learner(
-        settings, training, Checkpointer(settings.checkpoint.dir, settings.checkpoint.keep),
-        WeightPublisher(settings.weights.dir, keep=settings.weights.keep), LearnerMetrics(),
-        StepLog(settings.log_dir / "t.jsonl"), redis=redis,
-        archive=ArchiveWriter(settings.archive_dir, settings.archive.every_steps),
-    )
+    return build_learner(settings, training, step_log=StepLog(settings.log_dir / "t.jsonl"), redis=redis,
+                         archive=ArchiveWriter(settings.archive_dir, settings.archive.every_steps))
 
 
 def _producer(redis) -> TypedStream[TrajectoryGroup]:
@@ -183,16 +178,15 @@ from searchr1.learner.train.checkpoint import Checkpointer
 from searchr1.learner.metrics import LearnerMetrics
 from searchr1.learner.train.model import DistInfo
 from searchr1.learner.publisher import WeightPublisher
-from searchr1.learner.service import Learner
+from searchr1.learner.process import build_learner
 from searchr1.learner.train.build import build_training
 from searchr1.learner.settings import LearnerSettings
 
 async def main():
     s = LearnerSettings.model_validate_json(sys.argv[1])
     redis = connect(s.redis.url)
-    learner = Learner(s, build_training(s, DistInfo()), Checkpointer(s.checkpoint.dir, s.checkpoint.keep),
-                      WeightPublisher(s.weights.dir, keep=s.weights.keep), LearnerMetrics(), None, redis=redis,
-                      archive=ArchiveWriter(s.archive_dir, s.archive.every_steps))
+    learner = build_learner(s, build_training(s, DistInfo()), redis=redis,
+                            archive=ArchiveWriter(s.archive_dir, s.archive.every_steps))
     learner.checkpoint = lambda: os.kill(os.getpid(), signal.SIGKILL)  # dies between archive and ack
     await learner.start()
     await learner.step_once(asyncio.Event())

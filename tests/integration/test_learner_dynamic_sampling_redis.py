@@ -12,12 +12,11 @@ import pytest
 import torch
 
 from searchr1.core.streams import StreamKeys, trajectories_stream
-from searchr1.learner.metrics import LearnerMetrics, StepLog
-from searchr1.learner.publisher import WeightPublisher
+from searchr1.learner.metrics import StepLog
+from searchr1.learner.process import build_learner
 from searchr1.learner.service import Learner
 from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.train.build import build_training
-from searchr1.learner.train.checkpoint import Checkpointer
 from searchr1.learner.train.model import DistInfo
 from tests.support.synthetic import synthetic_group, tiny_qwen2
 
@@ -37,9 +36,7 @@ def _learner(tmp_path, redis, redis_url, model_path, **algorithm) -> Learner:
         batch={"groups_per_step": 2, "micro_batch_size": 4, "max_seq_len": 64},
         weights={"dir": str(tmp_path / "weights")}, checkpoint={"dir": str(tmp_path / "ckpt")},
         log_dir=str(tmp_path / "logs"), visibility_timeout_ms=60_000, read_block_ms=100)
-    return Learner(s, build_training(s, DistInfo()), Checkpointer(s.checkpoint.dir, s.checkpoint.keep),
-                   WeightPublisher(s.weights.dir, keep=s.weights.keep), LearnerMetrics(),
-                   StepLog(s.log_dir / "t.jsonl"), redis=redis)
+    return build_learner(s, build_training(s, DistInfo()), step_log=StepLog(s.log_dir / "t.jsonl"), redis=redis)
 
 
 def _group(name: str, rewards: list[float]):

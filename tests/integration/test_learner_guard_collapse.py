@@ -14,12 +14,10 @@ from safetensors.torch import load_file
 
 from searchr1.core.streams import StreamKeys, trajectories_stream
 from searchr1.core.weights import latest
-from searchr1.learner.metrics import LearnerMetrics, StepLog
-from searchr1.learner.publisher import WeightPublisher
-from searchr1.learner.service import Learner
+from searchr1.learner.metrics import StepLog
+from searchr1.learner.process import build_learner
 from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.train.build import build_training
-from searchr1.learner.train.checkpoint import Checkpointer
 from searchr1.learner.train.model import DistInfo
 from tests.support.synthetic import synthetic_group, tiny_qwen2
 
@@ -41,9 +39,7 @@ def _settings(tmp_path, redis_url, model_path) -> LearnerSettings:
 async def test_forced_collapse_rolls_back_once_then_stops(tmp_path, redis, redis_server):
     model_path = tiny_qwen2(tmp_path / "model", vocab=256, hidden=64)
     s = _settings(tmp_path, redis_server.url, model_path)
-    learner = Learner(s, build_training(s, DistInfo()), Checkpointer(s.checkpoint.dir, s.checkpoint.keep),
-                      WeightPublisher(s.weights.dir, keep=s.weights.keep), LearnerMetrics(),
-                      StepLog(s.log_dir / "g.jsonl"), redis=redis)
+    learner = build_learner(s, build_training(s, DistInfo()), step_log=StepLog(s.log_dir / "g.jsonl"), redis=redis)
     await learner.start()
     producer = trajectories_stream(redis, StreamKeys("g"))
     rng = random.Random(0)
@@ -71,7 +67,7 @@ async def test_forced_collapse_rolls_back_once_then_stops(tmp_path, redis, redis
     assert shared and all(torch.equal(published[k].float(), ckpt[k].float()) for k in shared)
     assert learner.training.components[0].optimizer.param_groups[0]["lr"] == 5e-3
     assert events[1]["first_bad_step"] == 5 and events[1]["rollbacks"] == 1
-    assert "stopping" in learner.guard.stopped and "reward_mean 0 < 0.1" in learner.guard.stopped
+    assert "stopping" in learner.halted and "reward_mean 0 < 0.1" in learner.halted
     reg = learner.metrics.registry
     assert reg.get_sample_value("searchr1_learner_guard_rollbacks_total") == 1
     assert reg.get_sample_value("searchr1_learner_guard_stopped") == 1

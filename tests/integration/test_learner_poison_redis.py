@@ -31,8 +31,7 @@ async def test_poison_groups_are_dead_lettered_alone_and_their_batch_mates_train
     keys = StreamKeys("t")
     traj = trajectories_stream(redis, keys)
     source = StreamSource(settings, traj, tasks_stream(redis, keys), StalenessPolicy.from_settings(settings),
-                          LearnerMetrics())
-    source.vocab_size = 128
+                          LearnerMetrics(), vocab_size=128)
     await source.start()
     ok = _group("ok0")
     lp = list(_group("inf").trajectories[1].behavior_logprobs)

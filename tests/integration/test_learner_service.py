@@ -17,11 +17,11 @@ from searchr1.core.servers import HttpServer
 from searchr1.core.streams import StreamKeys, TypedStream, tasks_stream, trajectories_stream
 from searchr1.core.weights import announced_fence, fetch_snapshot, latest, snapshot_digest
 from searchr1.learner.metrics import LearnerMetrics, StepLog
+from searchr1.learner.process import build_learner
 from searchr1.learner.publisher import WeightPublisher, weights_app
 from searchr1.learner.service import Learner
 from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.train.build import build_training
-from searchr1.learner.train.checkpoint import Checkpointer
 from searchr1.learner.train.model import DistInfo
 from tests.support.synthetic import synthetic_group, tiny_qwen2
 
@@ -53,12 +53,10 @@ def _settings(tmp_path, redis_url, model_path, **over) -> LearnerSettings:
 
 def _learner(settings, redis, consumer="learner-0") -> Learner:
     settings = settings.model_copy(update={"consumer": consumer})
-    training = build_training(settings, DistInfo())
-    return Learner(
-        settings, training, Checkpointer(settings.checkpoint.dir, settings.checkpoint.keep),
-        WeightPublisher(settings.weights.dir, keep=settings.weights.keep), LearnerMetrics(),
-        StepLog(settings.log_dir / "t.jsonl"), redis=redis,
-    )
+    metrics = LearnerMetrics()
+    training = build_training(settings, DistInfo(), metrics.stages)
+    return build_learner(settings, training, metrics=metrics, step_log=StepLog(settings.log_dir / "t.jsonl"),
+                         redis=redis)
 
 
 def _producer(redis) -> TypedStream[TrajectoryGroup]:
@@ -401,9 +399,8 @@ async def test_slow_pruning_and_step_log_sinks_do_not_block_the_event_loop(tmp_p
     settings = _settings(tmp_path, redis_server.url, model_path)
     sink = _SlowWandb(1.5)
     publisher = _SlowPrunePublisher(settings.weights.dir, keep=settings.weights.keep)
-    learner = Learner(settings, build_training(settings, DistInfo()),
-                      Checkpointer(settings.checkpoint.dir, settings.checkpoint.keep), publisher, LearnerMetrics(),
-                      StepLog(settings.log_dir / "t.jsonl", sink), redis=redis)
+    learner = build_learner(settings, build_training(settings, DistInfo()), publisher=publisher,
+                            step_log=StepLog(settings.log_dir / "t.jsonl", sink), redis=redis)
     await learner.start()
     await _producer(redis).publish_many(_groups("lag", 2))
     gaps: list[float] = []
@@ -434,12 +431,12 @@ async def test_replays_are_not_granted_a_replacement_task(tmp_path, redis, redis
     of the run, and that task's group was dropped as stale every step. A stale group is replaced."""
     settings = _settings(tmp_path, redis_server.url, model_path, algorithm={"advantage": "grpo", "max_staleness": 0,
                                                                            "use_kl_loss": False})
-    learner = _learner(settings, redis)
-    await learner.start()
     granted: list[tuple[int, int]] = []
 
     class Recorder:
         """Stands in for the dispatcher: records the grants (its budget is tested on its own above)."""
+
+        exhausted = False
 
         def grant(self, n: int, version: int) -> None:
             if n:
@@ -448,7 +445,13 @@ async def test_replays_are_not_granted_a_replacement_task(tmp_path, redis, redis
         def position(self) -> dict[str, int]:
             return {"epoch": 0, "cursor": 0}
 
-    learner.dispatcher = learner.source.dispatcher = Recorder()
+        def restore(self, position: dict[str, int], version: int) -> None:
+            pass
+
+    settings = settings.model_copy(update={"consumer": "learner-0"})
+    learner = build_learner(settings, build_training(settings, DistInfo()),
+                            step_log=StepLog(settings.log_dir / "t.jsonl"), redis=redis, dispatcher=Recorder())
+    await learner.start()
     producer = _producer(redis)
     await producer.publish_many(_groups("a", 2))
     assert await learner.step_once(asyncio.Event())

@@ -39,7 +39,7 @@ async def test_a_stalled_learner_stops_the_trajectories_stream_at_max_inflight(r
     dispatcher = Dispatcher(tasks, [Question(f"q{i}", f"question {i}?", ["a"]) for i in range(1000)],
                             DispatcherSettings(max_inflight=MAX_INFLIGHT, epochs=1, group_size=4, poll_s=0.05,
                                                paced=False),
-                            on_publish=published.append, downstream=groups)
+                            on_publish=published.append)
     reward = await start_reward()
     tokenizer = build_tokenizer()
     service = await build_service(
@@ -49,7 +49,7 @@ async def test_a_stalled_learner_stops_the_trajectories_stream_at_max_inflight(r
         generator=ScriptedEngine(tokenizer), tokenizer=tokenizer)
     memory_before = (await redis.info("memory"))["used_memory"]
     halt, stop = asyncio.Event(), asyncio.Event()
-    dispatching = asyncio.create_task(dispatcher.run(halt))
+    dispatching = asyncio.create_task(dispatcher.run(halt, downstream=groups))
     working = asyncio.create_task(service.run(stop))
     try:
         async def full() -> bool:

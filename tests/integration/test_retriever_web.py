@@ -215,8 +215,31 @@ async def test_the_budget_refuses_clearly_and_cache_hits_stay_free(api, tmp_path
         await running.stop()
 
 
-async def test_redis_holds_one_cache_and_one_budget_for_every_replica(api, tmp_path, redis, redis_server):
-    cache = {"kind": "redis", "redis_url": redis_server.url, "run": "webtest"}
+@pytest.fixture
+async def cache_redis(tmp_path):
+    """A Redis of the cache's own: 64 MB, `volatile-lru`."""
+    from searchr1.core.redis_server import RedisServer
+    from searchr1.core.streams import connect
+
+    with RedisServer(workdir=tmp_path / "cache-redis") as server:
+        client = connect(server.url)
+        await client.config_set("maxmemory", "64mb")
+        await client.config_set("maxmemory-policy", "volatile-lru")
+        yield server, client
+        await client.aclose()
+
+
+async def test_the_streams_redis_is_refused_as_a_cache(api, tmp_path, redis_server):
+    """The run's streams Redis (noeviction, no maxmemory here) would fill with cached answers: refused."""
+    from searchr1.retriever.web.assemble import CacheRedisRefused
+
+    with pytest.raises(CacheRedisRefused, match="volatile-lru"):
+        await _start(api, tmp_path, cache={"kind": "redis", "redis_url": redis_server.url, "run": "webtest"})
+
+
+async def test_redis_holds_one_cache_and_one_budget_for_every_replica(api, tmp_path, cache_redis):
+    server, redis = cache_redis
+    cache = {"kind": "redis", "redis_url": server.url, "run": "webtest"}
     a = await _start(api, tmp_path, cache=cache, budget={"max_queries": 2})
     b = await _start(api, tmp_path, cache=cache, budget={"max_queries": 2})
     try:

@@ -211,14 +211,15 @@ class FakeOpenAI:
 
     async def complete(self, request: Request):
         self.calls += 1
+        call = self.calls  # this call's number, taken before the body is awaited (calls run concurrently)
         body = await request.json()
         self.bodies.append(body)
-        if self.calls <= self.fail_first:
+        if call <= self.fail_first:
             return JSONResponse({"error": "overloaded"}, status_code=500)
         await asyncio.sleep(self.delay_s)
         content = body["messages"][0]["content"]
         refs = content.split("Reference answers: ")[1].split("\n")[0].lower()
-        cand = content.split("Candidate answer: ")[1].split("\n")[0].lower()
+        cand = content.rsplit("<candidate>", 1)[1].split("</candidate>")[0].lower()
         verdict = "Yes" if any(r.strip() and r.strip() in cand for r in refs.split(";")) else "No."
         return {"id": "x", "object": "chat.completion", "model": body["model"],
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": verdict},

@@ -21,9 +21,9 @@ from searchr1.core.protocol import make_prompt
 from searchr1.rollout.agent import AgentLimits, Sampling
 from searchr1.rollout.batcher import SearchBatcher
 from searchr1.rollout.engine import HfCodec
-from searchr1.rollout.eval_stats import METRICS
-from searchr1.rollout.evaluate import EvalConfig, evaluate
-from searchr1.rollout.steering import steer_args, word_tokens
+from searchr1.rollout.evaluation.evaluate import EvalConfig, evaluate
+from searchr1.rollout.evaluation.stats import METRICS
+from searchr1.rollout.tools.steering import steer_args, word_tokens
 from tests.support.rollout_stack import QUESTIONS, start_retriever, start_reward, start_vllm
 from tests.support.tiny_lm import build_tiny_lm
 

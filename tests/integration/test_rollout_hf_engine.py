@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from searchr1.rollout.engine import HfCodec, HfGenerator, TurnRequest
+from searchr1.rollout.engine import HfCodec, TurnRequest
+from searchr1.rollout.hf_engine import HfGenerator
 from tests.support.tiny_lm import build_tiny_lm, perturb_weights
 
 

@@ -17,9 +17,10 @@ import pytest_asyncio
 
 from searchr1.core.schemas import Task, Trajectory, TrajectoryGroup
 from searchr1.rollout.agent import AgentLimits, Sampling, run_trajectory
-from searchr1.rollout.engine import HfCodec, VllmEngineConfig, VllmGenerator
+from searchr1.rollout.engine import HfCodec
 from searchr1.rollout.partial import InterruptibleGenerator
 from searchr1.rollout.settings import EngineSettings
+from searchr1.rollout.vllm_engine import VllmEngineConfig, VllmGenerator
 from tests.support.tiny_lm import build_tiny_lm, perturb_weights
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

@@ -24,7 +24,7 @@ from searchr1.core.streams import StreamKeys, TypedStream, connect, tasks_stream
 from searchr1.core.weights import announce, snapshot_digest
 from searchr1.rollout.service import build_service
 from searchr1.rollout.settings import RolloutSettings
-from searchr1.rollout.steering import steer_args, word_tokens
+from searchr1.rollout.tools.steering import steer_args, word_tokens
 from tests.support.rollout_stack import QUESTIONS, start_retriever, start_reward, start_vllm
 from tests.support.tiny_lm import build_tiny_lm, perturb_weights
 

@@ -234,3 +234,57 @@ async def test_drain_past_its_timeout_cancels_and_leaves_the_task_for_redelivery
     await asyncio.wait_for(run, 10)  # without the timeout the drain would wait forever
     assert await tasks.pending() == 1
     assert await groups.read("t", count=5, block_ms=50) == []
+
+
+async def test_a_resync_request_reloads_the_announced_weights_at_the_same_version(redis, tmp_path):
+    """The learner flagged this worker (its groups disagreed with the weights it claims): the worker takes the
+    request at its next weight poll and reloads the announced snapshot although its version is the one it
+    runs; the request is consumed, so it reloads once."""
+    from searchr1.core.resync import request_resync, resync_key
+    from searchr1.core.weights import snapshot_digest
+
+    keys = StreamKeys("rs")
+    gen = Gen()
+    st = await _stack(redis, keys, gen, tmp_path / "dl", weight_poll_s=0.05)
+    snap = tmp_path / "v1"
+    snap.mkdir()
+    (snap / "model.safetensors").write_bytes(b"weights v1")
+    await announce(redis, keys, WeightVersion(version=1, uri=str(snap), sha256=snapshot_digest(snap)))
+    stop = asyncio.Event()
+    run = asyncio.create_task(st.worker.run(stop))
+    try:
+        end = time.monotonic() + 20
+        while not gen.reloads:
+            assert time.monotonic() < end, "the announced version was never loaded"
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)
+        assert len(gen.reloads) == 1 and st.loader.version == 1  # nothing newer: no second reload
+        await request_resync(redis, keys, "w", "mean |Δ log p| 0.3, 30× its peers'")
+        while len(gen.reloads) < 2:
+            assert time.monotonic() < end, "the re-sync request was not honoured"
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)
+        assert len(gen.reloads) == 2 and st.loader.version == 1
+        assert not await redis.exists(resync_key(keys, "w"))
+    finally:
+        stop.set()
+        await asyncio.wait_for(run, 10)
+
+
+async def test_a_stopped_worker_releases_the_tasks_it_abandons(redis, tmp_path):
+    """Tasks a stopping worker abandons are released: another worker reclaims them at once (long before
+    the 60 s visibility timeout), with their delivery count unchanged."""
+    gen = HangingGen()
+    keys = StreamKeys("rel")
+    st = await _stack(redis, keys, gen, tmp_path, visibility_timeout_ms=60_000, weight_poll_s=3600.0,
+                      drain_timeout_s=0.5)
+    await st.tasks.publish(Task(task_id="long", question="capital of france", golden_answers=["Paris"], group_size=2))
+    stop = asyncio.Event()
+    run = asyncio.create_task(st.worker.run(stop))
+    await asyncio.wait_for(gen.started.wait(), 20)
+    stop.set()
+    await asyncio.wait_for(run, 10)
+    other = tasks_stream(redis, keys, visibility_timeout_ms=60_000)
+    taken = await other.reclaim("w2")
+    assert [e.value.task_id for e in taken] == ["long"] and taken[0].deliveries == 2
+    assert await other.release("w", [taken[0].id]) == 0  # no longer the stopped worker's: left alone

@@ -18,8 +18,9 @@ import pytest_asyncio
 
 from searchr1.core.broadcast import Broadcaster, BroadcastFailed
 from searchr1.rollout.broadcast_ext import WORKER_EXTENSION, receive_broadcast
-from searchr1.rollout.engine import TurnRequest, VllmEngineConfig, VllmGenerator
+from searchr1.rollout.engine import TurnRequest
 from searchr1.rollout.settings import EngineSettings
+from searchr1.rollout.vllm_engine import VllmEngineConfig, VllmGenerator
 from tests.support.tiny_lm import build_tiny_lm, perturb_weights
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

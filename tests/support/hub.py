@@ -16,9 +16,10 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 class LocalHub:
     """`with LocalHub(root) as hub:` → `hub.endpoint`; `hub.gets[path]` counts downloads; `hub.etags`
-    overrides the ETag of a path (to serve a file that does not match its advertised sha256)."""
+    overrides the ETag of a path (to serve a file that does not match its advertised sha256). With
+    `host="0.0.0.0"` containers reach it too, on the host's address and `hub.port`."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, host: str = "127.0.0.1") -> None:
         self.root = Path(root)
         self.gets: Counter[str] = Counter()
         self.etags: dict[str, str] = {}
@@ -81,8 +82,9 @@ class LocalHub:
                     self._headers(f, rel, len(body))
                 self.wfile.write(body)
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._server = ThreadingHTTPServer((host, 0), Handler)
+        self.port = self._server.server_address[1]
+        self.endpoint = f"http://127.0.0.1:{self.port}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     def __enter__(self) -> LocalHub:

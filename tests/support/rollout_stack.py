@@ -93,15 +93,15 @@ async def start_reward() -> Reward:
     return Reward(server)
 
 
-STEERING = "searchr1.rollout.steering:SearchSteering"
+STEERING = "searchr1.rollout.tools.steering:SearchSteering"
 
 
 async def start_vllm(model_dir: Path, *, max_num_seqs: int = 256):
     """One vLLM CPU engine on the tiny model, steering processor loaded (inactive unless asked for)."""
     import os
 
-    from searchr1.rollout.engine import VllmEngineConfig, VllmGenerator
     from searchr1.rollout.settings import EngineSettings
+    from searchr1.rollout.vllm_engine import VllmEngineConfig, VllmGenerator
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on the CPU build
     return await VllmGenerator.start(VllmEngineConfig(model=str(model_dir), engine=EngineSettings(

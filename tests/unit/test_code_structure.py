@@ -1,5 +1,6 @@
-"""The product's shape: no import cycle between its modules, no module over 400 lines and no function
-over 80 lines (generated gRPC stubs aside). Each test lists every offender it finds."""
+"""The product's shape: no import cycle between its modules (imports made only for type checking
+count: a cycle there is still two modules that know each other), no module over 400 lines and no
+function over 80 lines (generated gRPC stubs aside). Each test lists every offender it finds."""
 
 from __future__ import annotations
 
@@ -72,7 +73,7 @@ def test_cycle_finder_finds_a_cycle():
 
 
 def test_no_import_cycle():
-    graph = grimp.build_graph("searchr1", exclude_type_checking_imports=True)
+    graph = grimp.build_graph("searchr1", exclude_type_checking_imports=False)
     assert any(m.startswith("searchr1.core.") for m in graph.modules)
     cycles = set(_cycles(graph))
     offenders = sorted(sorted(c) for c in cycles)

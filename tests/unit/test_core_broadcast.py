@@ -107,3 +107,33 @@ def test_a_late_joiner_of_a_full_group_is_refused():
     assert first.get("digest")
     with pytest.raises(BroadcastFailed, match="full"):
         Receiver(timeout_s=5).join(bc.address)
+
+
+def test_a_version_signed_without_the_runs_key_is_rejected():
+    """A sender that took rank 0 without the run's secret cannot sign: the receiver refuses its version;
+    the same transfer signed with the run's key is accepted."""
+    for sender_key, accepted in ((b"stranger", False), (b"run-secret", True)):
+        bc = Broadcaster("127.0.0.1", 0, 2, timeout_s=20, key=sender_key)
+        got: dict = {}
+        t = receive_in_thread(Receiver(timeout_s=20, key=b"run-secret"), bc.address, 3, got)
+        digest = bc.send(3, _named(1))
+        t.join(30)
+        if accepted:
+            assert "error" not in got and got["digest"] == digest
+        else:
+            assert isinstance(got.get("error"), DigestMismatch) and "not signed" in str(got["error"])
+        bc.close()
+
+
+def test_the_store_listens_only_on_the_configured_address():
+    """Bound to 127.0.0.1, the store is not reachable on another local address (127.0.0.2)."""
+    import socket
+
+    bc = Broadcaster("127.0.0.1", 0, 2, timeout_s=5)
+    try:
+        with socket.create_connection(("127.0.0.1", bc.port), timeout=5):
+            pass
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.2", bc.port), timeout=5).close()
+    finally:
+        bc.close()

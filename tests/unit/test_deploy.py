@@ -36,7 +36,7 @@ from tests.support.configs import SETTINGS
 
 ROOT = Path(__file__).resolve().parents[2]
 YAMLS = sorted([ROOT / "docker-compose.yml", *(ROOT / "deploy").rglob("*.yml"), *(ROOT / "deploy").rglob("*.yaml")])
-OVERLAYS = ("cpu", "gpu")
+OVERLAYS = ("cpu", "gpu", "gpu-7b")
 SERVICE_CONTAINERS = ("retriever", "reward", "rollout", "learner")
 
 
@@ -386,7 +386,7 @@ def _secret_refs(container: dict) -> set[str]:
 
 
 def test_secrets_are_wired_into_every_service():
-    pods = {d["metadata"]["name"]: d["spec"]["template"]["spec"] for d in _render("cpu")
+    pods = {d["spec"]["template"]["metadata"]["labels"]["app"]: d["spec"]["template"]["spec"] for d in _render("cpu")
             if d.get("spec", {}).get("template")}
     need = {"redis": {"redis-password"}, "retriever": {"retriever-token"}, "reward": {"reward-token"},
             "rollout": {"redis-password", "retriever-token", "reward-token"}, "learner": {"redis-password"}}
@@ -428,6 +428,7 @@ def test_retriever_is_headless_for_round_robin():
     ("deploy/k8s/base/grafana-dashboard.json", "deploy/grafana/dashboards/searchr1.json"),
     ("deploy/k8s/base/grafana-datasource.yml", "deploy/grafana/provisioning/datasources/prometheus.yml"),
     ("deploy/k8s/base/grafana-dashboards.yml", "deploy/grafana/provisioning/dashboards/searchr1.yml"),
+    ("deploy/k8s/base/alertmanager.yml", "deploy/alertmanager/alertmanager.yml"),
 ])
 def test_kustomize_copies_match_their_source(copy, source):
     assert (ROOT / copy).read_text() == (ROOT / source).read_text(), f"cp {source} {copy}"

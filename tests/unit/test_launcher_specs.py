@@ -58,10 +58,11 @@ def test_order_commands_and_gates(tmp_path, cfg):
                        "--run", "r1", "--retriever", f"127.0.0.1:{gport}",
                        "--reward", f"http://127.0.0.1:{rport}", "--metrics-port", m1]
     lport = _flag(learner.argv, "--metrics-port")
-    assert learner.argv == ["searchr1", "train", "--config", str(cfg.resolve()), "--run", "r1", "--metrics-port", lport]
+    assert learner.argv == ["searchr1", "train", "--config", str(cfg.resolve()), "--metrics-port", lport]
     token = retriever.env["RETRIEVER_TOKEN"]
     assert len(token) >= 32
     assert learner.env == {"LEARNER_REDIS__URL": plan.redis_url, "LEARNER_WEIGHTS__TOKEN": token,
+                           "LEARNER_REDIS__RUN": "r1",
                            "LEARNER_LOG_DIR": f"{tmp_path / 'run'}/learner",
                            "LEARNER_WEIGHTS__DIR": f"{tmp_path / 'run'}/weights",
                            "LEARNER_CHECKPOINT__DIR": f"{tmp_path / 'run'}/checkpoints",

@@ -115,3 +115,36 @@ def test_sigkill_inside_save_leaves_the_previous_checkpoint_loadable(tmp_path):
     assert ck.load([_policy(4)]).step == 1
     _save(tmp_path, 2, 2)  # the next save clears what the killed one left
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step00000001", "step00000002"]
+
+
+def test_a_resave_swaps_atomically_and_leaves_no_old_copy(tmp_path, monkeypatch):
+    """Re-saving a step is one swap: no moment without a complete copy (no rename of the old one first)."""
+    _save(tmp_path, 1, 0)
+    renames: list[tuple[str, str]] = []
+    real_rename = Path.rename
+    monkeypatch.setattr(Path, "rename", lambda self, to: renames.append((self.name, Path(to).name)) or
+                        real_rename(self, to))
+    _save(tmp_path, 1, 3)
+    assert renames == []  # the swap, not final → .old-final, .tmp-final → final
+    pol = _policy(9)
+    Checkpointer(tmp_path, keep=3).load([pol])
+    assert torch.equal(pol.model.weight, _policy(3).model.weight)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step00000001"]
+
+
+def test_a_resave_cut_between_its_renames_keeps_the_step(tmp_path):
+    """Where the swap is not available: a crash after `stepN → .old-stepN` and before `.tmp-stepN → stepN`
+    leaves the old copy, which the next start restores; leftover `.old-*` beside their step are pruned."""
+    _save(tmp_path, 1, 0)
+    _save(tmp_path, 2, 1)
+    (tmp_path / "step00000002").rename(tmp_path / ".old-step00000002")  # the state the crash leaves
+    (tmp_path / ".tmp-step00000002").mkdir()
+    latest = Checkpointer(tmp_path, keep=3).latest()
+    assert latest is not None and latest.name == "step00000002"
+    pol = _policy(9)
+    Checkpointer(tmp_path, keep=3).load([pol])
+    assert torch.equal(pol.model.weight, _policy(1).model.weight)
+    stale = tmp_path / ".old-step00000001"
+    stale.mkdir()  # an old copy whose step is in place
+    _save(tmp_path, 3, 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step00000001", "step00000002", "step00000003"]

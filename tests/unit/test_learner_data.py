@@ -100,6 +100,9 @@ def test_dispatcher_resumes_the_same_order():
     resumed = Dispatcher(None, specs, s, **Dispatcher(None, specs, s, epoch=1, cursor=2).position())
     assert [resumed._next().task_id for _ in range(4)] == ids[6:10]
     assert Dispatcher(None, specs, s, epoch=0, cursor=4).position() == {"epoch": 1, "cursor": 0}
+    restored = Dispatcher(None, specs, s)  # built at the start, then restored from a checkpoint's position
+    restored.restore({"epoch": 1, "cursor": 2}, version=7)
+    assert [restored._next().task_id for _ in range(4)] == ids[6:10]
 
 
 def test_source_repeats_oversample_a_data_source():

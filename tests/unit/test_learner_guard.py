@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from prometheus_client import CollectorRegistry
 
-from searchr1.learner.guard import GuardPolicy, GuardSettings, breaches, healthy_checkpoint
+from searchr1.learner.guard import CollapseGuard, GuardPolicy, GuardSettings, breaches, healthy_checkpoint
 from searchr1.learner.settings import LearnerSettings
 
 
@@ -53,3 +54,24 @@ def test_guard_is_off_by_default_and_validated():
         GuardSettings(lr_factor=1.5)
     with pytest.raises(ValueError):
         GuardSettings(typo=1)
+
+
+def test_guard_decides_and_names_the_checkpoint_without_a_learner(tmp_path):
+    """The guard returns decisions the loop carries out: a rollback names its healthy checkpoint, a rollback
+    with none kept becomes a stop with its message; it counts nothing it did not do."""
+    for step in (1, 2):
+        (tmp_path / f"step{step:08d}").mkdir()
+        (tmp_path / f"step{step:08d}" / "state.json").write_text("{}")
+    registry = CollectorRegistry()
+    guard = CollapseGuard(GuardSettings(enabled=True, above={"x": 1.0}, patience=1, max_rollbacks=2), tmp_path,
+                          registry)
+    assert guard.judge(3, {"x": 0.0}).action == "continue"
+    d = guard.judge(4, {"x": 2.0})
+    assert (d.action, d.checkpoint) == ("rollback", tmp_path / "step00000002")
+    assert registry.get_sample_value("searchr1_learner_guard_rollbacks_total") == 0.0  # not carried out yet
+    event = guard.rolled_back(d, lr=0.5, version=5)
+    assert (event["checkpoint"], event["version"]) == ("step00000002", 5)
+    assert registry.get_sample_value("searchr1_learner_guard_rollbacks_total") == 1.0
+    d = guard.judge(2, {"x": 2.0})  # a streak from step 2: no checkpoint below step 1 is kept
+    assert d.action == "stop" and d.checkpoint is None and "checkpoint.keep must exceed" in d.message
+    assert registry.get_sample_value("searchr1_learner_guard_stopped") == 1.0

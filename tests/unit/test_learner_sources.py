@@ -75,8 +75,9 @@ class _Grants:
 
 def test_stream_source_filter_sets_aside_replays_wrong_temperature_and_stale_groups():
     settings = LearnerSettings(algorithm={"max_staleness": 1}, batch={"groups_per_step": 4})
-    source = StreamSource(settings, None, None, StalenessPolicy.from_settings(settings), LearnerMetrics())
-    source.dispatcher = grants = _Grants()
+    grants = _Grants()
+    source = StreamSource(settings, None, None, StalenessPolicy.from_settings(settings), LearnerMetrics(),
+                          dispatcher=grants)
     source._state = TrainState(step=3, version=3, consumed={"s1-t0"})
     fresh, stale = _groups(1, version=3), _groups(2, version=1)
     hot = synthetic_group("hot", policy_version=3).model_copy(update={"sampling_temperature": 0.7})

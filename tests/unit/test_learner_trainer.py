@@ -325,11 +325,14 @@ def test_step_figures_are_the_named_fields_averaged_over_mini_batches(model_path
     figure is their mean (sums over mini-batches divided by their count)."""
     from dataclasses import fields
 
+    from searchr1.learner.algo.mismatch import MismatchSums
     from searchr1.learner.train.step_figures import PolicyFigures
 
     s = _settings(model_path, batch={"micro_batch_size": 16, "mini_batches": 2})
     stats = build_training(s, DistInfo()).trainer.train_step(build_batch(_groups(2)), version=0)
-    assert {f.name for f in fields(PolicyFigures)} | {"grad_norm", "lr", "is_ratio_max", "is_ratio_min"} == set(stats)
+    mismatch = set(MismatchSums(tokens=1, ratio_sq=1).figures())
+    assert {f.name for f in fields(PolicyFigures)} | {"grad_norm", "lr", "is_ratio_max", "is_ratio_min"} | mismatch \
+        == set(stats)
     assert stats["is_weight_mean"] == pytest.approx(1.0), "on-policy rows weigh 1 in both mini-batches"
     assert stats["loss"] == pytest.approx(stats["pg_loss"] + 0.1 * stats["kl_loss"] - 0.01 * stats["entropy"],
                                           abs=1e-6)

@@ -15,9 +15,7 @@ from searchr1.core.datasets import Question
 from searchr1.core.protocol import make_prompt, render_prompt
 from searchr1.rollout.agent import AgentLimits, Sampling
 from searchr1.rollout.engine import TurnOutput, TurnRequest
-from searchr1.rollout.eval_report import markdown_report, summary_table
-from searchr1.rollout.eval_stats import MISSING, aggregate, metrics_of
-from searchr1.rollout.evaluate import (
+from searchr1.rollout.evaluation.evaluate import (
     EvalConfig,
     EvalDataError,
     EvalRecord,
@@ -28,6 +26,8 @@ from searchr1.rollout.evaluate import (
     run_eval,
     sample_seed,
 )
+from searchr1.rollout.evaluation.report import markdown_report, summary_table
+from searchr1.rollout.evaluation.stats import MISSING, aggregate, metrics_of
 
 WORLD_GROUPS = ("data_source", "question_type", "entity_kind", "knowledge")
 """The tiny world's breakdown, as its config names it (`[rollout.eval] group_by`)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from searchr1.core.settings import load_settings
-from searchr1.rollout.eval_run import EvalRequest, eval_config, output_dirs
+from searchr1.rollout.evaluation.run import EvalRequest, eval_config, output_dirs
 from searchr1.rollout.settings import RolloutSettings
 
 

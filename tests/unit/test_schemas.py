@@ -123,3 +123,14 @@ def test_entries_of_the_previous_schema_version_are_refused_with_the_reason():
     raw = msgpack.packb({"v": 1, "kind": "TrajectoryGroup", "data": data}, use_bin_type=True)
     with pytest.raises(SchemaError, match=f"schema version 1 is not supported \\(expected {SCHEMA_VERSION}\\)"):
         decode(TrajectoryGroup, raw)
+
+
+@pytest.mark.parametrize("task_id", ["a\nb", "lost\ndropping group of task x: stale", "a b", "t\x00", "\t", "a\rb"])
+def test_task_ids_carry_no_whitespace_or_control_characters(task_id):
+    with pytest.raises(ValidationError):
+        Task(task_id=task_id, question="q")
+
+
+def test_task_ids_take_printable_text():
+    for task_id in ("nq-train-17", "hotpotqa/dev:3", "vraag-é", "a.b_c+d@e"):
+        assert Task(task_id=task_id, question="q").task_id == task_id

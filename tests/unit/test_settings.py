@@ -57,3 +57,17 @@ def test_errors(tmp_path):
         load_settings(DemoSettings, bad)
     with pytest.raises(ValidationError):
         RedisSettings(run="has space")
+
+
+def test_blocking_reads_must_stay_under_the_redis_reply_timeout():
+    """A read that blocks as long as the client waits for Redis's reply times out every time: refused."""
+    from pydantic import ValidationError
+
+    from searchr1.learner.settings import LearnerSettings
+    from searchr1.rollout.settings import RolloutSettings
+
+    for build in (lambda ms: RolloutSettings(tasks={"block_ms": ms}), lambda ms: LearnerSettings(read_block_ms=ms)):
+        build(14_999)
+        for ms in (15_000, 30_000, 60_000):
+            with pytest.raises(ValidationError, match="half the Redis reply timeout"):
+                build(ms)

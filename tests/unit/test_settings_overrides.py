@@ -94,7 +94,7 @@ def test_retry_knobs_are_declared_once():
 
 
 def test_the_vllm_engine_config_is_built_from_engine_settings():
-    from searchr1.rollout.engine import VLLM_ENGINE_FIELDS, VllmEngineConfig
+    from searchr1.rollout.vllm_engine import VLLM_ENGINE_FIELDS, VllmEngineConfig
 
     assert VLLM_ENGINE_FIELDS <= set(EngineSettings.model_fields)
     engine = EngineSettings(max_model_len=1024, dtype="float32")

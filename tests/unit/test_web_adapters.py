@@ -232,3 +232,21 @@ def test_the_api_key_comes_from_settings_env_or_file_and_is_never_printed(tmp_pa
     assert settings.web.resolved_api_key() == "sk-env-secret"
     assert "sk-env-secret" not in repr(settings) and "sk-env-secret" not in settings.model_dump_json()
     assert settings.web.resolved_base_url() == "https://api.search.brave.com"
+
+
+@pytest.mark.parametrize("address", [
+    "64:ff9b::7f00:1", "64:ff9b::a00:1", "64:ff9b:1::a00:1", "2002:7f00:1::1", "2002:a00:1::", "2002:a9fe:a9fe::",
+    "::ffff:127.0.0.1", "::ffff:10.0.0.1", "::127.0.0.1", "::10.0.0.1", "2001:0:4136:e378:8000:63bf:3fff:fdd2",
+    "fe80::1%eth0", "::1",
+])
+def test_private_addresses_inside_ipv6_forms_are_not_public(address):
+    """NAT64, 6to4, IPv4-mapped, IPv4-compatible and Teredo forms lead to the IPv4 address they embed."""
+    from searchr1.retriever.web.pages import is_public_address
+
+    assert not is_public_address("x", [address])
+
+
+def test_public_addresses_inside_ipv6_forms_stay_public():
+    from searchr1.retriever.web.pages import is_public_address
+
+    assert is_public_address("x", ["64:ff9b::5db8:d822", "2002:5db8:d822::1", "2606:4700::1111", "8.8.8.8"])

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from searchr1.core.auth import http_headers
 from searchr1.core.retry import TransientHTTPStatus, is_transient_http_status, retrying
-from searchr1.core.settings import RetrySettings
+from searchr1.core.settings import RetrySettings, RewardRetrySettings
 
 MAX_ITEMS_PER_REQUEST = 65_536
 """Hard cap of the wire format; the server's configured bound (`max_batch_items`) is usually lower."""
@@ -139,8 +139,9 @@ def _detail(response: httpx.Response) -> str:
     return str(detail)[:2000]
 
 
-DEFAULT_RETRY = RetrySettings(timeout_s=30.0, max_backoff_s=30.0)
-"""The client's retry policy when none is given: scoring takes longer than a search."""
+DEFAULT_RETRY = RewardRetrySettings().retry_policy()
+"""The client's retry policy when none is given: the defaults of the `[rollout.reward]` table (a 30 s
+attempt: scoring takes longer than a search; backoff capped at 2 s, as for every client)."""
 
 
 class RewardClient:

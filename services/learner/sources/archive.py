@@ -56,8 +56,15 @@ class ArchiveSource:
     async def ack(self, checkpointed: bool = True) -> None:
         """Nothing to ack in an archive."""
 
+    async def reject(self, entry_id: str, reason: str) -> None:
+        """An archived group the loop refused to train stays in the archive (logged by the loop)."""
+
     def grant(self, trained: int, version: int) -> None:
         """No dispatcher to grant."""
 
     async def finished(self) -> bool:
         return self._next >= len(self._steps)
+
+    async def lag(self) -> int:
+        """Nothing is published to an archive."""
+        return 0

@@ -2,7 +2,7 @@
 
 The loop (`service.Learner`) calls a source's public stages only, in this order per step:
 `next_step` → (train, archive, checkpoint) → `commit` → `ack` → (publish weights) → `grant`, and
-`finished` between steps. A source owns everything about where groups come from: reading, filtering,
+`finished` between steps; the dispatcher reads `lag` for its backpressure. A source owns everything about where groups come from: reading, filtering,
 setting aside, dead-lettering, and what an ack means. Two sources exist: the trajectories stream
 (`stream.StreamSource`) and a trajectory archive (`archive.ArchiveSource`, for `train --replay`).
 """
@@ -47,9 +47,16 @@ class GroupSource(Protocol):
         """Ack every set-aside entry and, when `checkpointed` (right after a checkpoint), every committed
         one."""
 
+    async def reject(self, entry_id: str, reason: str) -> None:
+        """The loop refuses to train the group of `entry_id` (its worker is out of sync): set it aside for
+        good, with the reason."""
+
     def grant(self, trained: int, version: int) -> None:
         """`trained` groups were trained on and `version` is announced: let the tasks that replace them
         be published."""
 
     async def finished(self) -> bool:
         """True when the source holds no more groups and never will."""
+
+    async def lag(self) -> int:
+        """Groups published for this source and not yet read: the dispatcher's backpressure."""

@@ -20,10 +20,10 @@ Every entry read is held until it is acked or dead-lettered (`holding`); `ack` a
 set-aside ones together, after the loop's checkpoint (`ack(checkpointed=False)`, for a read that held only
 groups set aside, acks those and leaves the committed ones for their checkpoint).
 
-A group is trained at most once: the entries held are heartbeaten before each read (XCLAIM JUSTID to this
-consumer: idle time reset, delivery count unchanged), so a visibility timeout shorter than a step (or
-than `checkpoint.every` steps) does not make them look abandoned, and a reclaim skips any entry held
-anyway; the replay filter checks each read against the task ids of the checkpoint *and* of every read
+A group is trained at most once: the entries held are heartbeaten before each read (the stream's atomic
+heartbeat: idle time reset, delivery count unchanged, only entries still this consumer's), so a
+visibility timeout shorter than a step (or than `checkpoint.every` steps) does not make them look
+abandoned, and a reclaim leaves the entries held out before it counts or buries anything; the replay filter checks each read against the task ids of the checkpoint *and* of every read
 before it in the same step.
 """
 
@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from searchr1.core.metrics import in_stage
 from searchr1.core.schemas import TrajectoryGroup
@@ -48,6 +48,18 @@ from searchr1.learner.sources.base import StepGroups
 from searchr1.learner.train.checkpoint import TrainState
 
 log = logging.getLogger("searchr1.learner")
+
+
+class Grants(Protocol):
+    """The source's view of the dispatcher (`learner/dispatcher.py`)."""
+
+    @property
+    def exhausted(self) -> bool:
+        """The last epoch is published."""
+        ...
+
+    def grant(self, n: int, version: int) -> None:
+        """Allow `n` more tasks, stamped for `version`."""
 
 
 @dataclass
@@ -97,20 +109,25 @@ class StreamSource:
     """The trajectories stream (consumer group `learner`) as the loop's group source, on rank 0."""
 
     def __init__(self, settings: LearnerSettings, trajectories: TypedStream[TrajectoryGroup],
-                 tasks: TypedStream[Any], staleness: StalenessPolicy, metrics: LearnerMetrics) -> None:
+                 tasks: TypedStream[Any], staleness: StalenessPolicy, metrics: LearnerMetrics, *,
+                 vocab_size: int | None = None, dispatcher: Grants | None = None,
+                 beat: Callable[[], None] = lambda: None) -> None:
         self.s = settings
+        self.beat = beat
+        """Called on each pass of a read: waiting for groups is progress (the learner's watchdog)."""
         self.trajectories = trajectories
         self.tasks = tasks
         self.staleness = staleness
         self.metrics = metrics
-        self.dispatcher: Any = None
-        """The dispatcher granted replacement tasks (`grant(n, version)`); set by the loop on rank 0."""
+        self.dispatcher = dispatcher
+        """The dispatcher feeding the tasks stream: granted replacement tasks (`grant(n, version)`), and
+        asked whether it has published its last epoch (`exhausted`); None: nobody feeds the stream here."""
         self.unacked: list[str] = []
         """Ids of the entries set aside (replayed, stale, flat): acked with the next `ack`."""
         self.committed: list[str] = []
         """Ids of the entries trained on: acked with the next `ack` after a checkpoint."""
-        self.vocab_size: int | None = None
-        """The policy's vocabulary size: token ids at or past it are poison (set by the loop)."""
+        self.vocab_size = vocab_size
+        """The policy's vocabulary size: token ids at or past it are poison (None: not checked)."""
         self._step_tasks: set[str] = set()
         """Task ids of the groups kept by the reads of the step in hand (reset by `next_step`)."""
         self.holding: set[str] = set()
@@ -156,9 +173,10 @@ class StreamSource:
         want = self.s.batch.groups_per_step if want is None else want
         got = StepInput()
         await self.heartbeat()
-        reclaimed = await self.trajectories.reclaim(self.s.consumer, count=want)
+        reclaimed = await self.trajectories.reclaim(self.s.consumer, count=want, held=self.holding)
         got.entries.extend(e for e in reclaimed if e.id not in self.holding)  # held: in a step already
         while len(got.entries) < want and not stop.is_set():
+            self.beat()
             self.holding.update(e.id for e in got.entries)
             got.entries.extend(await self.trajectories.reread_own(self.s.consumer, self.holding,
                                                                   want - len(got.entries)))
@@ -216,6 +234,14 @@ class StreamSource:
             await self.trajectories.dead_letter(d.item.id, d.reason)
             self.holding.discard(d.item.id)
 
+    async def reject(self, entry_id: str, reason: str) -> None:
+        """Dead-letter one group the loop refused to train (a desynced worker's), with the reason; its task
+        is granted a replacement."""
+        await self.trajectories.dead_letter(entry_id, reason)
+        self.holding.discard(entry_id)
+        self.metrics.dropped.labels("desync").inc()
+        self.grant(1, self._state.version)
+
     async def sample_informative(self, got: StepInput, stop: asyncio.Event,
                                  figures: dict[str, float]) -> StepInput | None:
         """DAPO dynamic sampling: set aside groups whose advantages are all zero (acked with the step,
@@ -267,15 +293,11 @@ class StreamSource:
             self.committed.clear()
 
     async def heartbeat(self) -> None:
-        """Reset the idle time of every entry held (XCLAIM JUSTID to this consumer: the delivery count
-        stays), so a reclaim never mistakes them for a dead learner's."""
-        if not self.holding:
-            return
-        t = self.trajectories
-        held = sorted(self.holding)
-        call = t.link.call if t.link is not None else (lambda fn, what="": fn())
-        await call(lambda: t.redis.xclaim(t.key, t.group, self.s.consumer, min_idle_time=0,
-                                          message_ids=held, justid=True), "xclaim justid")
+        """Reset the idle time of every entry held (the stream's atomic heartbeat: only entries still this
+        consumer's, delivery count unchanged), so a reclaim never mistakes them for a dead learner's and
+        an entry another learner reclaimed is never taken back."""
+        if self.holding:
+            await self.trajectories.heartbeat(self.s.consumer, self.holding)
 
     def grant(self, trained: int, version: int) -> None:
         """Let the dispatcher publish the tasks the staleness policy grants for `trained` groups (or
@@ -291,3 +313,7 @@ class StreamSource:
 
     async def finished(self) -> bool:
         return await self.data_exhausted() and await self.trajectories.pending() == 0
+
+    async def lag(self) -> int:
+        """Groups published on the trajectories stream and not yet read (the dispatcher's backpressure)."""
+        return await self.trajectories.lag()

@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 
+from searchr1.core.commandline import fail
 from searchr1.core.protocol import tag_segments
 
 TAG_STYLES = {"think": "italic cyan", "search": "bold yellow", "information": "dim green on grey11",
@@ -45,7 +46,7 @@ def _select(directory, all_copies, **filters):
     try:
         table = read(directory)
     except (ArchiveError, OSError) as exc:
-        raise typer.BadParameter(str(exc)) from exc
+        fail(str(exc))
     if not all_copies:
         table = latest_copies(table)
     return Filter(**filters).apply(table)
@@ -60,7 +61,7 @@ def list_parts(directory: Dir) -> None:
 
     infos = describe(directory)
     if not infos:
-        raise typer.BadParameter(str(ArchiveError(f"no archive parts (part-NNNNNN.parquet) in {directory}")))
+        fail(str(ArchiveError(f"no archive parts (part-NNNNNN.parquet) in {directory}")))
     table = Table("part", "steps", "groups", "rows", "bytes")
     for i in infos:
         table.add_row(i.path.name, f"{i.first_step}-{i.last_step}", str(i.groups), str(i.rows), str(i.bytes))
@@ -99,7 +100,7 @@ def export(directory: Dir,
            max_reward: MaxReward = None, all_copies: AllCopies = False) -> None:
     """Export the (filtered) trajectories, one row each, with every archive column."""
     if fmt not in ("datasets", "parquet", "jsonl"):
-        raise typer.BadParameter(f"--format must be datasets, parquet or jsonl, not {fmt!r}")
+        fail(f"--format must be datasets, parquet or jsonl, not {fmt!r}")
     table = _select(directory, all_copies, min_step=min_step, max_step=max_step, task_id=task_id,
                     data_source=data_source, finish_reason=finish_reason, min_reward=min_reward,
                     max_reward=max_reward)

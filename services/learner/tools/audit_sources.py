@@ -27,12 +27,15 @@ import redis as redis_py
 
 from searchr1.core.schemas import SchemaError, Task, TrajectoryGroup, decode
 from searchr1.core.streams import PAYLOAD_FIELD, TASKS_GROUP, TRAJECTORIES_GROUP, StreamKeys
+from searchr1.learner.algo.consumed import decode as decode_consumed
 from searchr1.learner.tools.audit import CheckpointRecord, DeadRecord, StreamRecord, TrainedRow
 
 _RESUMED = re.compile(r"resumed from step (\d+) \(version (\d+)\)")
 _DROPPED = re.compile(r"dropping group of task (\S+): (.+)$")
 _LOADED = re.compile(r"loaded weight version (\d+)")
 _BATCH = 1000
+REDIS_TIMEOUT_S = 30.0
+"""Seconds the audit waits for Redis to connect or answer one call before it gives up with an error."""
 
 
 def _sid(raw: bytes | str) -> str:
@@ -93,10 +96,13 @@ def _records(client: redis_py.Redis, key: str, group: str, model: type) -> list[
     return out
 
 
-def read_streams(url: str, run: str) -> tuple[list[StreamRecord], list[StreamRecord], list[DeadRecord], int | None]:
-    """The run's tasks, trajectories and dead streams, and the announced weight version."""
+def read_streams(url: str, run: str, *, timeout_s: float = REDIS_TIMEOUT_S,
+                 ) -> tuple[list[StreamRecord], list[StreamRecord], list[DeadRecord], int | None]:
+    """The run's tasks, trajectories and dead streams, and the announced weight version; a Redis that does
+    not connect or answer within `timeout_s` raises `redis.TimeoutError` (or `ConnectionError`)."""
     keys = StreamKeys(run)
-    client = redis_py.Redis.from_url(url, decode_responses=False)
+    client = redis_py.Redis.from_url(url, decode_responses=False, socket_timeout=timeout_s,
+                                     socket_connect_timeout=timeout_s)
     try:
         tasks = _records(client, keys.tasks, TASKS_GROUP, Task)
         groups = _records(client, keys.trajectories, TRAJECTORIES_GROUP, TrajectoryGroup)
@@ -146,7 +152,7 @@ def read_checkpoint(directory: Path) -> CheckpointRecord | None:
     if not done:
         return None
     meta = json.loads((done[-1] / "state.json").read_text())
-    return CheckpointRecord(int(meta["step"]), int(meta["version"]), frozenset(meta["consumed"]))
+    return CheckpointRecord(int(meta["step"]), int(meta["version"]), frozenset(decode_consumed(meta)))
 
 
 def read_logs(log_dir: Path) -> tuple[list[int], dict[str, str], dict[str, int]]:
@@ -172,17 +178,22 @@ def read_logs(log_dir: Path) -> tuple[list[int], dict[str, str], dict[str, int]]
 
 
 def run_identity(run_dir: Path) -> tuple[str | None, str | None]:
-    """The run name `searchr1 up` gave the learner (`RUN_DIR/processes.json`), if recorded, and the Redis URL
-    when a command template put it on the command line (`up`'s own give it by environment: None)."""
+    """The run name `searchr1 up` gave its processes (`RUN_DIR/processes.json`), if recorded, and the Redis URL
+    when a command template put it on the learner's command line (`up`'s own give it by environment: None).
+    The run is read from the learner's `--run` when a template put it there, else from a rollout worker's
+    (`up` gives the learner its run by environment: under torchrun `--run` is torchrun's own option)."""
     table_path = run_dir / "processes.json"
     if not table_path.is_file():
         return None, None
-    argv = json.loads(table_path.read_text()).get("learner", {}).get("argv", [])
+    table = json.loads(table_path.read_text())
 
-    def flag(name: str) -> str | None:
+    def flag(argv: list[str], name: str) -> str | None:
         return argv[argv.index(name) + 1] if name in argv and argv.index(name) + 1 < len(argv) else None
 
-    return flag("--run"), flag("--redis")
+    learner = table.get("learner", {}).get("argv", [])
+    others = [p.get("argv", []) for name, p in sorted(table.items()) if name.startswith("rollout")]
+    run = next((r for r in (flag(a, "--run") for a in [learner, *others]) if r is not None), None)
+    return run, flag(learner, "--redis")
 
 
 @contextlib.contextmanager
@@ -202,7 +213,7 @@ def aof_redis(aof_dir: Path, timeout_s: float = 30.0) -> Iterator[str]:
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         url = f"redis://127.0.0.1:{port}/0"
         try:
-            client = redis_py.Redis.from_url(url)
+            client = redis_py.Redis.from_url(url, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S)
             deadline = time.monotonic() + timeout_s
             while True:
                 try:

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from searchr1.core.metrics import StageClock
 from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.train.checkpoint import Component
 from searchr1.learner.train.model import DistInfo, load_critic, load_policy, load_reference, resolve_device
@@ -36,8 +37,9 @@ class Training:
             return int(size) if size is not None else None
 
 
-def build_training(settings: LearnerSettings, info: DistInfo) -> Training:
-    """Load policy (+ reference, + critic) and their optimizers as the settings ask."""
+def build_training(settings: LearnerSettings, info: DistInfo, stage_clock: StageClock | None = None) -> Training:
+    """Load policy (+ reference, + critic) and their optimizers as the settings ask; the trainer times its
+    optimizer steps on `stage_clock` (the learner's)."""
     device = resolve_device(settings.device)
     if device.type == "cpu" and settings.threads:
         torch.set_num_threads(settings.threads)
@@ -56,7 +58,8 @@ def build_training(settings: LearnerSettings, info: DistInfo) -> Training:
         c_opt, c_sched = build_optimizer(critic, settings.optim.critic_lr, settings, settings.optim.critic_warmup_ratio)
         components.append(Component("critic", critic, c_opt, c_sched))
         critic_kw = {"critic": critic, "critic_optimizer": c_opt, "critic_scheduler": c_sched}
-    trainer = Trainer(settings, policy, opt, sched, device=device, info=info, reference=reference, **critic_kw)
+    trainer = Trainer(settings, policy, opt, sched, device=device, info=info, reference=reference,
+                      stage_clock=stage_clock, **critic_kw)
     config = getattr(policy, "config", None)
     pad = getattr(config, "pad_token_id", None)
     return Training(trainer, components, int(pad) if pad is not None else 0)

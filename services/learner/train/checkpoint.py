@@ -6,8 +6,12 @@ Everything is safetensors + JSON (nothing is unpickled): optimizer state is flat
 plus a JSON description. A checkpoint is written to a dot-directory, fsynced with a manifest of digests
 and renamed when complete (`durable.py`), so a crash mid-write leaves the previous checkpoint as the
 latest, and a checkpoint whose files do not match its manifest is skipped for the newest older one that
-verifies. Each records the fencing token of the learner that wrote it (`lease.py`). Collective under FSDP (state dicts are gathered
-to rank 0, which alone writes).
+verifies. Each records the fencing token of the learner that wrote it (`core/lease.py`), which writes it
+into a temporary directory of its own token (`.tmp-t{token}-step…`); the loader prefers the highest token
+and never loads one a newer learner's takeover made stale, and a learner whose token is older than a
+recorded takeover (or than the checkpoint it would replace) refuses to write (`fences.py`). The task ids
+already trained on are stored compressed (`algo/consumed.py`). Collective under FSDP (state dicts are
+gathered to rank 0, which alone writes).
 """
 
 from __future__ import annotations
@@ -25,7 +29,10 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from searchr1.core.faults import fault_point
-from searchr1.learner.train.durable import problem, seal
+from searchr1.core.lease import Lease, LeaseLost
+from searchr1.learner.algo import consumed as consumed_ids
+from searchr1.learner.train.durable import problem, restore_old_copies, seal
+from searchr1.learner.train.fences import newest, read_takeovers, record_takeover, stale
 from searchr1.learner.train.model import DistInfo, full_state_dict, load_full_state_dict
 
 _PREFIX = "step"
@@ -110,28 +117,62 @@ class Component:
 class Checkpointer:
     """Saves and restores `Component`s plus a `TrainState` under `root`."""
 
-    def __init__(self, root: Path, keep: int, info: DistInfo | None = None) -> None:
+    def __init__(self, root: Path, keep: int, info: DistInfo | None = None, *, lease: Lease | None = None) -> None:
         self.root = Path(root)
         self.keep = keep
         self.info = info or DistInfo()
-        self.fence = 0
-        """The fencing token written into each checkpoint (set by the loop from its lease)."""
-        self.guard: Any = None
-        """Called with no argument right before a checkpoint is written; raises to stop the write (the
-        learner's lease check)."""
+        self.lease = lease
+        """The learner's lease (rank 0 on Redis): checked before each write; its token goes into each
+        checkpoint and names the temporary directory it is written in."""
+
+    @property
+    def fence(self) -> int:
+        """The fencing token written into each checkpoint (0: no lease)."""
+        return self.lease.token if self.lease is not None else 0
+
+    def _done(self) -> list[tuple[int, int, Path]]:
+        """(fence, step, path) of every checkpoint directory, by fence then step."""
+        out = []
+        for p in self.root.iterdir():
+            if p.is_dir() and p.name.startswith(_PREFIX):
+                out.append((_fence_of(p), int(p.name[len(_PREFIX):]), p))
+        return sorted(out)
 
     def latest(self) -> Path | None:
-        """The newest checkpoint that verifies against its manifest; newer ones that do not are logged
-        and skipped (their groups were never acked: acks follow a durable checkpoint)."""
+        """The checkpoint with the highest token, then step, that verifies against its manifest and that no
+        newer learner's takeover made stale; the others are logged and skipped (their groups were never
+        acked: acks follow a durable checkpoint, and a stale learner's acks are fenced off)."""
         if not self.root.is_dir():
             return None
-        done = sorted(p for p in self.root.iterdir() if p.is_dir() and p.name.startswith(_PREFIX))
-        for path in reversed(done):
+        if self.info.is_main:
+            for path in restore_old_copies(self.root):
+                log.warning("restored checkpoint %s from a re-save cut between its renames", path)
+        takeovers = read_takeovers(self.root)
+        for fence, step, path in reversed(self._done()):
+            newer = stale(fence, step, takeovers)
+            if newer is not None:
+                log.warning("skipping checkpoint %s: written with fencing token %d after token %d took the run "
+                            "over from step %d", path, fence, newer, takeovers[newer])
+                continue
             why = problem(path)
             if why is None:
                 return path
             log.warning("skipping checkpoint %s: %s", path, why)
         return None
+
+    def _check_fence(self, step: int) -> None:
+        """Raise `LeaseLost` when a newer learner took the run over or wrote this step (rank 0, lease)."""
+        if self.lease is None:
+            return
+        self.lease.check()
+        token = self.lease.token
+        takeover = newest(read_takeovers(self.root)) if self.root.is_dir() else 0
+        final = self.root / f"{_PREFIX}{step:08d}"
+        theirs = _fence_of(final) if final.is_dir() else 0
+        if max(takeover, theirs) > token:
+            self.lease.mark_lost(f"checkpoint of step {step} refused: fencing token {max(takeover, theirs)} "
+                                 f"took the run over, this learner's is {token}")
+            raise LeaseLost(self.lease.lost or "fenced off")
 
     def save(self, state: TrainState, components: list[Component]) -> Path | None:
         """Write a checkpoint for `state.step` (collective; rank 0 writes). Returns its path on rank 0."""
@@ -141,15 +182,15 @@ class Checkpointer:
             gathered.append((c, full_state_dict(c.model, self.info), optim_sd))
         if not self.info.is_main:
             return None
-        if self.guard is not None:
-            self.guard()
+        self._check_fence(state.step)
         final = self.root / f"{_PREFIX}{state.step:08d}"
-        tmp = self.root / f".tmp-{final.name}"
+        tmp = self.root / (f".tmp-t{self.fence}-{final.name}" if self.fence else f".tmp-{final.name}")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         meta: dict[str, Any] = {
-            "step": state.step, "version": state.version, "consumed": sorted(state.consumed), "fence": self.fence,
-            "dispatcher": state.dispatcher, "python_rng": _jsonable(random.getstate()), "components": {},
+            "step": state.step, "version": state.version, **consumed_ids.encode(state.consumed),
+            "fence": self.fence, "dispatcher": state.dispatcher, "python_rng": _jsonable(random.getstate()),
+            "components": {},
         }
         for c, model_sd, optim_sd in gathered:
             save_file(_tensors(model_sd), str(tmp / f"{c.name}.safetensors"))
@@ -162,6 +203,7 @@ class Checkpointer:
         save_file({"cpu": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
         (tmp / "state.json").write_text(json.dumps(meta))
         fault_point("checkpoint.before_seal")  # test hook (core/faults.py): off unless its env var is set
+        self._check_fence(state.step)  # a takeover while this one was written: not sealed
         seal(tmp, final)
         self._prune()
         return final
@@ -172,8 +214,13 @@ class Checkpointer:
         checkpoint lacks (an EMA reference switched on at resume) keeps its current weights."""
         path = path or self.latest()
         if path is None:
+            self._take_over(0)
             return None
         meta = json.loads((path / "state.json").read_text())
+        if self.lease is not None and int(meta.get("fence", 0)) > self.lease.token:
+            self.lease.mark_lost(f"checkpoint {path} was written with fencing token {meta['fence']}, newer than "
+                                 f"this learner's {self.lease.token}")
+            raise LeaseLost(self.lease.lost or "fenced off")
         for c in components:
             cm = meta["components"].get(c.name)
             if cm is None:
@@ -189,16 +236,44 @@ class Checkpointer:
             c.scheduler.load_state_dict(cm["scheduler"])
         torch.set_rng_state(load_file(str(path / "rng.safetensors"))["cpu"])
         random.setstate(_tuplify(meta["python_rng"]))
-        return TrainState(step=meta["step"], version=meta["version"], consumed=set(meta["consumed"]),
+        self._take_over(int(meta["step"]))
+        return TrainState(step=meta["step"], version=meta["version"], consumed=consumed_ids.decode(meta),
                           dispatcher=dict(meta["dispatcher"]), fence=int(meta.get("fence", 0)))
 
+    def _take_over(self, step: int) -> None:
+        """Record that this learner's token resumed the run from `step` (rank 0 with a lease)."""
+        if self.lease is not None and self.info.is_main and self.lease.token > 0:
+            record_takeover(self.root, self.lease.token, step)
+
     def _prune(self) -> None:
-        """Keep the newest `keep` checkpoints; remove dot-directories a killed save left behind."""
-        done = sorted(p for p in self.root.iterdir() if p.is_dir() and p.name.startswith(_PREFIX))
-        for old in done[: max(0, len(done) - self.keep)]:
+        """Keep the newest `keep` checkpoints of this token and older ones (with a lease, a newer token's
+        are never touched); remove dot-directories a killed save of this token or an older one left behind."""
+        def mine(fence: int) -> bool:
+            return self.lease is None or fence <= self.fence
+
+        done = sorted((step, path) for fence, step, path in self._done() if mine(fence))
+        for _step, old in done[: max(0, len(done) - self.keep)]:
             shutil.rmtree(old, ignore_errors=True)
         for left in self.root.glob(".tmp-*"):
-            shutil.rmtree(left, ignore_errors=True)
+            if mine(_tmp_fence(left.name)):
+                shutil.rmtree(left, ignore_errors=True)
+        restore_old_copies(self.root)
+
+
+def _fence_of(path: Path) -> int:
+    """The fencing token a checkpoint directory records (0: none, or unreadable)."""
+    try:
+        return int(json.loads((path / "state.json").read_text()).get("fence", 0))
+    except (OSError, ValueError, AttributeError):
+        return 0
+
+
+def _tmp_fence(name: str) -> int:
+    """The token in a temporary directory's name `.tmp-t{token}-…` (0: none)."""
+    head = name[len(".tmp-"):]
+    if head.startswith("t") and "-" in head and head[1:head.index("-")].isdigit():
+        return int(head[1:head.index("-")])
+    return 0
 
 
 def _jsonable(value: Any) -> Any:

@@ -2,7 +2,11 @@
 last, the directory fsynced, renamed into place, and its parent fsynced; on start, a checkpoint counts
 only if its manifest verifies.
 
-A process killed mid-save leaves a dot-directory the loader ignores (and removes); a host that loses its
+A step saved again (a resume that re-ran it) replaces the old copy with one atomic swap of the two
+directories (`exchange`); where the swap is not available it takes two renames, and a process killed
+between them leaves the old copy as `.old-<step>`, which the next start renames back
+(`restore_old_copies`), so a step is never without a copy. A process killed mid-save leaves a
+dot-directory the loader ignores (and removes); a host that loses its
 page cache after the rename still finds every byte the manifest names, because the data reached the disk
 before the rename did. A checkpoint whose files do not match its manifest (a truncated file, a torn write
 on a filesystem that lied about fsync, bit rot) is skipped in favour of the newest older one that
@@ -52,15 +56,56 @@ def seal(tmp: Path, final: Path) -> None:
         f.flush()
         os.fsync(f.fileno())
     fsync_dir(tmp)
+    if final.exists() and exchange(tmp, final):  # a re-save: one atomic swap, `tmp` now holds the old copy
+        fsync_dir(final.parent)
+        _rmtree(tmp)
+        return
     old = None
-    if final.exists():  # the same step saved again (a resume that re-ran it): the old one goes last
-        old = final.with_name(f".old-{final.name}")
+    if final.exists():  # no atomic swap here: two renames, and `restore_old_copies` covers a crash between
+        old = final.with_name(f"{OLD_PREFIX}{final.name}")
         _rmtree(old)
         final.rename(old)
     tmp.rename(final)
     fsync_dir(final.parent)
     if old is not None:
         _rmtree(old)
+
+
+OLD_PREFIX = ".old-"
+"""A checkpoint being replaced by a re-save of its step (where no atomic swap is available)."""
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Swap two directories in one atomic step (Linux `renameat2(RENAME_EXCHANGE)`), so a re-saved step has
+    a complete copy at every instant; False where the system or filesystem cannot (then nothing moved)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    return renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0
+
+
+def restore_old_copies(root: Path) -> list[Path]:
+    """Settle what a re-save cut between its two renames left under `root`: a `.old-<name>` whose `<name>`
+    is missing is the only copy of that step and is renamed back; one whose `<name>` is in place is a
+    leftover and is removed. Returns the restored paths. Called on start and after every save."""
+    restored = []
+    for old in sorted(root.glob(f"{OLD_PREFIX}*")):
+        final = old.with_name(old.name.removeprefix(OLD_PREFIX))
+        if final.exists():
+            _rmtree(old)
+        elif old.is_dir():
+            old.rename(final)
+            fsync_dir(root)
+            restored.append(final)
+    return restored
 
 
 def problem(path: Path, *, digests: bool = True) -> str | None:

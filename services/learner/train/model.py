@@ -48,9 +48,10 @@ def resolve_device(setting: str) -> torch.device:
 
 
 def resolve_dtype(setting: str, device: torch.device) -> torch.dtype:
-    if setting == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[setting]
+    """The parameters' dtype for `model.dtype` (`precision.py`: float16 stores fp32 master weights)."""
+    from searchr1.learner.train.precision import stored_dtype
+
+    return stored_dtype(setting, device)
 
 
 def _shard(model: nn.Module, info: DistInfo, device: torch.device) -> nn.Module:

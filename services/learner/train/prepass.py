@@ -14,7 +14,6 @@ Rows are put back in place after each micro-batch, and every tensor is padded to
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 
 import torch
@@ -78,11 +77,11 @@ def _micro_outputs(m: PrePassModels, mb: Batch) -> dict[str, Tensor]:
 
 
 @torch.no_grad()
-def run_prepass(m: PrePassModels, local: Batch, micro_rows: Callable[[list[int]], list[list[int]]],
+def run_prepass(m: PrePassModels, local: Batch, micro_batches: list[list[int]],
                 dummy: Batch, device: torch.device) -> PrePass:
     """No-grad log-probs under the current (old) policy, the reference and the critic over `local`'s rows,
-    in the micro-batches `micro_rows` makes (an empty one runs on `dummy` only to keep the ranks'
-    collectives in step)."""
+    in `micro_batches` (row lists covering every row of `local`; an empty one runs on `dummy` only to keep
+    the ranks' collectives in step)."""
     width = local.loss_mask.shape[1]
     result: dict[str, Tensor] = {}
     for key, on in (("old", m.want_old), ("ref", m.want_ref), ("values", m.want_values)):
@@ -91,7 +90,7 @@ def run_prepass(m: PrePassModels, local: Batch, micro_rows: Callable[[list[int]]
     if m.want_old and m.kl_term.prepass_topk:
         result["topk_ids"] = torch.zeros(local.size, width, m.kl_term.prepass_topk, dtype=torch.long,
                                          device=device)
-    for rows in micro_rows(list(range(local.size))):
+    for rows in micro_batches:
         out = _micro_outputs(m, local.select(rows) if rows else dummy)
         if rows:  # micro-batches are length-sorted: put rows back in place
             index = torch.as_tensor(rows, dtype=torch.long, device=device)

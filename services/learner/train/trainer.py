@@ -50,11 +50,12 @@ from searchr1.learner.algo.losses import (
     truncated_importance_weights,
     value_loss,
 )
+from searchr1.learner.algo.mismatch import CorrectionParams, MismatchSums, correction_weights
 from searchr1.learner.algo.reference import ema_due, ema_update_
-from searchr1.learner.algo.tis import apply_tis
 from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.train.kl_term import KLTerm, MicroBatch, PolicyForward
 from searchr1.learner.train.model import DistInfo, forward_values
+from searchr1.learner.train.precision import autocast, grad_scaler
 from searchr1.learner.train.prepass import PrePass, PrePassModels, run_prepass
 from searchr1.learner.train.step_figures import (
     CriticFigures,
@@ -83,6 +84,7 @@ class Trainer:
         critic: nn.Module | None = None,
         critic_optimizer: torch.optim.Optimizer | None = None,
         critic_scheduler=None,
+        stage_clock: StageClock | None = None,
     ) -> None:
         self.s = settings
         self.policy = policy
@@ -94,11 +96,11 @@ class Trainer:
         self.critic = critic
         self.critic_optimizer = critic_optimizer
         self.critic_scheduler = critic_scheduler
-        self.stage_clock: StageClock | None = None
+        self.stage_clock = stage_clock
+        """The learner's stage clock: each optimizer step (clip + step) runs in its `optimizer` stage."""
         self.nonfinite_skips = 0
         """Optimizer updates skipped because the gradient norm was NaN or infinite (every rank agrees:
         the norm is reduced over all of them)."""
-        """Set by the learner: each optimizer step (clip + step) runs in its `optimizer` stage."""
         a = settings.algorithm
         self.is_ppo = a.advantage == "gae"
         if self.is_ppo and critic is None:
@@ -106,11 +108,21 @@ class Trainer:
         if (a.kl_loss_on or a.kl_in_reward) and reference is None:
             raise ValueError("a KL term needs a reference model")
         self.policy_loss = POLICY_LOSSES[a.policy_loss]
+        self.correction = CorrectionParams(a.tis_cap, a.seq_mask_band, a.icepop_band)
+        self._correcting = a.mismatch_correction != "tis" or a.tis_cap is not None
+        self.mismatch = MismatchSums()
+        """The step's train–inference mismatch sums over its on-policy tokens (reset by `train_step`)."""
+        self.scaler = grad_scaler(settings.model.dtype, device)
+        """The policy's dynamic loss scaler (`model.dtype` float16; `precision.py`), else None."""
         # the KL loss's forwards and per-token values, in the shape chosen here (kl_term.py)
         self.kl_term = KLTerm(a, enabled=a.kl_loss_on)
         # per-step state, set by `_place` at the start of each `train_step`
         self._lengths: list[int] = []  # attention lengths of this rank's rows (micro-batch grouping)
         self._dummy: Batch | None = None  # one real row standing in for an empty micro-batch (_micro_rows)
+
+    def autocast(self):
+        """The policy forward's precision context (`precision.py`)."""
+        return autocast(self.s.model.dtype, self.device)
 
     # ------------------------------------------------------------------ stages
 
@@ -121,6 +133,7 @@ class Trainer:
         batch = self._outcome_advantages(batch)
         local, bounds = self._place(batch)
         stale = local.policy_version < version
+        self.mismatch = MismatchSums()
         pre = self._prepass(local)
         if self.is_ppo:
             local = self._gae(local, pre)
@@ -132,6 +145,7 @@ class Trainer:
                 self._update_critic(local, rows, pre, stats)
         out = {k: v / b.mini_batches for k, v in stats.values.items()}
         out.update(ratios.figures(self.info, self.device))
+        out.update(all_reduce_figures(self.mismatch, self.info, self.device).figures())
         out["lr"] = self.scheduler.get_last_lr()[0]  # the rate this step's updates used
         self.scheduler.step()
         if self.is_ppo:
@@ -176,7 +190,8 @@ class Trainer:
             return PrePass()
         models = PrePassModels(self.policy, self.kl_term, self.reference, self.critic, want_old=need_old,
                                want_ref=self.is_ppo and a.kl_in_reward, want_values=self.is_ppo)
-        return run_prepass(models, local, self._micro_rows, self._dummy, self.device)
+        with self.autocast():
+            return run_prepass(models, local, self._micro_rows(list(range(local.size))), self._dummy, self.device)
 
     def _micro_rows(self, rows: list[int]) -> list[list[int]]:
         """`rows` in micro-batches of at most `micro_batch_size`, longest sequences first: rows of similar
@@ -253,30 +268,38 @@ class Trainer:
         weights, adv = self._off_policy_weights(mb, r, stale, old, mask)
         terms = self._policy_terms(fwd, old, adv, mask)
         w = self._weight(mb, tokens, seqs) if mask.any() else 0.0
-        (terms.loss * w).backward()
+        scaled = terms.loss * w
+        (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
         fig.add(terms, weights, mask, w / self.info.world, tokens)
         ratios.add(fwd.log_prob, mb.behavior_logprobs, mask)
 
     def _forward(self, mb: Batch, pre: PrePass) -> PolicyForward:
         """The policy's forward with grad, and the KL term's per-token values (its shape chosen at start)."""
-        return self.kl_term.forward(self.policy, self.reference, MicroBatch(
-            mb.input_ids, mb.attention_mask, mb.response_mask, entropy=self.s.algorithm.entropy_coef != 0,
-            old_log_prob=pre.old, topk_ids=pre.topk_ids))
+        with self.autocast():
+            return self.kl_term.forward(self.policy, self.reference, MicroBatch(
+                mb.input_ids, mb.attention_mask, mb.response_mask, entropy=self.s.algorithm.entropy_coef != 0,
+                old_log_prob=pre.old, topk_ids=pre.topk_ids))
 
     def _off_policy_weights(self, mb: Batch, r: list[int], stale: Tensor, old: Tensor,
                             mask: Tensor) -> tuple[Tensor, Tensor]:
         """Per-token truncated importance weights (1 on rows sampled with the current weights; with
-        `algorithm.tis_cap`, those rows get TIS weights against the engine's log-probs) and the advantages
-        they multiply."""
+        `algorithm.mismatch_correction`, those rows get the correction's weights against the engine's
+        log-probs, and the step's mismatch sums count them) and the advantages they multiply."""
         adv = torch.zeros(mb.size, device=self.device) if not r or mb.advantages is None else mb.advantages
         weights = torch.ones_like(mask)
         if r and bool(stale[r].any()):
             w = truncated_importance_weights(old, mb.behavior_logprobs, mask, self.s.algorithm.is_cap)
             weights = torch.where(stale[r].unsqueeze(-1), w, weights)
             adv = (adv.unsqueeze(-1) if adv.dim() == 1 else adv) * weights
-        if r and self.s.algorithm.tis_cap is not None:  # train–inference mismatch on the on-policy rows
-            adv, weights = apply_tis(adv, weights, old, mb.behavior_logprobs, mask, self.s.algorithm.tis_cap,
-                                     ~stale[r])
+        if r:  # train–inference mismatch on the on-policy rows: the chosen correction (`algo/mismatch.py`)
+            on = (~stale[r]).unsqueeze(-1)
+            a = self.s.algorithm
+            w = correction_weights(a.mismatch_correction, old, mb.behavior_logprobs, mask, self.correction)
+            w = torch.where(on, w.to(weights.dtype), torch.ones_like(weights))
+            self.mismatch.add(old, mb.behavior_logprobs, mask.bool() & on, w)
+            if self._correcting:
+                adv = (adv.unsqueeze(-1) if adv.dim() == 1 else adv) * w
+                weights = weights * w
         return weights, adv
 
     def _policy_terms(self, fwd: PolicyForward, old: Tensor, adv: Tensor, mask: Tensor) -> PolicyTerms:
@@ -323,12 +346,21 @@ class Trainer:
         """Clip `model`'s gradients and apply `optimizer`; returns the norm before clipping. A NaN or
         infinite norm skips the update (gradients dropped, optimizer state untouched) and is counted in
         `nonfinite_skips`: one poisoned batch does not turn every weight into NaN."""
+        scaler = self.scaler if optimizer is self.optimizer else None
+        if scaler is not None:  # fp16: true gradients before clipping; an overflow lowers the scale
+            scaler.unscale_(optimizer)
         grad_norm = self._clip(model)
         if not math.isfinite(grad_norm):
             optimizer.zero_grad(set_to_none=True)
             self.nonfinite_skips += 1
+            if scaler is not None:
+                scaler.update()
             return grad_norm
-        optimizer.step()
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
         return grad_norm
 
     def _clip(self, model: nn.Module) -> float:

@@ -191,7 +191,7 @@ class WebBackend:
         t0 = time.perf_counter()
         try:
             async for attempt in retrying(retries=s.retries, backoff_s=s.backoff_s, max_backoff_s=s.max_backoff_s,
-                                          retry_if=is_transient):
+                                          deadline_s=s.deadline_s, retry_if=is_transient):
                 with attempt:
                     await self.bucket.acquire()
                     try:

@@ -11,10 +11,14 @@ Extraction is the standard library's HTML parser with the usual main-content heu
 script/style/nav/header/footer/aside/form/noscript, block elements as line breaks). A dedicated extractor
 such as trafilatura finds article bodies better on real sites; `extract_text` is the one place to swap it in.
 
-Fetching is bounded: `top_pages` pages, `timeout_s` each, at most `max_page_bytes` read, only http(s) and
-HTML/plain-text answers, and, unless `allow_private_hosts`, never a host that resolves to a loopback,
-private, link-local or reserved address (the retriever runs inside a cluster; search results are not
-trusted). A page that cannot be read is skipped (counted as `page_failed`); when none can be, the
+Fetching is bounded: `top_pages` pages, `timeout_s` each for the whole fetch (connect, headers and body:
+a slow-drip body is cut there), at most `max_page_bytes` read, only http(s) and HTML/plain-text answers,
+and, unless `allow_private_hosts`, never a host that resolves to a loopback, private, link-local or
+reserved address, including one embedded in an IPv6 address (NAT64, 6to4, Teredo, IPv4-mapped; the
+retriever runs inside a cluster; search results are not trusted). A host is resolved once and the fetch
+connects to the address that was checked (its name still goes in `Host` and TLS SNI, and the certificate
+is verified against it), so a DNS answer that changes between the check and the fetch (rebinding) is
+never followed. A page that cannot be read is skipped (counted as `page_failed`); when none can be, the
 snippets are returned as they were.
 """
 
@@ -23,9 +27,10 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import re
-from collections.abc import Callable, Sequence
+import socket
+from collections.abc import Awaitable, Callable, Sequence
 from html.parser import HTMLParser
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 import httpx
 
@@ -98,12 +103,51 @@ def encoder_scorer(encoder) -> Scorer:
     return score
 
 
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")
+_IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
+
+
+def embedded_ipv4(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses an IPv6 address leads to: IPv4-mapped (`::ffff:a.b.c.d`), IPv4-compatible
+    (`::a.b.c.d`), 6to4 (`2002:AABB:CCDD::`), Teredo (server and client) and NAT64 (`64:ff9b::a.b.c.d`,
+    `64:ff9b:1::/48`)."""
+    if address.version == 4:
+        return []
+    assert isinstance(address, ipaddress.IPv6Address)
+    out = [a for a in (address.ipv4_mapped, address.sixtofour) if a is not None]
+    if address.teredo:
+        out += list(address.teredo)
+    if address in _NAT64 or address in _NAT64_LOCAL or (address in _IPV4_COMPATIBLE and int(address) > 1):
+        out.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
+    return out
+
+
 def is_public_address(host: str, addresses: Sequence[str]) -> bool:
-    """Whether every address `host` resolved to is a public one."""
+    """Whether every address `host` resolved to is a public one, and so is every IPv4 address an IPv6
+    one embeds (NAT64, 6to4, Teredo, mapped: a gateway would carry the fetch to it)."""
     try:
-        return bool(addresses) and all(ipaddress.ip_address(a).is_global for a in addresses)
+        parsed = [ipaddress.ip_address(a.split("%", 1)[0]) for a in addresses]
     except ValueError:
         return False
+    return bool(parsed) and all(
+        a.is_global and a not in _NAT64_LOCAL and all(v4.is_global for v4 in embedded_ipv4(a)) for a in parsed)
+
+
+Resolver = Callable[[str, int], Awaitable[list[str]]]
+"""(host, port) → the addresses it resolves to."""
+
+
+async def system_resolver(host: str, port: int) -> list[str]:
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(str(i[4][0]) for i in infos))
+
+
+def pinned_url(parts: SplitResult, address: str) -> str:
+    """The URL with its host replaced by `address` (the one that was resolved and checked)."""
+    host = f"[{address}]" if ":" in address else address
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit((parts.scheme, netloc, parts.path or "/", parts.query, ""))
 
 
 class PageReader:
@@ -111,10 +155,12 @@ class PageReader:
     docstring); `on_failure(reason)` is called for each page that could not be read."""
 
     def __init__(self, client: httpx.AsyncClient, settings, *, scorer: Scorer | None = None,
-                 on_failure: Callable[[str], None] = lambda reason: None) -> None:
+                 on_failure: Callable[[str], None] = lambda reason: None,
+                 resolver: Resolver = system_resolver) -> None:
         self.client, self.settings = client, settings
         self.scorer = scorer or overlap_scores
         self.on_failure = on_failure
+        self.resolver = resolver
 
     async def read(self, query: str, results: Sequence[WebResult], k: int) -> list[WebResult]:
         pages = await asyncio.gather(*(self._page(r) for r in results[:self.settings.top_pages]))
@@ -136,18 +182,28 @@ class PageReader:
         if parts.scheme not in ("http", "https") or not parts.hostname:
             self.on_failure("scheme")
             return None
-        if not s.allow_private_hosts:
-            try:
-                infos = await asyncio.get_running_loop().getaddrinfo(parts.hostname, parts.port or 443)
-            except OSError:
-                self.on_failure("dns")
-                return None
-            if not is_public_address(parts.hostname, [i[4][0] for i in infos]):
-                self.on_failure("private_host")
-                return None
+        try:  # resolved once: the fetch connects to the address checked here (no second lookup to rebind)
+            addresses = await self.resolver(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
+        except (OSError, UnicodeError):
+            self.on_failure("dns")
+            return None
+        if not addresses or (not s.allow_private_hosts and not is_public_address(parts.hostname, addresses)):
+            self.on_failure("private_host" if addresses else "dns")
+            return None
         try:
-            async with self.client.stream("GET", result.url, timeout=s.timeout_s, follow_redirects=False,
-                                          headers={"Accept": "text/html,text/plain"}) as response:
+            async with asyncio.timeout(s.timeout_s):  # the whole fetch: a slow-drip body ends here
+                return await self._fetch(parts, addresses[0])
+        except TimeoutError:
+            self.on_failure("deadline")
+            return None
+
+    async def _fetch(self, parts: SplitResult, address: str) -> str | None:
+        s = self.settings
+        host_header = parts.netloc.rsplit("@", 1)[-1]
+        try:
+            async with self.client.stream("GET", pinned_url(parts, address), timeout=s.timeout_s,
+                                          follow_redirects=False, extensions={"sni_hostname": parts.hostname},
+                                          headers={"Accept": "text/html,text/plain", "Host": host_header}) as response:
                 kind = response.headers.get("content-type", "").split(";")[0].strip().lower()
                 if response.status_code != 200 or kind not in ("text/html", "text/plain", "application/xhtml+xml"):
                     self.on_failure("status" if response.status_code != 200 else "content_type")

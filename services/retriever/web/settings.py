@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import Field, SecretStr
 
-from searchr1.core.settings import Section
+from searchr1.core.settings import RetrySettings, Section
 from searchr1.retriever.web.adapters import DEFAULT_BASE_URLS, Provider
 
 
@@ -32,8 +32,9 @@ class CacheSettings(Section):
 
     kind: Literal["redis", "sqlite", "off"] = "sqlite"
     """`redis` (shared by replicas; also holds the budget counter), `sqlite` (a local file), or `off`."""
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    """Redis URL for `kind = "redis"`."""
+    redis_url: str = "redis://127.0.0.1:6380/0"
+    """Redis URL for `kind = "redis"`: a Redis of its own with `maxmemory` and a `volatile-*` policy
+    (`volatile-lru`), never the run's streams Redis (which runs `noeviction`); the start refuses others."""
     run: str = Field(default="default", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
     """Run name: Redis keys are `searchr1:{run}:retriever:web:…`, so runs keep separate caches and budgets."""
     path: Path = Path(".searchr1/web-cache.sqlite")
@@ -66,8 +67,10 @@ class PageSettings(Section):
     """Fetch pages on loopback/private/link-local addresses too (off: search results are not trusted)."""
 
 
-class WebSettings(Section):
-    """A web search API behind the retriever (`backend = "web"`)."""
+class WebSettings(RetrySettings):
+    """A web search API behind the retriever (`backend = "web"`). Its retry knobs (`timeout_s` per request,
+    `retries`, `backoff_s`, `max_backoff_s`, `deadline_s`) are those of `RetrySettings`, with a longer backoff:
+    a provider that answers 429 limits by the second."""
 
     provider: Provider = "searxng"
     """serper (Google results), serpapi, brave, or searxng (self-hosted JSON endpoint)."""
@@ -81,13 +84,9 @@ class WebSettings(Section):
     """A file holding the key (a mounted Kubernetes Secret), read when `api_key` and `api_key_env` are unset."""
     fetch_results: int = Field(default=10, ge=1, le=100)
     """Results asked for per query (top_k is served from them; a top_k above it asks for top_k)."""
-    timeout_s: float = Field(default=10.0, gt=0.0, le=300.0)
-    """Per-request timeout."""
-    retries: int = Field(default=3, ge=0, le=20)
-    """Retries of a request answered 429/5xx or lost to a timeout/connection error."""
     backoff_s: float = Field(default=0.5, ge=0.0, le=60.0)
-    """First retry's backoff (doubles per retry, with jitter)."""
-    max_backoff_s: float = Field(default=10.0, gt=0.0, le=600.0)
+    """First retry's backoff; it doubles per retry (with jitter) up to `max_backoff_s`."""
+    max_backoff_s: float = Field(default=10.0, gt=0.0, le=300.0)
     """Longest wait between two attempts."""
     requests_per_s: float = Field(default=5.0, gt=0.0, le=100_000.0)
     """Requests per second to the provider (token bucket)."""

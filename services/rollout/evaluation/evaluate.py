@@ -7,8 +7,8 @@ Stages, top to bottom:
 
     read_questions (Search-R1 parquet or our tasks JSONL, as `searchr1.core.datasets.Question`s) →
     run_eval (questions concurrently, bounded; greedy + K samples of a question concurrently; each
-    question scored as soon as it finishes) → `eval_stats.aggregate` (pure: records in → metrics table
-    out) → `eval_report.write_outputs` (eval.json, eval.md; in a thread).
+    question scored as soon as it finishes) → `stats.aggregate` (pure: records in → metrics table
+    out) → `report.write_outputs` (eval.json, eval.md; in a thread).
 
 Scores, all from the reward service (`searchr1.core.clients.reward.RewardClient`):
 - `em` = `exact_match` on the response (ours: the last `<answer>` normalises to a gold);
@@ -40,10 +40,12 @@ from typing import Any
 
 from searchr1.core.datasets import DatasetError, Question, parse_row, read_rows
 from searchr1.core.protocol import render_prompt
+from searchr1.core.settings import default
 from searchr1.rollout.agent import AgentLimits, Sampling, SearchFn, TrajectoryResult, run_trajectory
 from searchr1.rollout.engine import Generator, TextCodec
-from searchr1.rollout.eval_report import write_outputs
-from searchr1.rollout.eval_stats import DEFAULT_GROUP_BY
+from searchr1.rollout.evaluation.report import write_outputs
+from searchr1.rollout.evaluation.stats import DEFAULT_GROUP_BY
+from searchr1.rollout.settings import AgentSettings
 from searchr1.rollout.worker import Scorer
 
 
@@ -114,7 +116,7 @@ class EvalConfig:
     concurrency: int = 16
     """Questions in flight at once (each runs 1 + K trajectories concurrently on the one engine)."""
     limits: AgentLimits = field(default_factory=AgentLimits)
-    template: str = "search_r1"
+    template: str = default(AgentSettings, "template")
     group_by: tuple[str, ...] = DEFAULT_GROUP_BY
     """Keys the reports break metrics down by: `data_source` or any key of a question's metadata
     (`Question.group_value`); each record carries its question's values of them."""

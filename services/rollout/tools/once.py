@@ -4,9 +4,13 @@ for a person to read (think, search, information and answer, each in its own col
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from searchr1.core.protocol import tag_segments
 from searchr1.rollout.agent import AgentLimits, Sampling, TrajectoryResult
+
+if TYPE_CHECKING:
+    from searchr1.rollout.settings import RolloutSettings
 
 TAG_STYLES = {"think": "italic cyan", "search": "bold yellow", "information": "dim green",
               "answer": "bold magenta"}
@@ -19,15 +23,12 @@ def styled_segments(text: str) -> list[tuple[str, str]]:
 
 @dataclass(frozen=True)
 class OnceRequest:
-    """One question, the policy that answers it, and how."""
+    """One question, and the settings of the worker that answers it: `settings.model` (the policy),
+    `engine`, `agent` (limits, sampling, template) and `retriever` (addresses, `top_k`, retries)."""
 
     question: str
-    model: str
-    retriever: str
-    engine: str
-    limits: AgentLimits
-    sampling: Sampling
-    top_k: int
+    settings: RolloutSettings
+    seed: int
     steer: bool
 
 
@@ -38,28 +39,31 @@ async def sample_once(req: OnceRequest) -> tuple[str, str, TrajectoryResult]:
     from searchr1.rollout.agent import run_trajectory
     from searchr1.rollout.engine import HfCodec
     from searchr1.rollout.service import start_generator
-    from searchr1.rollout.settings import EngineSettings
 
-    settings = EngineSettings(kind=req.engine, gpu_memory_utilization=0.05, max_model_len=4096,  # type: ignore[arg-type]
-                              logits_processors=["searchr1.rollout.steering:SearchSteering"] if req.steer else [])
-    generator = await start_generator(req.model, settings)
-    client = RetrieverClient([req.retriever])
+    s = req.settings
+    engine = s.engine
+    if req.steer:
+        engine = engine.model_copy(update={
+            "logits_processors": [*engine.logits_processors, "searchr1.rollout.tools.steering:SearchSteering"]})
+    generator = await start_generator(s.model, engine)
+    client = RetrieverClient(s.retriever.addresses, token=s.retriever.token, retry=s.retriever.retry_policy())
+    limits = AgentLimits.from_settings(s.agent, max_context_tokens=engine.max_model_len)
     try:
         tokenizer = generator.tokenizer()  # type: ignore[attr-defined]
         codec = HfCodec(tokenizer)
-        prompt = render_prompt(req.question, tokenizer)
-        sampling = req.sampling
+        prompt = render_prompt(req.question, tokenizer, s.agent.template)
+        sampling = Sampling.from_settings(s.agent, seed=req.seed)
         if req.steer:
-            from searchr1.rollout.steering import steer_args, word_tokens
+            from searchr1.rollout.tools.steering import steer_args, word_tokens
 
-            extra = steer_args(tokenizer, max_searches=req.limits.max_turns, search_tokens=word_tokens(tokenizer))
+            extra = steer_args(tokenizer, max_searches=limits.max_turns, search_tokens=word_tokens(tokenizer))
             sampling = Sampling(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                                 seed=sampling.seed, extra_args=extra)
 
         async def search(q: str):
-            return (await client.search([q], req.top_k))[0]
+            return (await client.search([q], s.retriever.top_k))[0]
 
-        res = await run_trajectory(codec.encode(prompt), generator, codec, search, req.limits, sampling, "once")
+        res = await run_trajectory(codec.encode(prompt), generator, codec, search, limits, sampling, "once")
         return prompt, codec.decode(res.response_ids), res
     finally:
         await client.close()

@@ -1,10 +1,10 @@
 """The reports of `searchr1 eval`: `eval.md` (Markdown tables), the rich table the command prints, and
-`write_outputs` (eval.json + eval.md), all from the summary `eval_stats.aggregate` builds; and Search-R1's
-Table 3 layout of one or more evaluations (`eval_stats.paper_table`) as Markdown and as a rich table.
+`write_outputs` (eval.json + eval.md), all from the summary `stats.aggregate` builds; and Search-R1's
+Table 3 layout of one or more evaluations (`stats.paper_table`) as Markdown and as a rich table.
 
 Reports show whatever group keys the summary has, in its order; nothing here names a dataset's fields.
 
-What this module does not do: aggregate (`eval_stats.py`) or run the evaluation (`evaluate.py`).
+What this module does not do: aggregate (`stats.py`) or run the evaluation (`evaluate.py`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from searchr1.rollout.eval_stats import DEFAULT_GROUP_BY, METRICS, PaperTable, aggregate
+from searchr1.rollout.evaluation.stats import DEFAULT_GROUP_BY, METRICS, PaperTable, aggregate
 
 
 def _fmt(key: str, value: float | None) -> str:

@@ -1,7 +1,7 @@
 """`searchr1 eval`: evaluate one or more policies on a test set through the real retriever and reward
 service (each into its own directory), then print Search-R1's Table 3 layout; or, with `--table`, only
-that table from earlier `eval.json` files. The scoring and reports are `evaluate.py`, `eval_stats.py`
-and `eval_report.py`; this module runs them."""
+that table from earlier `eval.json` files. The scoring and reports are `evaluate.py`, `stats.py`
+and `report.py`; this module runs them."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from searchr1.rollout.evaluate import EvalConfig
+from searchr1.rollout.agent import AgentLimits, Sampling
+from searchr1.rollout.evaluation.evaluate import EvalConfig
 from searchr1.rollout.settings import RolloutSettings
 
 
@@ -33,9 +34,10 @@ def eval_config(settings: RolloutSettings, req: EvalRequest) -> EvalConfig:
     """The evaluation's config: the request's sampling, the agent settings' limits and template."""
     a = settings.agent
     return EvalConfig(
-        samples=req.samples, sampling=a.sampling(seed=req.seed, temperature=req.temperature), greedy=req.greedy,
+        samples=req.samples, sampling=Sampling.from_settings(a, seed=req.seed, temperature=req.temperature),
+        greedy=req.greedy,
         concurrency=req.concurrency, template=a.template, group_by=tuple(settings.eval.group_by),
-        limits=a.limits(max_context_tokens=settings.engine.max_model_len))
+        limits=AgentLimits.from_settings(a, max_context_tokens=settings.engine.max_model_len))
 
 
 def output_dirs(models: list[str], out: Path) -> list[Path]:
@@ -56,8 +58,8 @@ def tabulate(evals: list[tuple[Path, dict]], out: Path, metric: str) -> int:
     """Print Search-R1's Table 3 layout of `evals` and write OUT/table.md; returns the exit code."""
     from rich.console import Console
 
-    from searchr1.rollout.eval_report import eval_labels, paper_table_markdown, paper_table_rich
-    from searchr1.rollout.eval_stats import paper_table
+    from searchr1.rollout.evaluation.report import eval_labels, paper_table_markdown, paper_table_rich
+    from searchr1.rollout.evaluation.stats import paper_table
 
     try:
         t = paper_table(list(zip(eval_labels(evals), (doc for _, doc in evals))), metric)
@@ -74,7 +76,7 @@ def tabulate(evals: list[tuple[Path, dict]], out: Path, metric: str) -> int:
 
 def run_table(paths: list[Path], out: Path, metric: str) -> int:
     """`searchr1 eval --table`: the table of earlier eval.json files (or directories holding one)."""
-    from searchr1.rollout.eval_report import read_eval
+    from searchr1.rollout.evaluation.report import read_eval
 
     try:
         evals = [(p if p.suffix == ".json" else p / "eval.json", read_eval(p)) for p in paths]
@@ -93,7 +95,7 @@ async def _evaluate_one(settings: RolloutSettings, config: EvalConfig, req: Eval
     from searchr1.core.clients.reward import RewardClient, RewardError
     from searchr1.rollout.batcher import SearchBatcher
     from searchr1.rollout.engine import HfCodec
-    from searchr1.rollout.evaluate import evaluate
+    from searchr1.rollout.evaluation.evaluate import evaluate
     from searchr1.rollout.service import start_generator
 
     console = Console()
@@ -134,8 +136,8 @@ def run_eval(settings: RolloutSettings, req: EvalRequest) -> int:
 
     from searchr1.core.clients.retriever import RetrieverError
     from searchr1.core.clients.reward import RewardError
-    from searchr1.rollout.eval_report import summary_table
-    from searchr1.rollout.evaluate import EvalDataError, read_questions
+    from searchr1.rollout.evaluation.evaluate import EvalDataError, read_questions
+    from searchr1.rollout.evaluation.report import summary_table
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

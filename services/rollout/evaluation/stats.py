@@ -1,7 +1,7 @@
 """The pure aggregation of `searchr1 eval`: scored trajectory records in → the metrics table out, overall
 and per group, separately for greedy and sampled trajectories.
 
-Records are `searchr1.rollout.evaluate.EvalRecord`s or their JSON form (the `records` of `eval.json`,
+Records are `searchr1.rollout.evaluation.evaluate.EvalRecord`s or their JSON form (the `records` of `eval.json`,
 which aggregate the same way). Which keys the table breaks down by is the caller's choice (`group_by`):
 `data_source` or any key of a question's metadata (`searchr1.core.datasets.Question.group_value`); this
 module knows no dataset's fields.
@@ -10,7 +10,7 @@ module knows no dataset's fields.
 set in the paper's order, the unweighted average), from their greedy trajectories.
 
 What this module does not do: run or score trajectories (`evaluate.py`) or render reports
-(`eval_report.py`).
+(`report.py`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-DEFAULT_GROUP_BY: tuple[str, ...] = ("data_source",)
-"""Group keys when the caller names none (Search-R1 reports per `data_source`)."""
+from searchr1.core.settings import default
+from searchr1.rollout.settings import EvalSettings
+
+DEFAULT_GROUP_BY: tuple[str, ...] = tuple(default(EvalSettings, "group_by"))
+"""Group keys when the caller names none: `EvalSettings.group_by`'s default (Search-R1 reports per
+`data_source`)."""
 
 METRICS: tuple[tuple[str, str], ...] = (
     ("em", "EM"),

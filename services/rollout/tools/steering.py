@@ -11,7 +11,7 @@ would.
 
 Activation is per request: `SamplingParams.extra_args["searchr1_steer"]` holds the tag token ids and
 the knobs (`steer_args(tokenizer, …)` builds it); requests without it are untouched. Load it with the
-engine arg `logits_processors=["searchr1.rollout.steering:SearchSteering"]`.
+engine arg `logits_processors=["searchr1.rollout.tools.steering:SearchSteering"]`.
 
 It is not part of the training path; the behaviour log-probs it produces (with
 `logprobs_mode=processed_logprobs`) are those of the steered distribution.

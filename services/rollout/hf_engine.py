@@ -1,0 +1,99 @@
+"""`HfGenerator`: a tiny transformers fallback `Generator` (`engine.py`'s protocol) for environments
+without vLLM — one request at a time under a lock, in a thread; a reload reads the new weights and frees
+the old ones in a thread too. Slow; for laptops and `rollout once`, not for training.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from searchr1.rollout.engine import TurnFinish, TurnOutput, TurnRequest
+
+
+class HfGenerator:
+    """A slow transformers fallback `Generator` (no vLLM): sequential sampling with a KV cache, stop
+    strings checked on the decoded turn text. For laptops and the `rollout once` command."""
+
+    def __init__(self, model_dir: str, threads: int | None = None) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if threads:
+            torch.set_num_threads(threads)
+        self._tok = AutoTokenizer.from_pretrained(model_dir)
+        self._model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        eos = self._model.generation_config.eos_token_id
+        self._eos = {eos} if isinstance(eos, int) else set(eos or [])
+        if self._tok.eos_token_id is not None:
+            self._eos.add(self._tok.eos_token_id)
+        self._lock = asyncio.Lock()
+
+    def tokenizer(self) -> Any:
+        return self._tok
+
+    async def generate(self, request: TurnRequest, request_id: str) -> TurnOutput:
+        async with self._lock:
+            return await asyncio.to_thread(self._generate_sync, request)
+
+    def _generate_sync(self, request: TurnRequest) -> TurnOutput:
+        import torch
+
+        gen = torch.Generator().manual_seed(request.seed if request.seed is not None else 0)
+        ids: list[int] = []
+        lps: list[float] = []
+        past = None
+        inp = torch.tensor([list(request.prompt_ids)])
+        finish: TurnFinish = "length"
+        stop_reason = None
+        with torch.no_grad():
+            for _ in range(request.max_tokens):
+                if request.interrupt is not None and request.interrupt.is_set():
+                    finish = "interrupted"
+                    break
+                out = self._model(input_ids=inp, past_key_values=past, use_cache=True)
+                past = out.past_key_values
+                logits = out.logits[0, -1].float()
+                if request.temperature > 0:
+                    logits = logits / request.temperature
+                if request.top_k > 0:
+                    kth = torch.topk(logits, min(request.top_k, logits.numel())).values[-1]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                logp = torch.log_softmax(logits, -1)
+                if request.top_p < 1.0:
+                    sorted_lp, order = torch.sort(logp, descending=True)
+                    cum = sorted_lp.exp().cumsum(0)
+                    drop = cum - sorted_lp.exp() > request.top_p
+                    logp = logp.clone()
+                    logp[order[drop]] = float("-inf")
+                    logp = torch.log_softmax(logp, -1)
+                if request.temperature == 0:
+                    tid = int(torch.argmax(logp))
+                else:
+                    tid = int(torch.multinomial(logp.exp(), 1, generator=gen))
+                ids.append(tid)
+                lps.append(float(logp[tid]))
+                if tid in self._eos:
+                    finish = "eos"
+                    break
+                text = self._tok.decode(ids, skip_special_tokens=True)
+                hit = next((s for s in request.stop if s in text), None)
+                if hit is not None:
+                    finish, stop_reason = "stop", hit
+                    break
+                inp = torch.tensor([[tid]])
+        return TurnOutput(ids, lps, self._tok.decode(ids, skip_special_tokens=True), finish, stop_reason)
+
+    async def reload(self, weights_path: str) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        async with self._lock:
+            new = await asyncio.to_thread(
+                lambda: AutoModelForCausalLM.from_pretrained(weights_path, dtype=torch.float32).eval())
+            # the old model's tensors are freed in a thread too: its last reference goes with `old.clear`
+            old, self._model = [self._model], new
+            await asyncio.to_thread(old.clear)
+
+    async def close(self) -> None:
+        return None

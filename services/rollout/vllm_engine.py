@@ -1,0 +1,182 @@
+"""`VllmGenerator`: the `Generator` (`engine.py`'s protocol) over vLLM's `AsyncLLM` (v1 engine, continuous
+batching). Prompts go in as token ids (`TokensPrompt`), never text; a turn stops at the stop strings (kept
+in the output) or EOS; the log-prob of each sampled token comes from the engine (`logprobs=0` returns
+exactly the sampled token's). Weights are swapped in place with `collective_rpc("reload_weights",
+weights_path=…)`, then the prefix cache is reset (cached KV was computed under the old weights); the
+engine core runs in its own process, so the reload never blocks this process's event loop. A turn whose
+request's `interrupt` is set is aborted by closing its output stream; a dead engine raises
+`GeneratorDead`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from searchr1.rollout.broadcast_ext import WORKER_EXTENSION
+from searchr1.rollout.engine import GeneratorDead, TurnFinish, TurnOutput, TurnRequest
+
+if TYPE_CHECKING:
+    from searchr1.rollout.settings import EngineSettings
+
+log = logging.getLogger("searchr1.rollout.engine")
+
+
+RESET_TRIES = 10
+"""Attempts at resetting vLLM's prefix cache after a reload (50 ms apart)."""
+
+VLLM_ENGINE_FIELDS = frozenset({
+    "gpu_memory_utilization", "max_model_len", "dtype", "enforce_eager", "seed", "max_num_seqs",
+    "tensor_parallel_size", "logprobs_mode", "enable_prefix_caching"})
+"""The `EngineSettings` fields that are vLLM engine arguments of the same name and meaning."""
+
+
+@dataclass(frozen=True, slots=True)
+class VllmEngineConfig:
+    """What `VllmGenerator.start` needs: the model and its `EngineSettings` (the engine's settings are
+    declared once, there), plus the knobs only code sets."""
+
+    model: str
+    engine: EngineSettings
+    enable_chunked_prefill: bool | None = None
+    """None: vLLM's default, except off on CPU (see `VllmGenerator.start`)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Further `AsyncEngineArgs` keywords."""
+
+
+class VllmGenerator:
+    """`Generator` over vLLM's `AsyncLLM`. Build it with `await VllmGenerator.start(config)`."""
+
+    def __init__(self, engine: Any, eos_token_ids: Sequence[int], extension: bool = False) -> None:
+        self.engine = engine
+        self.eos_token_ids = set(eos_token_ids)
+        self.extension = extension
+        """Whether the engine runs searchr1's worker extension (`broadcast_ext.py`)."""
+
+    @classmethod
+    async def start(cls, config: VllmEngineConfig) -> VllmGenerator:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.platforms import current_platform
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        chunked = config.enable_chunked_prefill
+        if chunked is None and current_platform.is_cpu():
+            # vLLM 0.32 CPU: a seeded request whose prefill is split across steps crashes the engine
+            # ("CPU Generator does not use offset" in gpu_model_runner's discard path); per-task seeds
+            # are part of our wire format, so chunked prefill is off on CPU unless asked for.
+            chunked = False
+        e = config.engine
+        # searchr1's worker extension (`broadcast_ext.py`): broadcast weight receipt and the CPU reload fix
+        extra = {"worker_extension_cls": WORKER_EXTENSION, **config.extra}
+        args = AsyncEngineArgs(
+            model=config.model,
+            **e.model_dump(include=VLLM_ENGINE_FIELDS),
+            logits_processors=list(e.logits_processors) or None,
+            enable_chunked_prefill=chunked,
+            **({"max_num_batched_tokens": max(e.max_model_len, 2048)} if chunked is False else {}),
+            **extra,
+        )
+        engine = AsyncLLM.from_engine_args(args)
+        tok = engine.get_tokenizer()
+        eos = {tok.eos_token_id} if tok.eos_token_id is not None else set()
+        gen_eos = getattr(engine.model_config.hf_config, "eos_token_id", None)
+        if isinstance(gen_eos, int):
+            eos.add(gen_eos)
+        elif isinstance(gen_eos, list):
+            eos.update(gen_eos)
+        generator = cls(engine, sorted(eos), extension=extra["worker_extension_cls"] == WORKER_EXTENSION)
+        # an exception traceback kept by an import inside vLLM's start-up holds this frame (seen with
+        # gc.get_referrers in a fresh process): let only `generator` own the engine, so close() frees it
+        # (the slow test_eval_command_end_to_end checks the eval's output for the traceback)
+        del engine
+        return generator
+
+    def tokenizer(self) -> Any:
+        return self.engine.get_tokenizer()
+
+    async def generate(self, request: TurnRequest, request_id: str) -> TurnOutput:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(
+            max_tokens=request.max_tokens,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            top_k=request.top_k,
+            seed=request.seed,
+            stop=list(request.stop) or None,
+            include_stop_str_in_output=True,
+            logprobs=0,
+            extra_args=request.extra_args,
+        )
+        final = None
+        interrupted = False
+        with _dead_engine_is_fatal():
+            # each streamed output is cumulative; closing the stream early aborts the request in vLLM
+            async with contextlib.aclosing(self.engine.generate(
+                    TokensPrompt(prompt_token_ids=list(request.prompt_ids)), params, request_id)) as stream:
+                async for out in stream:
+                    final = out
+                    if request.interrupt is not None and request.interrupt.is_set() and not out.finished:
+                        interrupted = True
+                        break
+        if final is None or not final.outputs:
+            raise RuntimeError(f"vLLM returned no output for {request_id}")
+        comp = final.outputs[0]
+        ids = list(comp.token_ids)
+        lps: list[float] = []
+        for tid, entry in zip(ids, comp.logprobs or []):
+            lp = entry[tid].logprob if entry and tid in entry else 0.0
+            lps.append(min(0.0, float(lp)) if math.isfinite(lp) else -1e4)
+        if len(lps) != len(ids):  # engine returned no log-probs (should not happen with logprobs=0)
+            lps = [0.0] * len(ids)
+        if interrupted:
+            finish: TurnFinish = "interrupted"
+        elif comp.finish_reason == "length":
+            finish = "length"
+        elif isinstance(comp.stop_reason, str) and comp.stop_reason in request.stop:
+            finish = "stop"
+        else:  # EOS (stop_reason None) or a stop token id
+            finish = "eos"
+        return TurnOutput(ids, lps, comp.text, finish, comp.stop_reason if finish == "stop" else None)
+
+    async def reload(self, weights_path: str) -> None:
+        with _dead_engine_is_fatal():
+            await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": weights_path})
+            if self.extension:  # vLLM CPU: the LM head's packed GEMM is not rebuilt by the reload
+                await self.engine.collective_rpc("searchr1_refresh_cpu_gemm")
+            # False while running requests hold blocks: an interrupted turn's abort may still be on its way
+            # to the engine core, so a few tries before giving up
+            for _ in range(RESET_TRIES):
+                if await self.engine.reset_prefix_cache():
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                log.warning("vLLM kept its prefix cache after a weight reload (requests still running): cached "
+                            "prompt blocks were computed with the previous weights")
+
+    async def close(self) -> None:
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            engine.shutdown()
+            # AsyncLLM.__del__ shuts down again; left to interpreter exit it runs after module teardown
+            # and prints a TypeError traceback into every demo log. Collect it now, while vLLM is alive.
+            del engine
+            gc.collect()
+
+
+@contextlib.contextmanager
+def _dead_engine_is_fatal() -> Iterator[None]:
+    """vLLM's `EngineDeadError` (its engine process is gone) → `GeneratorDead`."""
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    try:
+        yield
+    except EngineDeadError as exc:
+        raise GeneratorDead(f"vLLM's engine died: {exc}") from exc

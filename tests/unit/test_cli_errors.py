@@ -1,0 +1,95 @@
+"""A user error leaves the CLI one way: exit code 2, one line `error: …` on stderr, no traceback (no
+exception escapes the command) and no usage panel."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from typer.testing import CliRunner, Result
+
+from searchr1.cli import build_app
+from tests.support.archive_fixture import write_archive
+
+
+def _searchr1(*args: str) -> Result:
+    env = {k: None for k in os.environ if k.startswith(("ROLLOUT_", "INDEX_", "VIEWER_"))}
+    return CliRunner().invoke(build_app(), list(args), env=env)
+
+
+def _one_line_error(r: Result, code: int, text: str) -> None:
+    lines = r.stderr.strip().splitlines()
+    assert isinstance(r.exception, SystemExit), r.exception  # anything else would print a traceback
+    assert r.exit_code == code, (r.exit_code, r.stderr)
+    assert len(lines) == 1 and lines[0].startswith("error: ") and text in lines[0], r.stderr
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("run")
+    write_archive(d / "archive", steps=1, groups_per_step=1)
+    return d
+
+
+def test_view_with_a_directory_without_tokenizer_json(run_dir, tmp_path):
+    r = _searchr1("view", str(run_dir), "--tokenizer", str(tmp_path), "--port", "0")
+    _one_line_error(r, 2, f"no tokenizer.json at {tmp_path / 'tokenizer.json'}")
+
+
+def test_view_of_a_directory_without_an_archive(tmp_path):
+    _one_line_error(_searchr1("view", str(tmp_path)), 2, "no archive parts")
+
+
+def test_a_setting_out_of_bounds_names_the_field(run_dir, tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text("[viewer]\nport = 70000\n")
+    _one_line_error(_searchr1("view", str(run_dir), "--config", str(config)), 2, "port: Input should be")
+
+
+def test_index_build_without_out_and_with_a_bad_kind(tmp_path):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"id": "0", "contents": "a\\nb"}\n')
+    _one_line_error(_searchr1("index", "build", "--corpus", str(corpus), "--kind", "bm25"), 2, "give the corpus")
+    config = tmp_path / "run.toml"
+    config.write_text('[index]\nkind = "nope"\n')
+    r = _searchr1("index", "build", "--config", str(config), "--corpus", str(corpus), "--out", str(tmp_path / "i"))
+    _one_line_error(r, 2, "kind: Input should be")
+
+
+def test_rollout_once_without_a_model():
+    _one_line_error(_searchr1("rollout", "once", "--question", "q"), 2, "give --model")
+
+
+def test_redrive_with_an_unknown_source():
+    _one_line_error(_searchr1("streams", "redrive", "--source", "bogus"), 2, "--source must be")
+
+
+def test_audit_of_a_missing_directory(tmp_path):
+    _one_line_error(_searchr1("audit", str(tmp_path / "missing")), 2, "is not a directory")
+
+
+def test_archive_list_of_an_empty_directory(tmp_path):
+    _one_line_error(_searchr1("archive", "list", str(tmp_path)), 2, "no archive parts")
+
+
+def test_models_prepare_with_a_bad_dtype():
+    _one_line_error(_searchr1("models", "prepare", "x", "--dtype", "int4"), 2, "--dtype must be")
+
+
+def test_commands_report_user_errors_through_the_one_helper():
+    """No command raises Typer's usage panel or prints its own `error:` line: `core.commandline.fail` (and
+    `error`, for run functions returning an exit code) is the one way out."""
+    from pathlib import Path
+
+    import searchr1
+
+    root = Path(searchr1.__file__).resolve().parent
+    offenders = []
+    for path in sorted(root.rglob("*.py")):
+        if path.name == "commandline.py" or "api" in path.relative_to(root).parts:
+            continue
+        text = path.read_text(encoding="utf-8")
+        for bad in ("typer.BadParameter(", 'typer.echo(f"error:'):
+            if bad in text:
+                offenders.append(f"{path.relative_to(root)}: {bad}")
+    assert not offenders, offenders
