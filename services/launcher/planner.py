@@ -15,6 +15,7 @@ import secrets
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from searchr1.core.redis_server import RedisNotFound, find_redis_server
 from searchr1.core.servers import free_port, port_is_free
@@ -231,6 +232,7 @@ def build_plan(settings: LauncherSettings, config: str | Path, run_dir: str | Pa
         "log_dir": str(run_root / "logs"), "redis_url": redis_url, "index_dir": str(index_dir),
         "retriever_grpc": f"{host}:{grpc_port}", "retriever_http": f"http://{host}:{http_port}",
         "reward_url": f"http://{host}:{reward_port}", "token": secrets.token_urlsafe(24),
+        "redis_password": urlparse(redis_url).password or "",
     }
     if not index_dir.exists() and not web_search_backend(config_path):
         plan.index_build(index_dir, common)

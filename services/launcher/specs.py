@@ -90,6 +90,8 @@ PLACEHOLDERS = {
     "log_dir": "RUN_DIR/logs",
     "redis_url": "redis://:password@host:port/0 of the started (or external) Redis (a secret: the processes "
                  "get it as ROLLOUT_REDIS__URL / LEARNER_REDIS__URL)",
+    "redis_password": "the password of that Redis (a secret: for a process's env, e.g. a Redis URL through a "
+                      "proxy: ROLLOUT_REDIS__URL = \"redis://:{redis_password}@127.0.0.1:6380/0\")",
     "token": "the run's bearer token, generated per run (a secret: the processes get it by environment)",
     "index_dir": "absolute index directory",
     "corpus": "absolute corpus path (index build)",

@@ -194,8 +194,9 @@ class FaultRun:
     def out_path(self) -> Path:
         return self.root / "launcher.out"
 
-    def start(self) -> None:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    def start(self, env: dict[str, str] | None = None) -> None:
+        """Start `searchr1 up`; `env` is added to its environment (and so its services')."""
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         env.pop("LAUNCHER_RUN_DIR", None)
         with self.out_path.open("w") as out:
             self.proc = subprocess.Popen([sys.executable, "-m", "searchr1.launcher", "--config", str(self.config)],

@@ -17,12 +17,10 @@ import pytest
 
 from searchr1.core.faults import POISON_TOKEN_ID
 from searchr1.core.streams import StreamKeys
-from searchr1.launcher.specs import DEFAULT_TEMPLATES
 from tests.faults.harness import LEARNER_STEPS, Fault, FaultRun, run_config
 from tests.faults.test_faults import _finish_and_audit
 from tests.faults.windows import (
     ThreadedProxy,
-    argv_of,
     free_port,
     free_port_block,
     inject_copy,
@@ -51,9 +49,15 @@ def _start(tmp_path: Path, world: Path, steps: int, **kwargs) -> FaultRun:
     return run
 
 
-def _templates(kind: str, redis_url: str) -> str:
-    argv = [redis_url if a == "{redis_url}" else a for a in DEFAULT_TEMPLATES[kind]]
-    return f"\n[launcher.templates]\n{kind} = {json.dumps(argv)}\n"
+def _redis_env(kind: str, redis_url: str) -> dict[str, dict[str, str]]:
+    """The Redis URL of the `kind` processes (through a proxy), as `[launcher.<kind>] env`: the launcher
+    gives the URL by environment, with `{redis_password}` for the password of the Redis it starts."""
+    return {f"{kind}_env": {f"{kind.upper()}_REDIS__URL": redis_url}}
+
+
+def _env_of(run: FaultRun, name: str) -> str:
+    """The environment of a process of the run (`/proc/PID/environ`, same user), one line per variable."""
+    return Path(f"/proc/{run.pid(name)}/environ").read_bytes().replace(b"\0", b"\n").decode(errors="replace")
 
 
 def _learner_metric(run: FaultRun, name: str, labels: str) -> float:
@@ -115,19 +119,19 @@ def test_partition_black_holes_redis(tmp_path, fault_world, target):
     proxies: list[ThreadedProxy] = []
     if target == "learner":
         proxies.append(ThreadedProxy(redis_port, free_port()))
-        url, steps = f"redis://127.0.0.1:{proxies[0].proxy.port}/0", LEARNER_STEPS
+        url, steps = f"redis://:{{redis_password}}@127.0.0.1:{proxies[0].proxy.port}/0", LEARNER_STEPS
     else:  # worker i's proxy listens on f"{prefix}{i}": only rollout-0's is black-holed
         prefix = free_port_block(rng)
         proxies += [ThreadedProxy(redis_port, prefix * 10), ThreadedProxy(redis_port, prefix * 10 + 1)]
-        url, steps = f"redis://127.0.0.1:{prefix}{{worker_index}}/0", WORKER_STEPS
+        url, steps = f"redis://:{{redis_password}}@127.0.0.1:{prefix}{{worker_index}}/0", WORKER_STEPS
     kind = "learner" if target == "learner" else "rollout"
     try:
-        run = _start(tmp_path, fault_world, steps, redis_port=redis_port, extra_toml=_templates(kind, url))
+        run = _start(tmp_path, fault_world, steps, redis_port=redis_port, **_redis_env(kind, url))
         try:
             hold = PARTITION_S[target]
             fault = window(run, target, f"its Redis connection black-holed for {hold:.0f} s",
                            proxies[0].blackhole, proxies[0].restore, after_step=1, hold_s=hold, watch=target)
-            assert str(proxies[0].proxy.port) in " ".join(argv_of(run, target))  # it was partitioned
+            assert f"@127.0.0.1:{proxies[0].proxy.port}/0" in _env_of(run, target)  # it was partitioned
         except BaseException:
             run.stop()
             raise

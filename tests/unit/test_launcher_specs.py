@@ -243,3 +243,17 @@ def test_tiny_cpu_config_loads():
     plan = build_plan(s, cfg)
     names = [p.name for p in plan.specs]
     assert names[-1] == "learner" and names.index("retriever") < names.index("reward") < names.index("rollout-0")
+
+
+def test_redis_password_placeholder_routes_a_client_through_a_proxy(tmp_path, cfg):
+    """`{redis_password}` lets a process's env name a Redis URL of its own (a proxy per worker, as the soak
+    does) with the password of the Redis `up` starts; it reaches the env, never the argv."""
+    url = "redis://:{redis_password}@127.0.0.1:4{worker_index}0/0"
+    s = _settings(run="r1", command=["searchr1"], retriever={"index_dir": str(tmp_path / "index")},
+                  rollout={"workers": 2, "env": {"ROLLOUT_REDIS__URL": url}})
+    plan = build_plan(s, cfg, tmp_path / "run")
+    password = urlsplit(plan.redis_url).password
+    r0, r1 = (p for p in plan.specs if p.stage == "rollout")
+    assert r0.env["ROLLOUT_REDIS__URL"] == f"redis://:{password}@127.0.0.1:400/0"
+    assert r1.env["ROLLOUT_REDIS__URL"] == f"redis://:{password}@127.0.0.1:410/0"
+    assert all(password not in " ".join(p.argv) for p in plan.specs)

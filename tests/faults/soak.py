@@ -1,0 +1,454 @@
+"""The soak: a randomised chaos run of the tiny world that a user starts and leaves (`make soak`).
+
+The fault harness's run (`tests/faults/harness.py`: `searchr1 up` with real Redis and its append-only
+file, the BM25 retriever, the reward service, two rollout workers on the transformers engine, the learner)
+trains for `duration_s` while, every `fault_interval_s` ± `fault_jitter_s`, one fault drawn at random
+(seeded) hits it:
+
+- `kill`: `kill -9` of one service (a rollout worker, the learner, the retriever, the reward service or
+  Redis); `searchr1 up`'s supervisor restarts it, as in production;
+- `partition`: one link stops carrying bytes for `partition_s` (a random span);
+- `slow`: one link gets `slow_latency_ms` and `slow_loss` for `slow_s`.
+
+Every client connection of the run goes through a link (`tests/faults/chaos_proxy.py`, always adding
+`latency_ms` ± `jitter_ms` and `loss`): each worker's to Redis, the retriever and the reward service, the
+learner's to Redis. On Linux as root the links cross network namespaces joined by veth pairs
+(`tests/faults/netns.py`) and a partition takes the link's veth down; otherwise a partition pauses the
+proxy (the report says which, and why).
+
+When the time is up, faults stop, the run is given `settle_s` to log one more step, `searchr1 up` is
+stopped with SIGINT, and `searchr1 audit` accounts for every task. The report (`OUT/soak.json`) and the
+plot (`OUT/soak.png`) hold the curves of `tests/faults/soak_curves.py`. The exit status is 1 when a task
+was lost or trained twice, the audit is not ok, an RSS slope exceeds `rss_slope_bound_mib_per_h`, or the
+run itself died.
+
+    python -m tests.faults.soak --config configs/soak.toml [--duration-s S] [--seed N] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import signal
+import sys
+import threading
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.faults import soak_curves as curves
+from tests.faults import soak_report
+from tests.faults.chaos_proxy import ChaosProxy, LinkShape
+from tests.faults.harness import FaultRun, build_world, run_config
+from tests.faults.windows import free_port, free_port_block
+
+KILL_TARGETS = ("rollout-0", "rollout-1", "learner", "retriever", "reward", "redis")
+
+
+@dataclass
+class SoakSettings:
+    """The `[soak]` table of configs/soak.toml (every key optional)."""
+
+    duration_s: float = 3600.0
+    seed: int = 0
+    fault_interval_s: float = 60.0
+    fault_jitter_s: float = 30.0
+    first_fault_after_steps: int = 1
+    """Faults begin once the learner has logged this many steps (start-up is not soaked)."""
+    kinds: dict[str, float] = field(default_factory=lambda: {"kill": 6.0, "partition": 2.0, "slow": 1.0})
+    """Relative weights of the fault kinds."""
+    kill_targets: list[str] = field(default_factory=lambda: list(KILL_TARGETS))
+    partition_s: tuple[float, float] = (10.0, 40.0)
+    slow_s: tuple[float, float] = (20.0, 60.0)
+    slow_latency_ms: float = 150.0
+    slow_loss: float = 0.05
+    latency_ms: float = 1.0
+    jitter_ms: float = 1.0
+    loss: float = 0.002
+    netns: bool = True
+    """Spread the links over network namespaces when running as root on Linux."""
+    sample_s: float = 5.0
+    rss_warmup_s: float = 300.0
+    rss_slope_bound_mib_per_h: float = 64.0
+    settle_s: float = 900.0
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment of `searchr1 up` (and so of every service): the run's sizing for a shared machine."""
+
+    @classmethod
+    def load(cls, path: Path | None) -> SoakSettings:
+        table = tomllib.loads(path.read_text()).get("soak", {}) if path else {}
+        unknown = set(table) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise SystemExit(f"{path}: unknown [soak] keys {sorted(unknown)}")
+        for key in ("partition_s", "slow_s"):
+            if key in table:
+                table[key] = tuple(table[key])
+        return cls(**table)
+
+
+@dataclass
+class Link:
+    """One client→server path: the proxy every connection of that client goes through."""
+
+    name: str
+    proxy: ChaosProxy
+    veth: str | None = None
+    """The veth the link crosses (netns mode): a partition takes it down."""
+
+
+class Links:
+    """The proxies, run by one event loop in a thread; shaped, paused and resumed from the main thread."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="soak-links")
+        self.thread.start()
+        self.links: dict[str, Link] = {}
+
+    def call(self, fn, *args):
+        async def run():
+            return fn(*args)
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(10)
+
+    def add(self, name: str, proxy: ChaosProxy, veth: str | None = None) -> Link:
+        asyncio.run_coroutine_threadsafe(proxy.start(), self.loop).result(10)
+        self.links[name] = Link(name, proxy, veth)
+        return self.links[name]
+
+    def close(self) -> None:
+        for link in self.links.values():
+            asyncio.run_coroutine_threadsafe(link.proxy.close(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@dataclass
+class Sampler:
+    """What the soak records while it runs (times in seconds since its start)."""
+
+    t0: float
+    step_times: list[float] = field(default_factory=list)
+    steps: list[tuple[float, int]] = field(default_factory=list)
+    redis: list[tuple[float, int]] = field(default_factory=list)
+    disk: list[tuple[float, int]] = field(default_factory=list)
+    rss: list[curves.RssSample] = field(default_factory=list)
+    _offset: int = 0
+
+    def now(self) -> float:
+        return time.time() - self.t0
+
+    def poll_steps(self, jsonl: Path) -> None:
+        """New lines of the learner's step log, each one a step logged (a resumed learner logs the steps it
+        retrains again: the count is of steps done, not of the step number)."""
+        if not jsonl.is_file():
+            return
+        with jsonl.open("rb") as f:
+            f.seek(self._offset)
+            data = f.read()
+        lines = data.count(b"\n")
+        if lines:
+            self._offset += data.rfind(b"\n") + 1
+            t = self.now()
+            self.step_times += [t] * lines
+            self.steps.append((t, len(self.step_times)))
+
+
+def disk_used(root: Path) -> int:
+    total = 0
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+def rss_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def redis_password(run: FaultRun) -> str | None:
+    """The run's Redis password, from the learner's environment (`/proc/PID/environ`, same user): the
+    launcher gives it to the services only."""
+    from urllib.parse import urlparse
+
+    try:
+        raw = Path(f"/proc/{run.pid('learner')}/environ").read_bytes()
+    except (OSError, KeyError, ValueError):
+        return None
+    for item in raw.split(b"\0"):
+        if item.startswith(b"LEARNER_REDIS__URL="):
+            return urlparse(item.split(b"=", 1)[1].decode()).password
+    return None
+
+
+class Soak:
+    def __init__(self, settings: SoakSettings, out: Path, config_path: Path | None) -> None:
+        self.s, self.out, self.config_path = settings, out, config_path
+        self.rng = random.Random(settings.seed)
+        self.faults: list[dict] = []
+        self.windows: list[tuple[float, str, object]] = []  # (end time, link name, undo)
+        self.hosts = None
+        self.netns_note = ""
+        self.links = Links()
+        self.sampler = Sampler(time.time())
+        self.redis_port = free_port()
+        self.password: str | None = None
+        self.chaos_t0: float | None = None
+        """When faults began (the first step): `duration_s` counts from here."""
+
+    # -- set-up -------------------------------------------------------------------------------------------
+    def _link(self, name: str, target_port: int, port: int = 0) -> int:
+        """A link to `127.0.0.1:target_port` (through its host's namespace when there are hosts), listening
+        on `port` (0: a free one); returns the port."""
+        shape = LinkShape(self.s.latency_ms, self.s.jitter_ms, self.s.loss)
+        proxy = ChaosProxy(("127.0.0.1", target_port), port=port, shape=shape, seed=self.rng.randrange(1 << 30))
+        veth = None
+        if self.hosts is not None:
+            proxy.target, veth = self.hosts.route(name, target_port)
+        return self.links.add(name, proxy, veth).proxy.port
+
+    def setup(self) -> FaultRun:
+        from tests.faults.netns import Hosts, netns_unavailable
+
+        self.out.mkdir(parents=True, exist_ok=True)
+        world = build_world(self.out / "world") if not (self.out / "world" / "train.parquet").is_file() \
+            else self.out / "world"
+        reason = netns_unavailable() if self.s.netns else "disabled in the soak config (netns = false)"
+        if reason is None:
+            self.hosts = Hosts(self.out.name, loop=self.links.loop)
+            self.hosts.create(["w0", "w1", "learner"])
+            self.netns_note = f"links cross network namespaces {', '.join(self.hosts.namespaces())} (veth)"
+        else:
+            self.netns_note = f"links on loopback only: {reason}"
+        print(f"soak: {self.netns_note}", flush=True)
+        grpc, reward = free_port(), free_port()
+        rng = random.Random(self.s.seed + 1)
+        prefixes = {}
+        for kind, target in (("redis", self.redis_port), ("retriever", grpc), ("reward", reward)):
+            prefixes[kind] = free_port_block(rng)
+            for i in range(2):
+                self._link(f"w{i}-{kind}", target, prefixes[kind] * 10 + i)
+        learner_port = self._link("learner-redis", self.redis_port)
+        templates = {"rollout": ["serve", "rollout", "--config", "{config}", "--worker-id", "{worker_id}",
+                                 "--run", "{run}", "--retriever", f"127.0.0.1:{prefixes['retriever']}{{worker_index}}",
+                                 "--reward", f"http://127.0.0.1:{prefixes['reward']}{{worker_index}}",
+                                 "--metrics-port", "{metrics_port}"]}
+        extra = "\n[launcher.templates]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in templates.items())
+        rollout_env = {"ROLLOUT_REDIS__URL": f"redis://:{{redis_password}}@127.0.0.1:{prefixes['redis']}{{worker_index}}/0"}
+        learner_env = {"LEARNER_REDIS__URL": f"redis://:{{redis_password}}@127.0.0.1:{learner_port}/0"}
+        cfg = run_config(self.out, world, steps=1_000_000, redis_port=self.redis_port, extra_toml=extra,
+                         rollout_env=rollout_env, learner_env=learner_env)
+        run = FaultRun(self.out, cfg, 1_000_000)
+        run_dir = self.out / "run"
+        if run_dir.exists():
+            shutil.rmtree(run_dir)
+        env = {**self.s.env, "LAUNCHER_RETRIEVER__GRPC_PORT": str(grpc), "LAUNCHER_REWARD__PORT": str(reward)}
+        run.start(env=env)
+        return run
+
+    # -- faults -------------------------------------------------------------------------------------------
+    def _pick(self) -> tuple[str, str]:
+        kinds = list(self.s.kinds)
+        kind = self.rng.choices(kinds, weights=[self.s.kinds[k] for k in kinds])[0]
+        if kind == "kill":
+            return kind, self.rng.choice(self.s.kill_targets)
+        # one window at a time per link, and per host's veth (a partition takes all of a host's links down)
+        busy = {name for _, name, _ in self.windows}
+        busy_veths = {self.links.links[n].veth for n in busy} - {None}
+        free = [n for n, link in self.links.links.items() if n not in busy and link.veth not in busy_veths]
+        if not free:
+            return "kill", self.rng.choice(self.s.kill_targets)
+        return kind, self.rng.choice(sorted(free))
+
+    def inject(self, run: FaultRun) -> None:
+        kind, target = self._pick()
+        t = self.sampler.now()
+        record: dict = {"t": t, "wall": time.time(), "kind": kind, "target": target,
+                        "steps_before": len(self.sampler.step_times)}
+        if kind == "kill":
+            try:
+                pid = run.pid(target)
+                os.kill(pid, signal.SIGKILL)
+                record["pid"] = pid
+            except (ProcessLookupError, KeyError, FileNotFoundError, json.JSONDecodeError) as exc:
+                record["skipped"] = f"no process to kill: {exc!r}"
+        else:
+            link = self.links.links[target]
+            span = self.s.partition_s if kind == "partition" else self.s.slow_s
+            hold = self.rng.uniform(*span)
+            record["hold_s"] = hold
+            if kind == "partition":
+                undo = self._partition(link)
+                record["how"] = f"veth {link.veth} down" if link.veth else "proxy paused"
+            else:
+                undo = self._slow(link)
+            self.windows.append((time.time() + hold, target, undo))
+        self.faults.append(record)
+        print(f"soak: {t / 60:6.1f} min  {kind:9s} {target}  {record.get('skipped', '')}", flush=True)
+
+    def _partition(self, link: Link):
+        if link.veth and self.hosts is not None:
+            self.hosts.link(link.veth, up=False)
+            return lambda: self.hosts.link(link.veth, up=True)
+        self.links.call(link.proxy.pause)
+        return lambda: self.links.call(link.proxy.resume)
+
+    def _slow(self, link: Link):
+        shape = link.proxy.shape
+        before = (shape.latency_ms, shape.loss)
+
+        def apply(latency: float, loss: float) -> None:
+            shape.latency_ms, shape.loss = latency, loss
+        self.links.call(apply, self.s.slow_latency_ms, self.s.slow_loss)
+        return lambda: self.links.call(apply, *before)
+
+    def end_windows(self, all_of_them: bool = False) -> None:
+        now = time.time()
+        for window in [w for w in self.windows if all_of_them or w[0] <= now]:
+            window[2]()
+            self.windows.remove(window)
+
+    # -- sampling -----------------------------------------------------------------------------------------
+    def sample(self, run: FaultRun) -> None:
+        import redis
+
+        t = self.sampler.now()
+        self.sampler.disk.append((t, disk_used(run.run_dir)))
+        try:
+            table = json.loads((run.run_dir / "processes.json").read_text())
+        except (OSError, ValueError):
+            table = {}
+        procs = {name: entry["pid"] for name, entry in table.items()
+                 if isinstance(entry, dict) and "pid" in entry and name != "index-build"}  # one-shot: its pid is reused
+        procs["launcher"] = run.proc.pid if run.proc else 0
+        procs["soak"] = os.getpid()
+        for name, pid in procs.items():
+            if (rss := rss_of(pid)) is not None:
+                self.sampler.rss.append(curves.RssSample(t, name, pid, rss))
+        if self.password is None:
+            self.password = redis_password(run)
+        try:
+            client = redis.Redis(port=self.redis_port, password=self.password, socket_timeout=3,
+                                 socket_connect_timeout=3)
+            self.sampler.redis.append((t, int(client.info("memory")["used_memory"])))
+            client.close()
+        except redis.RedisError:
+            pass
+
+    # -- the run ------------------------------------------------------------------------------------------
+    def run(self) -> int:
+        run = self.setup()
+        jsonl = run.run_dir / "learner" / "faults.jsonl"
+        died = None
+        try:
+            died = self._loop(run, jsonl)
+        finally:
+            self.end_windows(all_of_them=True)
+        if died is None:
+            died = self._settle(run, jsonl)
+        run.stop()
+        self.sample_final(run)
+        figures, table = run.audit()
+        print(table, flush=True)
+        return self.report(run, figures, died)
+
+    def _loop(self, run: FaultRun, jsonl: Path) -> str | None:
+        next_sample = 0.0
+        next_fault: float | None = None
+        while self.chaos_t0 is None or time.time() - self.chaos_t0 < self.s.duration_s:
+            if run.proc.poll() is not None:
+                return f"searchr1 up exited with {run.proc.returncode}"
+            self.sampler.poll_steps(jsonl)
+            if next_fault is None and len(self.sampler.step_times) >= self.s.first_fault_after_steps:
+                self.chaos_t0 = time.time()
+                next_fault = time.time() + self._interval()
+            if next_fault is not None and time.time() >= next_fault:
+                self.inject(run)
+                next_fault = time.time() + self._interval()
+            self.end_windows()
+            if time.time() >= next_sample:
+                self.sample(run)
+                next_sample = time.time() + self.s.sample_s
+            time.sleep(0.5)
+        return None
+
+    def _interval(self) -> float:
+        return max(1.0, self.rng.uniform(self.s.fault_interval_s - self.s.fault_jitter_s,
+                                         self.s.fault_interval_s + self.s.fault_jitter_s))
+
+    def _settle(self, run: FaultRun, jsonl: Path) -> str | None:
+        """After the faults: wait for one more step (the run recovered from the last one)."""
+        before = len(self.sampler.step_times)
+        deadline = time.time() + self.s.settle_s
+        while time.time() < deadline:
+            self.sampler.poll_steps(jsonl)
+            if len(self.sampler.step_times) > before:
+                return None
+            if run.proc.poll() is not None:
+                return f"searchr1 up exited with {run.proc.returncode}"
+            time.sleep(0.5)
+        return f"no step within {self.s.settle_s:.0f} s after the last fault"
+
+    def sample_final(self, run: FaultRun) -> None:
+        self.sampler.poll_steps(run.run_dir / "learner" / "faults.jsonl")
+        self.sampler.disk.append((self.sampler.now(), disk_used(run.run_dir)))
+
+    def report(self, run: FaultRun, audit: dict, died: str | None) -> int:
+        """Write OUT/soak.json and OUT/soak.png, print the summary; 0 when the soak passed."""
+        sm = self.sampler
+        chaos_s = time.time() - self.chaos_t0 if self.chaos_t0 else 0.0
+        result = soak_report.build(self.s, sm, self.faults, run, audit, died, network=self.netns_note,
+                                   config=self.config_path, chaos_s=chaos_s)
+        (self.out / "soak.json").write_text(json.dumps(result, indent=1))
+        curves.plot(self.out / "soak.png", steps=sm.steps, faults=self.faults, redis=sm.redis, disk=sm.disk,
+                    rss=sm.rss, title=f"soak: seed {self.s.seed}, {chaos_s / 60:.0f} min of faults, "
+                                      f"{len(self.faults)} faults, {len(sm.step_times)} steps; {self.netns_note}")
+        print(soak_report.summary_text(result), flush=True)
+        return 0 if result["ok"] else 1
+
+    def close(self) -> None:
+        if self.hosts is not None:
+            self.hosts.destroy()
+        self.links.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", type=Path, default=Path("configs/soak.toml"))
+    parser.add_argument("--duration-s", type=float, help="override [soak] duration_s")
+    parser.add_argument("--seed", type=int, help="override [soak] seed")
+    parser.add_argument("--out", type=Path, help="output directory (default runs/soak-SEED)")
+    parser.add_argument("--markdown", type=Path, metavar="SOAK_JSON", help="print a report's tables and exit")
+    args = parser.parse_args(argv)
+    if args.markdown:
+        print(soak_report.markdown(json.loads(args.markdown.read_text())))
+        return 0
+    settings = SoakSettings.load(args.config if args.config.is_file() else None)
+    if args.duration_s is not None:
+        settings.duration_s = args.duration_s
+    if args.seed is not None:
+        settings.seed = args.seed
+    out = (args.out or Path(f"runs/soak-{settings.seed}")).resolve()
+    soak = Soak(settings, out, args.config)
+    try:
+        return soak.run()
+    finally:
+        soak.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
