@@ -19,7 +19,7 @@ PYTEST_ARGS ?=
 
 help:
 	@echo "make test      set up .venv and run the test suite (unit, integration, e2e; not the release tier)"
-	@echo "make test-release  the release tier: the tiny world's learning claim through the real services (~10 min)"
+	@echo "make test-release  the release tier: the tiny world's learning claim and a clean stop through the real services, the learner across two hosts"
 	@echo "make test-deploy  on a real Docker daemon (tests/deploy): docker compose up of the tiny world, and the 3B run's generated GPU project with CPU stand-ins"
 	@echo "make test-hosts   the learner across two simulated hosts (network namespaces), losing one (root)"
 	@echo "make test-repro   the GPU-reproduction flow once on CPU (data fetch, index fetch, up, eval, table)"

@@ -107,6 +107,7 @@ def assert_no_traceback(console: str, log_dir: Path) -> None:
         assert not bad, f"{where}: {bad[:5]}"
 
 
+@pytest.mark.release
 @pytest.mark.timeout(1800)
 def test_a_finished_demo_leaves_no_traceback(tmp_path):
     """A short demo (SHORT_STEPS steps): when the learner finishes, the launcher stops the rollout worker
