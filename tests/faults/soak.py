@@ -45,7 +45,7 @@ from tests.faults import soak_curves as curves
 from tests.faults import soak_report
 from tests.faults.chaos_proxy import ChaosProxy, LinkShape
 from tests.faults.harness import FaultRun, build_world, run_config
-from tests.faults.windows import free_port, free_port_block
+from tests.faults.windows import free_port, free_port_block, redis_password
 
 KILL_TARGETS = ("rollout-0", "rollout-1", "learner", "retriever", "reward", "redis")
 
@@ -177,21 +177,6 @@ def rss_of(pid: int) -> int | None:
                     return int(line.split()[1]) * 1024
     except OSError:
         return None
-    return None
-
-
-def redis_password(run: FaultRun) -> str | None:
-    """The run's Redis password, from the learner's environment (`/proc/PID/environ`, same user): the
-    launcher gives it to the services only."""
-    from urllib.parse import urlparse
-
-    try:
-        raw = Path(f"/proc/{run.pid('learner')}/environ").read_bytes()
-    except (OSError, KeyError, ValueError):
-        return None
-    for item in raw.split(b"\0"):
-        if item.startswith(b"LEARNER_REDIS__URL="):
-            return urlparse(item.split(b"=", 1)[1].decode()).password
     return None
 
 

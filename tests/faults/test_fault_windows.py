@@ -157,8 +157,8 @@ def test_second_learner_refused(tmp_path, fault_world):
         fault = Fault("learner", "a second learner started on the run after step 1")
         fault.killed_at = time.time()
         steps_then = run.steps()
-        port = redis_client(run).connection_pool.connection_kwargs["port"]
-        second = second_learner(run, run.config, f"redis://127.0.0.1:{port}/0")
+        kwargs = redis_client(run).connection_pool.connection_kwargs
+        second = second_learner(run, run.config, f"redis://:{kwargs['password']}@127.0.0.1:{kwargs['port']}/0")
         deadline = time.monotonic() + 300
         while second.poll() is None and time.monotonic() < deadline:  # the first learner trains on meanwhile
             if fault.next_step_after_s is None and run.steps() > steps_then:

@@ -21,6 +21,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 
 import redis
 
@@ -98,9 +99,25 @@ def readyz(port: int) -> int:
         return 0
 
 
+def redis_password(run: FaultRun) -> str | None:
+    """The run's Redis password, from the learner's environment (`/proc/PID/environ`, same user): the
+    launcher gives it to the services only, never on a command line."""
+    from urllib.parse import urlparse
+
+    try:
+        raw = Path(f"/proc/{run.pid('learner')}/environ").read_bytes()
+    except (OSError, KeyError, ValueError):
+        return None
+    for item in raw.split(b"\0"):
+        if item.startswith(b"LEARNER_REDIS__URL="):
+            return urlparse(item.split(b"=", 1)[1].decode()).password
+    return None
+
+
 def redis_client(run: FaultRun) -> redis.Redis:
+    """A client of the run's Redis (`up` starts it with a generated password)."""
     argv = argv_of(run, "redis")
-    return redis.Redis(port=int(argv[argv.index("--port") + 1]), socket_timeout=10)
+    return redis.Redis(port=int(argv[argv.index("--port") + 1]), password=redis_password(run), socket_timeout=10)
 
 
 def window(run: FaultRun, target: str, how: str, begin: Callable[[], None], end: Callable[[], None], *,
