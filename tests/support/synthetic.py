@@ -8,6 +8,7 @@ loss-mask invariant (env tokens masked, behaviour log-probs 0 there).
 from __future__ import annotations
 
 import random
+import string
 from pathlib import Path
 
 from searchr1.core.schemas import Task, Trajectory, TrajectoryGroup
@@ -37,9 +38,11 @@ def synthetic_group(
     policy_version: int = 0,
     rewards: list[float] | None = None,
     rng: random.Random | None = None,
+    text_per_token: float = 0.0,
 ) -> TrajectoryGroup:
     """A group of `group_size` trajectories with random ids; every 4th response token is an
-    environment token (loss mask 0); lengths vary a little so padding is exercised."""
+    environment token (loss mask 0); lengths vary a little so padding is exercised. `text_per_token`:
+    characters of response text per response token, as a rollout worker's group carries it (0: none)."""
     rng = rng or random.Random(task_id)
     trajs = []
     prompt = [rng.randrange(2, vocab) for _ in range(prompt_len)]
@@ -49,8 +52,9 @@ def synthetic_group(
         mask = [0 if (k % 4 == 3) else 1 for k in range(n)]
         beh = [(-rng.uniform(3.0, 7.0) if m else 0.0) for m in mask]
         reward = rewards[i] if rewards is not None else float(rng.random() < 0.5)
+        text = "".join(rng.choices(string.ascii_letters + " ", k=int(n * text_per_token)))
         trajs.append(Trajectory(prompt_ids=prompt, response_ids=ids, loss_mask=mask, behavior_logprobs=beh,
-                                reward=reward, reward_components={"em": reward}, num_turns=2,
+                                response_text=text, reward=reward, reward_components={"em": reward}, num_turns=2,
                                 num_searches=rng.randrange(0, 3), finish_reason="answer"))
     task = Task(task_id=task_id, question=f"q {task_id}?", golden_answers=["a"], group_size=group_size)
     return TrajectoryGroup(task=task, policy_version=policy_version, sampling_temperature=1.0,
