@@ -142,6 +142,8 @@ class Learner:
         before they train; None = off."""
         self.halted: str | None = None
         """Why a policy stopped the run (the collapse guard's message), once one has."""
+        self.last_step: int | None = None
+        """The step `run` ends at (`max_steps` or `optim.total_steps`): checkpointed whatever the cadence."""
         self.stages: deque[str] = deque(maxlen=64)
         """The last stages run, in order (`archive`, `checkpoint`, `ack`, …): the loop's record of itself."""
         self.state = TrainState()
@@ -285,7 +287,7 @@ class Learner:
         await self.archive_step(groups, step.entry_ids or [""] * len(groups))
         if self.source is not None:
             self.source.commit(step.entry_ids)
-        if self.state.step % self.s.checkpoint.every == 0:
+        if self.state.step % self.s.checkpoint.every == 0 or self.state.step == self.last_step:
             if self.dispatcher is not None:  # read on the loop thread, where the dispatcher runs
                 self.state.dispatcher = self.dispatcher.position()
             await self.hold_lease(in_redis=True)
@@ -340,6 +342,7 @@ class Learner:
         """Train until `stop`, `max_steps` (default `optim.total_steps`) or the dispatcher runs dry.
         Ranks other than 0 follow rank 0's broadcasts."""
         limit = max_steps if max_steps is not None else self.s.optim.total_steps
+        self.last_step = limit  # every rank: the last step's checkpoint is a collective under FSDP
         if not self.info.is_main:
             while True:  # rank 0 always ends with a stop broadcast
                 groups = await asyncio.to_thread(broadcast_groups, None, self.info)

@@ -471,3 +471,20 @@ async def test_replays_are_not_granted_a_replacement_task(tmp_path, redis, redis
     # the stale group's task is replaced (1, at the filter), the trained ones after the step (2); the replay: none
     assert granted == [(1, 1), (2, 2)]
     assert await producer.pending() == 0
+
+
+async def test_the_last_step_is_checkpointed_and_acked_off_the_cadence(tmp_path, redis, redis_server, model_path):
+    """A run whose last step is not a multiple of `checkpoint.every` still checkpoints it and acks its groups:
+    the run's final weights are resumable and nothing it trained stays pending."""
+    settings = _settings(tmp_path, redis_server.url, model_path,
+                         checkpoint={"dir": str(tmp_path / "ckpt"), "keep": 2, "every": 3},
+                         algorithm={"advantage": "grpo", "max_staleness": 100})  # all 8 groups at version 0
+    producer = _producer(redis)
+    await producer.publish_many(_groups("e", 8))
+    learner = _learner(settings, redis)
+    await learner.start()
+    state = await learner.run(asyncio.Event(), max_steps=4)
+    assert state.step == 4
+    assert sorted(p.name for p in learner.checkpointer.root.iterdir() if p.name.startswith("step")) == \
+        ["step00000003", "step00000004"]
+    assert await producer.pending() == 0
