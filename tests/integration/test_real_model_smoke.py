@@ -82,6 +82,7 @@ def _learner_logprobs(policy, batch):
         return forward_logprobs(policy, batch.input_ids, batch.attention_mask, mask=batch.loss_mask)[0]
 
 
+@pytest.mark.release  # minutes (the model's preparation, vLLM's start, a learner step): make test-release
 @pytest.mark.timeout(1500)
 async def test_real_model_rollout_step_reload_and_logprob_gap(tmp_path):
     from searchr1.learner.algo.tis import mismatch_figures
