@@ -29,6 +29,21 @@ for it (XPENDING … consumer, then XCLAIM, atomically). ARGV[3] '1': JUSTID (a 
 delivery count unchanged), returns the ids; '0': a re-delivery (count raised), returns {id, deliveries
 before, fields or false}."""
 
+RELEASE_OWN = """
+local n = 0
+for i = 4, #ARGV do
+  local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1, ARGV[2])
+  if #p == 1 then
+    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'IDLE', ARGV[3], 'JUSTID')
+    n = n + 1
+  end
+end
+return n
+"""
+"""Release the entries ARGV[4..] still pending for consumer ARGV[2] of group ARGV[1]: each keeps its owner
+and delivery count but gets idle time ARGV[3] ms (past the visibility timeout), so any consumer's next
+reclaim takes it at once; one another consumer reclaimed meanwhile is left alone. Returns how many."""
+
 BURY_IF = """
 local p
 if ARGV[3] ~= '' then

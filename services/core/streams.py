@@ -76,7 +76,6 @@ from searchr1.core.stream_bury import Burial
 from searchr1.core.stream_keys import TASKS_GROUP as TASKS_GROUP
 from searchr1.core.stream_keys import TRAJECTORIES_GROUP as TRAJECTORIES_GROUP
 from searchr1.core.stream_keys import StreamKeys as StreamKeys
-from searchr1.core.stream_release import release_pending
 from searchr1.core.stream_trim import parse_id, trim_acked
 
 T = TypeVar("T", bound=BaseModel)
@@ -275,9 +274,12 @@ class TypedStream(Generic[T]):
 
     async def release(self, consumer: str, ids: Collection[str]) -> int:
         """Hand back those of `ids` still pending for `consumer`, for any consumer's next `reclaim` to take
-        at once (`searchr1.core.stream_release`); returns how many."""
-        return await self._call(lambda: release_pending(self.redis, self.key, self.group, consumer, ids,
-                                                        self.visibility_timeout_ms), "release")
+        at once (one script: `RELEASE_OWN`); returns how many."""
+        if not ids:
+            return 0
+        idle = str(self.visibility_timeout_ms + 1)
+        return int(await self._call(lambda: self.redis.eval(
+            scripts.RELEASE_OWN, 1, self.key, self.group, consumer, idle, *sorted(ids, key=parse_id)), "release"))
 
     async def reclaim(self, consumer: str, count: int = 16, held: Collection[str] = ()) -> list[Entry[T]]:
         """Claim entries idle past the visibility timeout for `consumer`; bury those delivered
