@@ -5,7 +5,6 @@ snapshot match too."""
 from __future__ import annotations
 
 import json
-import os
 import random
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 from searchr1.learner.algo.batch import build_batch
+from tests.support.ranks import join_group, leave_group
 from tests.support.synthetic import synthetic_group, tiny_qwen2
 
 ALGOS = {
@@ -48,11 +48,7 @@ def _batch():
 def _train(rank: int, world: int, model_path: str, out: str, port: int) -> None:
     torch.set_num_threads(1)
     out_p = Path(out)
-    if world > 1:
-        import torch.distributed as dist
-
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+    join_group(rank, world, port)
     from searchr1.learner.publisher import WeightPublisher
     from searchr1.learner.train.build import build_training
     from searchr1.learner.train.checkpoint import Checkpointer, TrainState
@@ -69,10 +65,7 @@ def _train(rank: int, world: int, model_path: str, out: str, port: int) -> None:
         if info.is_main:
             WeightPublisher(out_a / "weights").write(1, model, state)
             (out_a / "stats.json").write_text(json.dumps(stats))
-    if world > 1:
-        import torch.distributed as dist
-
-        dist.destroy_process_group()
+    leave_group(world)
 
 
 @pytest.mark.timeout(300)
