@@ -8,7 +8,8 @@
 - `bury_by_id(mid, reason)`: the same, the payload read back from the stream first;
 - `bury_if(mid, reason, consumer, min_idle_ms)`: an entry delivered `max_deliveries` times, buried by one
   Lua script only while it is still pending (for `consumer`, '' any) and idle `min_idle_ms`, so a
-  consumer that took it back meanwhile keeps it.
+  consumer that took it back meanwhile keeps it; with a `fence`, the same script checks the token first,
+  as `bury` does (the re-delivery paths of a stale learner cannot ack through it).
 
 The dead stream is capped at about `dead_maxlen` entries (XADD MAXLEN ~, oldest first).
 """
@@ -78,10 +79,14 @@ class Burial:
 
     async def bury_if(self, mid: str, reason: str, *, consumer: str, min_idle_ms: int) -> bool:
         """Dead-letter `mid` while it is still pending for `consumer` ('' any) and idle `min_idle_ms`;
-        True when it was."""
+        True when it was. With a `fence`, the same script first checks the writer's token (`LeaseLost`)."""
+        fence = self.fence
+        keys, fence_args = (fence.fence_keys(), fence.fence_args()) if fence is not None else ([], [])
         done = await self.call(lambda: self.redis.eval(
-            scripts.BURY_IF, 2, self.key, self.dead_key, self.group, mid, consumer, min_idle_ms, reason,
-            repr(time.time()), self.dead_maxlen, DEAD_PAYLOAD_MAX_BYTES), "bury")
+            scripts.BURY_IF, 2 + len(keys), self.key, self.dead_key, *keys, self.group, mid, consumer, min_idle_ms,
+            reason, repr(time.time()), self.dead_maxlen, DEAD_PAYLOAD_MAX_BYTES, *fence_args), "bury")
+        if fence is not None and int(done) < 0:
+            raise fence.fenced_error(f"dead letter of {mid} of {self.key}")
         if int(done):
             log.warning("%s: dead-lettered %s: %s", self.key, mid, reason)
         return bool(int(done))

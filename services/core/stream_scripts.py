@@ -44,7 +44,8 @@ return n
 and delivery count but gets idle time ARGV[3] ms (past the visibility timeout), so any consumer's next
 reclaim takes it at once; one another consumer reclaimed meanwhile is left alone. Returns how many."""
 
-BURY_IF = """
+BURY_IF = FENCE_CHECK + """
+if #KEYS == 4 and fenced_off(KEYS[3], KEYS[4], ARGV[9], ARGV[10]) then return -1 end
 local p
 if ARGV[3] ~= '' then
   p = redis.call('XPENDING', KEYS[1], ARGV[1], 'IDLE', ARGV[4], ARGV[2], ARGV[2], 1, ARGV[3])
@@ -68,9 +69,11 @@ redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[7], '*', 'source', KEYS[1], 'sou
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 return 1
 """
-"""Dead-letter entry ARGV[2] (reason ARGV[5]; a payload over ARGV[8] bytes is replaced by its size and sha1) and ack it, only while it is still pending for consumer
-ARGV[3] ('' = any consumer) and idle at least ARGV[4] ms: an entry claimed meanwhile by another consumer
-(its idle time reset) is left alone."""
+"""Dead-letter entry ARGV[2] (reason ARGV[5]; a payload over ARGV[8] bytes is replaced by its size and
+sha1) and ack it, only while it is still pending for consumer ARGV[3] ('' = any consumer) and idle at
+least ARGV[4] ms: an entry claimed meanwhile by another consumer (its idle time reset) is left alone.
+With a lease (KEYS[3], KEYS[4]; token and value ARGV[9], ARGV[10]) it returns -1 and writes nothing when
+the lease fences off that token, as `BURY_FENCED` does."""
 
 ACK_FENCED = FENCE_CHECK + """
 if fenced_off(KEYS[2], KEYS[3], ARGV[2], ARGV[3]) then return -1 end

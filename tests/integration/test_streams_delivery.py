@@ -162,3 +162,37 @@ async def test_a_fenced_dead_letter_is_refused_once_a_newer_learner_holds_the_ru
     await streams.trajectories_stream(redis, KEYS, fence=new).dead_letter(entry.id, "poison")
     [dead] = await read_dead(redis, KEYS.dead)
     assert dead.reason == "poison" and dead.source_id == entry.id and await s.pending() == 0
+
+
+@pytest.mark.parametrize("path", ["reclaim", "reread_own"])
+@pytest.mark.parametrize("key_lost", [False, True])
+async def test_a_stale_learner_cannot_bury_an_entry_past_max_deliveries(redis, path, key_lost):
+    """Burying an entry delivered `max_deliveries` times acks it: on both re-delivery paths a learner
+    whose lease a newer learner took over (after it ran out, or after Redis lost the key) is refused,
+    the entry stays pending and the dead stream empty; the new holder buries it."""
+    from tests.support.synthetic import synthetic_group
+
+    old = Lease(redis, "delivery", ttl_ms=200, holder="old")
+    await old.acquire()
+    s = streams.trajectories_stream(redis, KEYS, fence=old, visibility_timeout_ms=100, max_deliveries=1)
+    await s.ensure_group()
+    await s.publish(synthetic_group("g", group_size=2, rewards=[1.0, 0.0]))
+    [entry] = await s.read("learner")  # delivery 1 of 1: the next re-delivery buries it
+    if key_lost:
+        await redis.delete(old.key)
+    await asyncio.sleep(0.25)  # past the visibility timeout (and the old lease's ttl)
+    new = Lease(redis, "delivery", ttl_ms=10_000, holder="new")
+    await new.acquire()
+    stale = streams.trajectories_stream(redis, KEYS, fence=old, visibility_timeout_ms=100, max_deliveries=1)
+    with pytest.raises(LeaseLost):
+        if path == "reclaim":
+            await stale.reclaim("learner")
+        else:
+            await stale.reread_own("learner", held=set())
+    assert await read_dead(redis, KEYS.dead) == []
+    [row] = await redis.xpending_range(s.key, s.group, "-", "+", 10)
+    assert row["message_id"].decode() == entry.id and row["consumer"] == b"learner"
+    current = streams.trajectories_stream(redis, KEYS, fence=new, visibility_timeout_ms=100, max_deliveries=1)
+    assert await current.reread_own("learner", held=set()) == []
+    [dead] = await read_dead(redis, KEYS.dead)
+    assert dead.source_id == entry.id and "delivered 1 times" in dead.reason and await s.pending() == 0
