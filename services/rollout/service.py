@@ -39,10 +39,11 @@ from searchr1.rollout.engine import Generator, GeneratorDead, HfCodec
 from searchr1.rollout.hf_engine import HfGenerator
 from searchr1.rollout.metrics import RolloutMetrics
 from searchr1.rollout.partial import InterruptibleGenerator
+from searchr1.rollout.sampler import GroupSampler
 from searchr1.rollout.settings import EngineSettings, RolloutSettings
 from searchr1.rollout.vllm_engine import VllmEngineConfig, VllmGenerator
 from searchr1.rollout.weights import WeightLoader
-from searchr1.rollout.worker import GroupSampler, Worker
+from searchr1.rollout.worker import Worker
 
 log = logging.getLogger("searchr1.rollout")
 
