@@ -94,6 +94,19 @@ def test_up_with_a_config_it_cannot_use(tmp_path):
     _one_line_error(_searchr1("up", "--config", str(config)), 2, "log_tail_lines")
 
 
+def test_serve_reward_on_a_port_in_use_fails_with_one_line():
+    """A service that cannot start (not a user error) exits 1 through the same helper."""
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        r = _searchr1("serve", "reward", "--port", str(busy.getsockname()[1]), "--insecure-no-auth")
+    errors = [line for line in r.stderr.splitlines() if not line.startswith("WARNING: ")]
+    assert isinstance(r.exception, SystemExit) and r.exit_code == 1, (r.exit_code, r.stderr)
+    assert len(errors) == 1 and errors[0].startswith("error: ") and "already in use" in errors[0], r.stderr
+
+
 def test_models_prepare_with_a_bad_dtype():
     _one_line_error(_searchr1("models", "prepare", "x", "--dtype", "int4"), 2, "--dtype must be")
 
