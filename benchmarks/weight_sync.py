@@ -288,7 +288,7 @@ async def publish(variant: str, publisher, version: int, model, clock: Clock) ->
 
 async def receive(variant: str, wv, path: Path, dl: Path, transport: str, clock: Clock) -> Path:
     """Transfer (HTTP) and verify one announced snapshot the `variant` way; returns the local copy."""
-    from searchr1.core.weights import fetch_snapshot
+    from searchr1.core.snapshot_fetch import fetch_snapshot
 
     if variant == "before":
         got = path

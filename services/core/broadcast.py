@@ -188,10 +188,13 @@ class Broadcaster:
     publication. Blocking: the learner calls it from a worker thread."""
 
     def __init__(self, host: str, port: int, world_size: int, *, backend: str = "gloo", timeout_s: float = 60.0,
-                 bucket_bytes: int = 64 << 20, key: bytes = b"") -> None:
+                 bucket_bytes: int = 64 << 20, key: bytes = b"", public_host: str | None = None) -> None:
+        """Serve the store on `host:port` (port 0: a free one); `public_host` is the address receivers
+        dial, announced in the group URI (default: `host`)."""
         if world_size < 2:
             raise ValueError("a weight group needs the learner and at least one receiver")
-        self.host, self.backend, self.timeout_s, self.bucket_bytes = host, backend, timeout_s, bucket_bytes
+        self.host = public_host or host
+        self.backend, self.timeout_s, self.bucket_bytes = backend, timeout_s, bucket_bytes
         self._key = key
         self.world_size = world_size
         self._store = _store(host, port, timeout_s, is_master=True)

@@ -43,6 +43,7 @@ def up(
 
     from rich.console import Console
 
+    from searchr1.core.commandline import fail
     from searchr1.core.settings import ConfigError, load_settings
     from searchr1.launcher.planner import build_plan
     from searchr1.launcher.settings import LauncherSettings
@@ -55,8 +56,7 @@ def up(
         settings = load_settings(LauncherSettings, config)
         plan = build_plan(settings, config, run_dir)
     except (ConfigError, ValueError) as exc:
-        console.print(f"[bold red]searchr1 up: {exc}[/]")
-        raise typer.Exit(EXIT_REFUSED) from None
+        fail(str(exc), EXIT_REFUSED)
     if dry_run:
         for line in dry_run_lines(plan):
             console.print(line, soft_wrap=True, markup=False)
@@ -93,6 +93,7 @@ def demo(
     from rich.console import Console
     from rich.panel import Panel
 
+    from searchr1.core.commandline import fail
     from searchr1.core.settings import ConfigError, load_settings
     from searchr1.launcher.demo import Demo, DemoError, resolve_paths
     from searchr1.launcher.settings import LauncherSettings
@@ -104,8 +105,11 @@ def demo(
         paths = resolve_paths(settings, config.resolve(), run_dir)
         report, lines = Demo(settings, config.resolve(), paths, console, cli_command(settings),
                              verbose=verbose).run()
-    except (ConfigError, ValueError, DemoError) as exc:
-        console.print(f"[bold red]searchr1 demo: {exc}[/]")
-        raise typer.Exit(1) from None
+    except (ConfigError, ValueError) as exc:
+        fail(str(exc))
+    except DemoError as exc:
+        for line in exc.tail:
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+        fail(str(exc), exc.code)
     console.print(Panel("\n".join(lines), title=f"searchr1 demo — {report}", expand=False))
     sys.stdout.flush()

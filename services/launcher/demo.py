@@ -31,6 +31,7 @@ from rich.console import Console
 
 from searchr1.launcher.logs import ConsoleFilter, console_text
 from searchr1.launcher.planner import build_plan
+from searchr1.launcher.processes import EXIT_FAILED, EXIT_REFUSED
 from searchr1.launcher.report import write_report
 from searchr1.launcher.settings import LauncherSettings
 from searchr1.launcher.specs import LaunchPlan, eval_plan, total_steps
@@ -41,7 +42,14 @@ STAGES = ("world", "warm start", "eval-before", "train", "eval-after", "report")
 
 
 class DemoError(RuntimeError):
-    """A demo stage failed; the message names it."""
+    """The demo cannot go on: the message names the stage (or the run directory) on one line."""
+
+    def __init__(self, message: str, *, code: int = EXIT_FAILED, tail: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.code = code
+        """The command's exit code: 1 for a stage that failed, 2 for a run directory it refuses."""
+        self.tail = tail
+        """The failed stage's last log lines (shown above the error line)."""
 
 
 @dataclass(frozen=True)
@@ -124,7 +132,8 @@ class Demo:
         rc = proc.returncode
         if rc != 0:
             tail = log.read_text(errors="replace").splitlines()[-15:]
-            raise DemoError(f"{name} failed with exit code {rc}; last lines of {log}:\n" + "\n".join(tail))
+            raise DemoError(f"{name} failed with exit code {rc} (last lines above; all of them in {log})",
+                            tail=tuple(tail))
 
     def _timed(self, name: str, fn, *a: Any) -> Any:
         t0 = time.monotonic()
@@ -179,7 +188,7 @@ class Demo:
         p = self.paths
         if p.steps_log.exists() or latest_snapshot(p.weights) is not None:
             raise DemoError(f"run directory {p.run_dir} (or weights dir {p.weights}) already holds a run: "
-                            f"choose another --run-dir or remove it")
+                            f"choose another --run-dir or remove it", code=EXIT_REFUSED)
         self._timed("world", self.world)
         self._timed("warmstart", self.warmstart)
         before = self._timed("eval-before", self.evaluate, "eval-before", p.warmstart)

@@ -265,8 +265,9 @@ def k8s_placement_patch(s: PlacementSettings, source: str = "") -> str:
 
 
 if __name__ == "__main__":
+    from searchr1.core.commandline import error
     from searchr1.core.settings import load_settings
 
     if len(sys.argv) != 2:
-        sys.exit("usage: python -m searchr1.launcher.placement <run config with a [placement] table>")
+        raise SystemExit(error("usage: python -m searchr1.launcher.placement <run config with a [placement] table>"))
     sys.stdout.write(k8s_placement_patch(load_settings(PlacementSettings, sys.argv[1]), sys.argv[1]))

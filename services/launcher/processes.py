@@ -17,12 +17,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from searchr1.core.commandline import EXIT_FAILED, EXIT_USAGE
 from searchr1.core.redaction import redact_argv
 from searchr1.launcher.logs import LogMux
 from searchr1.launcher.specs import ProcessSpec
 
-EXIT_FAILED = 1
-EXIT_REFUSED = 2
+EXIT_REFUSED = EXIT_USAGE
+"""A plan the launcher refuses before anything starts (a port in use, a missing index): a usage error."""
 
 
 class Stop(Exception):
@@ -147,10 +148,17 @@ def write_process_table(path: Path, running: dict[str, Running], restarts: dict[
     tmp.replace(path)
 
 
-async def spawn(spec: ProcessSpec, mux: LogMux, *, die_with_launcher: bool) -> Running:
+async def _wait_then(proc: asyncio.subprocess.Process, on_exit: Callable[[], None]) -> None:
+    await proc.wait()
+    on_exit()
+
+
+async def spawn(spec: ProcessSpec, mux: LogMux, *, die_with_launcher: bool,
+                on_exit: Callable[[], None] = lambda: None) -> Running:
     """Start `spec`'s process in its own session (with the parent-death signal when `die_with_launcher`),
     its log opened with a header line, its directories made, its `stdin` bytes written and closed, and
-    both output pipes pumped into `mux`. Raises `Stop` when it cannot be started."""
+    both output pipes pumped into `mux`; `on_exit` is called when it exits (its `waiter` task). Raises
+    `Stop` when it cannot be started."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env}
     log = mux.open(spec.name)
     log.write(f"--- searchr1 up: {spec.name} starting at {time.strftime('%Y-%m-%d %H:%M:%S')}: "
@@ -168,8 +176,8 @@ async def spawn(spec: ProcessSpec, mux: LogMux, *, die_with_launcher: bool) -> R
     if proc.stdin is not None and spec.stdin is not None:  # a secret config (Redis's password), not argv
         proc.stdin.write(spec.stdin)
         proc.stdin.close()
-    running = Running(spec, proc, time.monotonic())
     assert proc.stdout is not None and proc.stderr is not None
-    running.pumps = [asyncio.create_task(mux.pump(spec.name, proc.stdout)),
-                     asyncio.create_task(mux.pump(spec.name, proc.stderr))]
-    return running
+    return Running(spec, proc, time.monotonic(),
+                   pumps=[asyncio.create_task(mux.pump(spec.name, proc.stdout)),
+                          asyncio.create_task(mux.pump(spec.name, proc.stderr))],
+                   waiter=asyncio.create_task(_wait_then(proc, on_exit)))

@@ -168,7 +168,7 @@ class Supervisor:
         while True:
             self._check_stop()
             self._check_exits(started=True)
-            # polled, not only woken by `_wait_exit`: asyncio's `wait()` returns once the process's pipes are
+            # polled, not only woken by a process's exit: asyncio's `wait()` returns once the process's pipes are
             # closed too, and a killed process's own children (vLLM's engine process) can hold them open
             await self._sleep_until_woken(POLL_S)
 
@@ -176,15 +176,10 @@ class Supervisor:
     async def _spawn(self, spec: ProcessSpec) -> Running:
         self.mux.say(f"starting {spec.name}: {shlex.join(spec.argv)}" if self.verbose else f"starting {spec.name}")
         self.view.phase(f"starting {spec.name}")
-        running = await spawn(spec, self.mux, die_with_launcher=self.s.die_with_launcher)
-        running.waiter = asyncio.create_task(self._wait_exit(running))
+        running = await spawn(spec, self.mux, die_with_launcher=self.s.die_with_launcher, on_exit=self._wake.set)
         self.running[spec.name] = running
         self._write_process_table()
         return running
-
-    async def _wait_exit(self, running: Running) -> None:
-        await running.proc.wait()
-        self._wake.set()
 
     async def _wait_oneshot(self, specs: list[ProcessSpec]) -> None:
         deadline = time.monotonic() + max(s.health_timeout_s for s in specs)

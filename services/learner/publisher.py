@@ -14,7 +14,7 @@ and recomputes it otherwise. One file at any size: vLLM and transformers load an
 
 The URI is the snapshot's absolute path (shared volume), or `{base_url}/weights/{version}` when the
 learner serves snapshots over HTTP with `weights_app` (`GET /weights/{v}/files`,
-`GET /weights/{v}/files/{name}` — the protocol `core.weights.fetch_snapshot` consumes).
+`GET /weights/{v}/files/{name}` — the protocol `core.snapshot_fetch.fetch_snapshot` consumes).
 """
 
 from __future__ import annotations

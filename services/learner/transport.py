@@ -119,7 +119,6 @@ def build_transport(weights: WeightsSettings, publisher: WeightPublisher, redis:
         return SnapshotTransport(publisher, redis, keys, link)
     b = weights.broadcast
     bc = Broadcaster(b.host, b.port, b.receivers + 1, backend=b.backend, timeout_s=b.timeout_s,
-                     bucket_bytes=b.bucket_mb << 20, key=(weights.token or "").encode())  # signs each version
-    if b.public_host:
-        bc.host = b.public_host
+                     bucket_bytes=b.bucket_mb << 20, key=(weights.token or "").encode(),  # signs each version
+                     public_host=b.public_host)
     return BroadcastTransport(publisher, bc, redis, keys, link, snapshot_every=b.snapshot_every, lease=lease)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from searchr1.core.api import retriever_pb2_grpc
@@ -74,19 +74,20 @@ def open_index(settings: RetrieverSettings) -> LoadedIndex:
                           search_params={"hnsw_ef_search": s.hnsw_ef_search, "ivf_nprobe": s.ivf_nprobe})
 
     loaded = _load(settings.index)
+    searcher = loaded.searcher
     if s.hybrid_with is not None:
         other = _load(s.hybrid_with)
         if other.manifest.corpus.sha256 != loaded.manifest.corpus.sha256:
             raise IndexMismatchError(f"hybrid indexes {settings.index} and {s.hybrid_with} were built from "
                                      "different corpora")
         other.corpus.close()
-        loaded.searcher = HybridSearcher([loaded.searcher, other.searcher], depth=s.hybrid_depth, rrf_k=s.rrf_k)
+        searcher = HybridSearcher([searcher, other.searcher], depth=s.hybrid_depth, rrf_k=s.rrf_k)
     if s.rerank_model:
         from searchr1.retriever.indexes import cross_encoder_reranker
 
-        loaded.searcher = RerankingSearcher(loaded.searcher, cross_encoder_reranker(s.rerank_model, device=s.device),
-                                            loaded.corpus, depth=s.rerank_depth)
-    return loaded
+        searcher = RerankingSearcher(searcher, cross_encoder_reranker(s.rerank_model, device=s.device),
+                                     loaded.corpus, depth=s.rerank_depth)
+    return replace(loaded, searcher=searcher)
 
 
 @dataclass
@@ -222,6 +223,7 @@ def run(settings: RetrieverSettings) -> int:
     both servers accept requests; returns the exit code (2: an index or corpus it cannot serve)."""
     import sys
 
+    from searchr1.core.commandline import error
     from searchr1.retriever.corpus import CorpusError
 
     logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
@@ -242,7 +244,6 @@ def run(settings: RetrieverSettings) -> int:
         with asyncio.Runner(loop_factory=event_loop_factory(settings.event_loop)) as runner:
             runner.run(serve(settings, on_ready=ready))
     except (IndexMismatchError, CorpusError, FileNotFoundError, OSError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return error(str(exc))
     log.info("retriever stopped")
     return 0

@@ -204,11 +204,10 @@ async def serve(settings: RewardSettings, *, ready: asyncio.Event | None = None,
 def run(settings: RewardSettings) -> int:
     """`searchr1 serve reward`: serve until SIGINT/SIGTERM; returns the exit code (1: the port or a
     resource could not be had)."""
-    import sys
+    from searchr1.core.commandline import EXIT_FAILED, error
 
     try:
         asyncio.run(serve(settings))
     except OSError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return error(str(exc), EXIT_FAILED)
     return 0

@@ -18,8 +18,8 @@ from redis import asyncio as aioredis
 
 from searchr1.core.catchup import acknowledge, latest_snapshot_fenced
 from searchr1.core.schemas import WeightVersion
+from searchr1.core.snapshot_fetch import SnapshotError, fetch_snapshot
 from searchr1.core.streams import StreamKeys
-from searchr1.core.weights import SnapshotError, fetch_snapshot
 from searchr1.rollout.broadcast_ext import receive_broadcast
 from searchr1.rollout.engine import Generator
 

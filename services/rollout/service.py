@@ -18,7 +18,6 @@ import asyncio
 import logging
 import os
 import socket
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from searchr1.core.aio import stop_task
 from searchr1.core.broadcast import WEIGHTS_KEY_ENV
 from searchr1.core.clients.retriever import RetrieverClient
 from searchr1.core.clients.reward import RewardClient
+from searchr1.core.commandline import EXIT_FAILED, error
 from searchr1.core.metrics import MetricsServer, start_metrics_server
 from searchr1.core.redis_link import RedisLink
 from searchr1.core.servers import install_shutdown_signals
@@ -39,10 +39,11 @@ from searchr1.rollout.engine import Generator, GeneratorDead, HfCodec
 from searchr1.rollout.hf_engine import HfGenerator
 from searchr1.rollout.metrics import RolloutMetrics
 from searchr1.rollout.partial import InterruptibleGenerator
+from searchr1.rollout.sampler import GroupSampler
 from searchr1.rollout.settings import EngineSettings, RolloutSettings
 from searchr1.rollout.vllm_engine import VllmEngineConfig, VllmGenerator
 from searchr1.rollout.weights import WeightLoader
-from searchr1.rollout.worker import GroupSampler, Worker
+from searchr1.rollout.worker import Worker
 
 log = logging.getLogger("searchr1.rollout")
 
@@ -202,9 +203,7 @@ def run(settings: RolloutSettings) -> int:
     try:
         asyncio.run(serve(settings, on_ready=ready))
     except GeneratorDead as exc:
-        print(f"error: {exc}; exiting for a restart (the tasks held are redelivered)", file=sys.stderr)
-        return 1
+        return error(f"{exc}; exiting for a restart (the tasks held are redelivered)", EXIT_FAILED)
     except (OSError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return error(str(exc), EXIT_FAILED)
     return 0

@@ -1,5 +1,5 @@
 """The rollout side of weight sync (docs/architecture.md, "Weight sync"): look up the latest announced `WeightVersion`, fetch
-and verify its snapshot (sha256, via `searchr1.core.weights.fetch_snapshot`), and reload the engine in
+and verify its snapshot (sha256, via `searchr1.core.snapshot_fetch.fetch_snapshot`), and reload the engine in
 place. The worker calls `maybe_update` only when no trajectory is in flight, so every group is generated
 by exactly one version.
 
@@ -34,8 +34,9 @@ from searchr1.core.metrics import in_stage
 from searchr1.core.redis_link import RedisLink
 from searchr1.core.resync import take_resync
 from searchr1.core.schemas import WeightVersion
+from searchr1.core.snapshot_fetch import SnapshotError, fetch_snapshot, prune_copies
 from searchr1.core.streams import StreamKeys
-from searchr1.core.weights import SnapshotError, fetch_snapshot, is_published, latest_fenced, prune_copies
+from searchr1.core.weights import is_published, latest_fenced
 from searchr1.rollout.broadcast_loader import is_broadcast, receive_or_catch_up
 from searchr1.rollout.engine import Generator
 from searchr1.rollout.metrics import RolloutMetrics

@@ -19,7 +19,8 @@ from searchr1.core.clients.reward import RewardClient, RewardError
 from searchr1.core.schemas import WeightVersion
 from searchr1.core.servers import HttpServer, free_port
 from searchr1.core.settings import RetrySettings
-from searchr1.core.weights import SnapshotError, fetch_snapshot, snapshot_digest
+from searchr1.core.snapshot_fetch import SnapshotError, fetch_snapshot
+from searchr1.core.weights import snapshot_digest
 from searchr1.learner.process import run_learner
 from searchr1.learner.publisher import WeightPublisher, weights_app
 from searchr1.learner.settings import LearnerSettings

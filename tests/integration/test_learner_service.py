@@ -14,8 +14,9 @@ from safetensors.torch import load_file
 
 from searchr1.core.schemas import Task, TrajectoryGroup, decode
 from searchr1.core.servers import HttpServer
+from searchr1.core.snapshot_fetch import fetch_snapshot
 from searchr1.core.streams import StreamKeys, TypedStream, tasks_stream, trajectories_stream
-from searchr1.core.weights import announced_fence, fetch_snapshot, latest, snapshot_digest
+from searchr1.core.weights import announced_fence, latest, snapshot_digest
 from searchr1.learner.metrics import LearnerMetrics, StepLog
 from searchr1.learner.process import build_learner
 from searchr1.learner.publisher import WeightPublisher, weights_app

@@ -15,9 +15,10 @@ from searchr1.core.weights import announce, snapshot_digest
 from searchr1.rollout.engine import TurnOutput, TurnRequest
 from searchr1.rollout.metrics import RolloutMetrics
 from searchr1.rollout.partial import InterruptibleGenerator
+from searchr1.rollout.sampler import GroupSampler
 from searchr1.rollout.settings import AgentSettings, RewardClientSettings
 from searchr1.rollout.weights import WeightLoader
-from searchr1.rollout.worker import GroupSampler, Worker
+from searchr1.rollout.worker import Worker
 
 ANSWER = "<answer> Paris </answer>"
 

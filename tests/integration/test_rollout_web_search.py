@@ -25,9 +25,10 @@ from searchr1.retriever.settings import RetrieverSettings
 from searchr1.rollout.batcher import SearchBatcher
 from searchr1.rollout.engine import TurnOutput, TurnRequest
 from searchr1.rollout.metrics import RolloutMetrics
+from searchr1.rollout.sampler import GroupSampler
 from searchr1.rollout.settings import AgentSettings, RewardClientSettings
 from searchr1.rollout.weights import WeightLoader
-from searchr1.rollout.worker import GroupSampler, Worker
+from searchr1.rollout.worker import Worker
 from tests.support.fake_search_api import FakeSearchAPI
 from tests.support.rollout_stack import CORPUS, start_reward
 

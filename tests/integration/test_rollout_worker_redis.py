@@ -13,9 +13,10 @@ from searchr1.core.streams import StreamKeys, tasks_stream, trajectories_stream
 from searchr1.core.weights import announce
 from searchr1.rollout.engine import TurnOutput, TurnRequest
 from searchr1.rollout.metrics import RolloutMetrics
+from searchr1.rollout.sampler import GroupSampler
 from searchr1.rollout.settings import AgentSettings, RewardClientSettings
 from searchr1.rollout.weights import WeightLoader
-from searchr1.rollout.worker import GroupSampler, Worker
+from searchr1.rollout.worker import Worker
 
 
 class Codec:
@@ -199,7 +200,7 @@ async def test_a_task_setting_the_default_temperature_is_not_overridden_and_the_
 
 def test_sampling_for_uses_the_worker_setting_only_for_unset_fields():
     from searchr1.core.schemas import SamplingParams
-    from searchr1.rollout.worker import limits_for, sampling_for
+    from searchr1.rollout.sampler import limits_for, sampling_for
 
     agent = AgentSettings(temperature=0.7, top_p=0.9, top_k=40, max_tokens_per_turn=64)
     s = sampling_for(Task(task_id="t", question="q", sampling=SamplingParams(top_p=1.0, top_k=-1)), agent)

@@ -26,7 +26,8 @@ async def test_fetch_snapshot_local_and_http(tmp_path):
     """A snapshot served over HTTP (files listing protocol) downloads and verifies; tampering is refused."""
     import pytest
 
-    from searchr1.core.weights import SnapshotError, fetch_snapshot, snapshot_digest, snapshot_listing
+    from searchr1.core.snapshot_fetch import SnapshotError, fetch_snapshot
+    from searchr1.core.weights import snapshot_digest, snapshot_listing
     from tests.support.snapshot_server import serve_snapshot
 
     snap = tmp_path / "snap"
@@ -64,7 +65,8 @@ async def test_http_fetch_refuses_corrupted_truncated_and_odd_listings(tmp_path)
     from fastapi.responses import Response
 
     from searchr1.core.servers import HttpServer
-    from searchr1.core.weights import SnapshotError, fetch_snapshot, snapshot_digest
+    from searchr1.core.snapshot_fetch import SnapshotError, fetch_snapshot
+    from searchr1.core.weights import snapshot_digest
 
     snap = tmp_path / "snap"
     snap.mkdir()

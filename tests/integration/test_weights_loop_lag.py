@@ -24,9 +24,10 @@ from searchr1.core.streams import StreamKeys, TypedStream
 from searchr1.core.weights import announce, snapshot_digest
 from searchr1.rollout.engine import TurnOutput, TurnRequest
 from searchr1.rollout.metrics import RolloutMetrics
+from searchr1.rollout.sampler import GroupSampler
 from searchr1.rollout.settings import AgentSettings, RewardClientSettings
 from searchr1.rollout.weights import WeightLoader
-from searchr1.rollout.worker import GroupSampler, Worker
+from searchr1.rollout.worker import Worker
 
 SNAPSHOT_BYTES = 500 * 2**20
 MAX_STALL_S = 0.050

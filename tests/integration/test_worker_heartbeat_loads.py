@@ -12,9 +12,10 @@ from searchr1.core.schemas import Task, WeightVersion
 from searchr1.core.streams import StreamKeys, tasks_stream, trajectories_stream
 from searchr1.core.weights import announce, snapshot_digest
 from searchr1.rollout.metrics import RolloutMetrics
+from searchr1.rollout.sampler import GroupSampler
 from searchr1.rollout.settings import AgentSettings, RewardClientSettings
 from searchr1.rollout.weights import WeightLoader
-from searchr1.rollout.worker import GroupSampler, Worker
+from searchr1.rollout.worker import Worker
 from tests.integration.test_rollout_worker_redis import Codec, Gen, OkScorer, _search
 
 VISIBILITY_MS = 300

@@ -137,3 +137,32 @@ def test_the_store_listens_only_on_the_configured_address():
             socket.create_connection(("127.0.0.2", bc.port), timeout=5).close()
     finally:
         bc.close()
+
+
+def test_the_broadcast_transport_announces_public_host_and_binds_host(tmp_path):
+    """`weights.broadcast.public_host` is the address in the announced URI; the store still listens on
+    `host` only."""
+    import socket
+
+    from searchr1.core.stream_keys import StreamKeys
+    from searchr1.learner.publisher import WeightPublisher
+    from searchr1.learner.settings_outputs import WeightsSettings
+    from searchr1.learner.transport import BroadcastTransport, build_transport
+
+    weights = WeightsSettings(transport="broadcast", broadcast={"host": "127.0.0.1", "port": 0,
+                                                                "public_host": "learner-0.learner"})
+    transport = build_transport(weights, WeightPublisher(tmp_path / "w"), object(), StreamKeys("r"), None)
+    assert isinstance(transport, BroadcastTransport)
+    try:
+        addr, version = parse_group_uri(transport.broadcaster.uri(4))
+        assert (addr.host, addr.port, version) == ("learner-0.learner", transport.broadcaster.port, 4)
+        with socket.create_connection(("127.0.0.1", transport.broadcaster.port), timeout=5):
+            pass
+    finally:
+        transport.close()
+    unset = build_transport(WeightsSettings(transport="broadcast", broadcast={"host": "127.0.0.1", "port": 0}),
+                            WeightPublisher(tmp_path / "w2"), object(), StreamKeys("r"), None)
+    try:
+        assert unset.broadcaster.uri(1).startswith("broadcast://127.0.0.1:")  # type: ignore[attr-defined]
+    finally:
+        unset.close()

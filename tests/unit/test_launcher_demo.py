@@ -120,5 +120,7 @@ def test_a_stage_shows_its_line_and_keeps_its_output_in_the_log(tmp_path, monkey
                        if verbose else [warning])
     log = (tmp_path / "RUN" / "logs" / "world-build.log").read_text()
     assert "INFO vllm.config: noise" in log and "WARNING searchr1.world: something to see" in log
-    with pytest.raises(DemoError, match=r"world-build failed with exit code 3(.|\n)*something to see"):
+    with pytest.raises(DemoError, match=r"^world-build failed with exit code 3 \(last lines above; all of them in "
+                                         r".*world-build\.log\)$") as failed:
         demo._run("world", "world-build", ["3"])
+    assert failed.value.code == 1 and any("something to see" in line for line in failed.value.tail)

@@ -10,8 +10,8 @@ from pydantic import ValidationError
 from searchr1.core.schemas import SamplingParams, Task
 from searchr1.core.settings import load_settings
 from searchr1.rollout.batcher import SearchBatcher
+from searchr1.rollout.sampler import limits_for, sampling_for, score_items
 from searchr1.rollout.settings import AgentSettings, RolloutSettings
-from searchr1.rollout.worker import limits_for, sampling_for, score_items
 
 
 class Backend:

@@ -98,8 +98,8 @@ async def _no_search(query):
 
 async def test_the_worker_group_carries_the_tasks_vocabulary_and_is_bounded_by_it():
     from searchr1.rollout.metrics import RolloutMetrics
+    from searchr1.rollout.sampler import GroupSampler
     from searchr1.rollout.settings import AgentSettings, RewardClientSettings
-    from searchr1.rollout.worker import GroupSampler
 
     sampler = GroupSampler(_Gen(), _Codec(), None, _no_search, _Scorer(), AgentSettings(), RewardClientSettings(),
                            RolloutMetrics())

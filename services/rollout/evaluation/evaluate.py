@@ -45,8 +45,8 @@ from searchr1.rollout.agent import AgentLimits, Sampling, SearchFn, TrajectoryRe
 from searchr1.rollout.engine import Generator, TextCodec
 from searchr1.rollout.evaluation.report import write_outputs
 from searchr1.rollout.evaluation.stats import DEFAULT_GROUP_BY
+from searchr1.rollout.sampler import Scorer
 from searchr1.rollout.settings import AgentSettings
-from searchr1.rollout.worker import Scorer
 
 
 class EvalDataError(DatasetError):

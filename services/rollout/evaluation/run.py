@@ -5,10 +5,10 @@ and `report.py`; this module runs them."""
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from searchr1.core.commandline import EXIT_FAILED, error
 from searchr1.rollout.agent import AgentLimits, Sampling
 from searchr1.rollout.evaluation.evaluate import EvalConfig
 from searchr1.rollout.settings import RolloutSettings
@@ -50,10 +50,6 @@ def output_dirs(models: list[str], out: Path) -> list[Path]:
     return [out / n for n in names]
 
 
-def _error(message: str) -> None:
-    print(f"error: {message}", file=sys.stderr)
-
-
 def tabulate(evals: list[tuple[Path, dict]], out: Path, metric: str) -> int:
     """Print Search-R1's Table 3 layout of `evals` and write OUT/table.md; returns the exit code."""
     from rich.console import Console
@@ -64,8 +60,7 @@ def tabulate(evals: list[tuple[Path, dict]], out: Path, metric: str) -> int:
     try:
         t = paper_table(list(zip(eval_labels(evals), (doc for _, doc in evals))), metric)
     except ValueError as exc:
-        _error(str(exc))
-        return 2
+        return error(str(exc))
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(paper_table_markdown(t), encoding="utf-8")
     console = Console()
@@ -81,8 +76,7 @@ def run_table(paths: list[Path], out: Path, metric: str) -> int:
     try:
         evals = [(p if p.suffix == ".json" else p / "eval.json", read_eval(p)) for p in paths]
     except ValueError as exc:
-        _error(str(exc))
-        return 2
+        return error(str(exc))
     return tabulate(evals, out, metric)
 
 
@@ -144,16 +138,14 @@ def run_eval(settings: RolloutSettings, req: EvalRequest) -> int:
         n_questions = len(read_questions(req.data, req.limit))
         config = eval_config(settings, req)
     except (EvalDataError, ValueError) as exc:
-        _error(str(exc))
-        return 2
+        return error(str(exc))
     console = Console()
     done: list[tuple[Path, dict]] = []
     for policy, out_dir in zip(req.models, output_dirs(req.models, req.out), strict=True):
         try:
             result = asyncio.run(_evaluate_one(settings, config, req, policy, out_dir, n_questions))
         except (OSError, RetrieverError, RewardError, EvalDataError, ValueError) as exc:
-            _error(f"{policy}: {exc}")
-            return 1
+            return error(f"{policy}: {exc}", EXIT_FAILED)
         console.print(summary_table(result.document["summary"]))
         console.print(f"wrote {result.out_dir / 'eval.json'} and {result.out_dir / 'eval.md'} "
                       f"({len(result.records)} trajectories, {result.meta['wall_seconds']:.1f} s)")
