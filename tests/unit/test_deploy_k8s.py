@@ -34,7 +34,8 @@ def test_learner_is_a_job_that_completes(overlay):
     # exit 0 at total_steps completes it; a crash or a SIGTERM before it (exit 143) fails the pod and the
     # Job starts another, which resumes; evictions and preemptions do not count against backoffLimit
     assert pod["restartPolicy"] == "Never"
-    assert {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]} in job["podFailurePolicy"]["rules"]
+    assert {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]} \
+        in job["podFailurePolicy"]["rules"]
     assert job["template"]["metadata"]["labels"]["app"] == "learner"  # its Service and policies select it
     assert _container(learner)["args"][0] == "train"
 
