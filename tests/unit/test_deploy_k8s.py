@@ -13,7 +13,7 @@ import yaml
 
 from searchr1.core.streams import TASKS_GROUP, StreamKeys
 from tests.support import kustomize
-from tests.support.kustomize import K8S, ROOT
+from tests.support.kustomize import K8S, K8S_VERSIONS, OVERLAYS, ROOT
 
 _container, _env, _learner = kustomize.container, kustomize.env, kustomize.learner
 _overlay, _render = kustomize.overlay, kustomize.render
@@ -90,29 +90,39 @@ def test_rollout_scales_on_the_tasks_stream_down_to_zero(overlay):
     assert ("HorizontalPodAutoscaler", "rollout") not in docs
 
 
-def test_hpa_component_replaces_keda(tmp_path):
-    overlay = tmp_path / "k8s/overlays/laptop-hpa"
+def _with_hpa(name: str, on_top: bool, tmp_path) -> dict:
+    """The overlay with `components: [../../components/hpa]` added to its own kustomization.yaml, or to a
+    user's overlay on top of it (docs/deploy.md names both)."""
     shutil.copytree(K8S, tmp_path / "k8s")
-    overlay.mkdir()
-    (overlay / "kustomization.yaml").write_text(
-        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [../cpu]\n"
-        "components: [../../components/hpa]\n")
-    docs = _render(overlay)
-    assert ("HorizontalPodAutoscaler", "rollout") in docs
-    assert not [k for k in docs if k[0] in ("ScaledObject", "TriggerAuthentication")]
-
-
-@pytest.mark.parametrize("overlay", ["cpu", "gpu", "gpu-7b"])
-def test_hpa_component_renders_inside_every_overlay(overlay, tmp_path):
-    """`components: [../../components/hpa]` added to the overlay itself: its patches of the ScaledObjects
-    (absent then) are targeted, so they skip instead of failing the render."""
-    shutil.copytree(K8S, tmp_path / "k8s")
-    path = tmp_path / "k8s/overlays" / overlay / "kustomization.yaml"
+    if on_top:
+        mine = tmp_path / "k8s/overlays/mine"
+        mine.mkdir()
+        (mine / "kustomization.yaml").write_text(
+            f"apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [../{name}]\n"
+            "components: [../../components/hpa]\n")
+        return _render(mine)
+    path = tmp_path / "k8s/overlays" / name / "kustomization.yaml"
     path.write_text(path.read_text() + "components: [../../components/hpa]\n")
-    docs = _render(path.parent)
-    assert docs[("HorizontalPodAutoscaler", "rollout")]["spec"]["scaleTargetRef"]["name"] == "rollout"
+    return _render(path.parent)
+
+
+@pytest.mark.parametrize("on_top", [False, True], ids=["in-the-overlay", "on-top"])
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_hpa_component_replaces_keda_with_the_overlays_ceiling(overlay, on_top, tmp_path):
+    """Either way the HPA replaces both ScaledObjects (their patches in the overlay are targeted, so they
+    skip instead of failing the render), scales up to the ceiling the overlay gives the rollout
+    ScaledObject (the gpu overlays': the placement's three GPU workers), and validates."""
+    docs = _with_hpa(overlay, on_top, tmp_path)
+    hpa = docs[("HorizontalPodAutoscaler", "rollout")]["spec"]
+    assert hpa["scaleTargetRef"]["name"] == "rollout"
     assert not [k for k in docs if k[0] in ("ScaledObject", "TriggerAuthentication")]
-    assert _learner(docs)["metadata"]["name"] == _learner(_overlay(overlay))["metadata"]["name"]
+    keda = _overlay(overlay)
+    assert hpa["maxReplicas"] == keda[("ScaledObject", "rollout")]["spec"]["maxReplicaCount"]
+    if overlay != "cpu":
+        assert hpa["maxReplicas"] == keda[("Deployment", "rollout")]["spec"]["replicas"] == 3
+    assert _learner(docs)["metadata"]["name"] == _learner(keda)["metadata"]["name"]
+    for version in K8S_VERSIONS:
+        kustomize.validate(list(docs.values()), version, tmp_path)
 
 
 @pytest.mark.parametrize("overlay,klass", [("cpu", "standard"), ("gpu", "nfs-client")])
