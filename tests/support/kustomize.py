@@ -75,6 +75,13 @@ def learner(docs: dict[tuple[str, str], dict]) -> dict:
     return job
 
 
+def data_job(docs: dict[tuple[str, str], dict]) -> dict:
+    """The run's data Job (`searchr1-data-<run>`, found by its label)."""
+    (job,) = [d for (kind, _), d in docs.items()
+              if kind == "Job" and d["metadata"].get("labels", {}).get("app") == "searchr1-data"]
+    return job
+
+
 def pod_specs(docs: dict[tuple[str, str], dict]) -> list[tuple[dict, dict]]:
     """(object, pod spec) of every workload."""
     return [(d, d["spec"]["template"]["spec"]) for d in docs.values() if d.get("spec", {}).get("template")]

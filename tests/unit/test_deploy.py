@@ -419,7 +419,7 @@ def test_cpu_overlay_fits_a_laptop():
     cpu = mem = 0.0
     for doc in _render("cpu"):
         spec = doc.get("spec", {}).get("template", {}).get("spec")
-        if not spec or doc["metadata"]["name"] == "searchr1-data":
+        if not spec or doc["metadata"]["name"].startswith("searchr1-data-"):
             continue
         replicas = doc["spec"].get("replicas", 1)
         for c in spec["containers"]:

@@ -162,14 +162,14 @@ def test_gpu_retriever_serves_the_fetched_e5_index():
     index = config["launcher"]["retriever"]["index_dir"]
     args = _container(docs[("Deployment", "retriever")])["args"]
     assert args[args.index("--index") + 1] == index and "--corpus" not in args
-    script = _container(docs[("Job", "searchr1-data")])["args"][0]
+    script = _container(kustomize.data_job(docs))["args"][0]
     out = index.rsplit("/index", 1)[0]
     assert f"searchr1 index fetch --out {out} --encoder" in script
     assert "searchr1 data fetch data/nq_hotpotqa_train" in script
     assert f"--local-dir {config['learner']['model']['path']}" in script
-    assert script.rstrip().endswith("touch runs/world/.ready")  # what the init containers wait for
+    assert script.rstrip().endswith('touch "runs/$SEARCHR1_RUN/.data-ready"')  # what the init containers wait for
     for doc in (docs[("Deployment", "rollout")], _learner(docs), docs[("Deployment", "retriever")],
-                docs[("Job", "searchr1-data")]):
+                kustomize.data_job(docs)):
         mounts = {m["mountPath"]: m for m in _container(doc)["volumeMounts"]}
         for sub in ("data", "models"):
             assert mounts[f"/app/{sub}"] == {"name": "data", "mountPath": f"/app/{sub}", "subPath": sub}, \
