@@ -51,7 +51,8 @@ def _relabel_keeps(rules: list[dict], labels: dict[str, str]) -> bool:
 
 def test_prometheus_scrapes_only_running_pods_and_learner_node_0():
     """TargetDown stays quiet for pods that serve no /metrics: finished (the learner Job at total_steps),
-    Pending (waiting in an init container for the data Job), and the learner's nodes other than 0."""
+    Pending (waiting in an init container for the data Job); and the learner's nodes other than 0, whose
+    metrics port serves their health but none of the learner's figures, are no targets either."""
     config = yaml.safe_load((K8S / "base/prometheus-k8s.yml").read_text())
     (job,) = config["scrape_configs"]
     rules = job["relabel_configs"]
@@ -65,7 +66,7 @@ def test_prometheus_scrapes_only_running_pods_and_learner_node_0():
     learner = {**pod, "__meta_kubernetes_pod_label_app": "learner"}
     assert _relabel_keeps(rules, {**learner, index: "0"}) and _relabel_keeps(rules, learner)
     assert not _relabel_keeps(rules, {**learner, index: "1"}) and not _relabel_keeps(rules, {**learner, index: "12"})
-    assert _relabel_keeps(rules, {**pod, index: "1"})  # only the learner's nodes serve no metrics
+    assert _relabel_keeps(rules, {**pod, index: "1"})  # only the learner's nodes other than 0 are dropped
 
 
 @pytest.mark.parametrize("overlay", ["cpu", "gpu"])

@@ -274,7 +274,16 @@ def test_the_7b_learner_runs_across_nodes():
     assert service["clusterIP"] == "None" and service["publishNotReadyAddresses"] is True
     assert service["selector"] == {"app": "learner"}
     assert docs[("Service", "learner")]["spec"]["selector"]["batch.kubernetes.io/job-completion-index"] == "0"
-    assert not {"startupProbe", "readinessProbe", "livenessProbe"} & set(c)  # nodes > 0 serve no HTTP
+    # every node serves /healthz (node 0: rank 0's progress; another node: its own ranks'), so one liveness
+    # probe fits every pod; patient enough for a torchrun restart round, in which no rank serves: the
+    # rendezvous (up to join_timeout) and then loading the model and checkpoint (5 min allowed)
+    join = int(opt("--rdzv-conf").removeprefix("join_timeout="))
+    live, start = c["livenessProbe"], c["startupProbe"]
+    for probe in (live, start):
+        assert probe["httpGet"] == {"path": "/healthz", "port": "metrics"}
+        assert probe["periodSeconds"] * probe["failureThreshold"] >= join + 300, probe
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert {"containerPort": 9404, "name": "metrics"} in c["ports"]
     peers = docs[("NetworkPolicy", "learner-from-learner")]["spec"]
     assert peers["podSelector"] == {"matchLabels": {"app": "learner"}}
     assert peers["ingress"] == [{"from": [{"podSelector": {"matchLabels": {"app": "learner"}}}]}]
