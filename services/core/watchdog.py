@@ -3,13 +3,16 @@ answers 503 once no beat came for `stall_s` — a loop hung on a stuck engine, a
 blocked event loop — so the launcher or Kubernetes restarts the process instead of a healthy-looking
 one holding its tasks forever. Waiting through a dependency outage is not a stall: while `excused()`
 holds (e.g. Redis is away and every call waits for it), the watchdog stays alive and readiness says why.
+Nor is a wait another process's watchdog bounds: inside `with watchdog.waiting():` (a learner rank other
+than 0 waiting for rank 0's next step) it stays alive, and the bound restarts when the wait ends.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 log = logging.getLogger("searchr1.core.watchdog")
 
@@ -27,17 +30,28 @@ class Watchdog:
         self._clock = clock
         self._last = clock()
         self._reported = False
+        self._waits = 0
 
     def beat(self) -> None:
         self._last = self._clock()
         self._reported = False
+
+    @contextmanager
+    def waiting(self) -> Iterator[None]:
+        """An excused wait (see the module docstring); ends with a beat."""
+        self._waits += 1
+        try:
+            yield
+        finally:
+            self._waits -= 1
+            self.beat()
 
     def stalled_for(self) -> float:
         """Seconds since the last beat."""
         return self._clock() - self._last
 
     def alive(self) -> bool:
-        if self.excused():
+        if self._waits or self.excused():
             self._last = self._clock()  # the outage's end starts a fresh bound
             return True
         stalled = self.stalled_for()

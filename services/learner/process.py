@@ -9,6 +9,13 @@ acks fenced by the lease inside Redis), staleness policy, dispatcher, group sour
 them to `Learner`. Nothing is assigned on a built object afterwards. On rank 0 a progress watchdog
 (`core/watchdog.py`, `stall_timeout_s`) is beaten by the loop and the source's reads: once it stalls,
 `/healthz` answers 503 and the lease is no longer renewed.
+
+Across nodes (torchrun `--nnodes` > 1) every node serves `/healthz`, so one liveness probe fits every pod
+of the learner: on node 0, global rank 0's (the whole learner's progress: every step is a collective, so
+a rank stuck anywhere stalls rank 0); on another node, its local rank 0's, whose watchdog is beaten by
+each step it trains and excuses its wait for rank 0's next step (rank 0's watchdog bounds that wait), so
+it fails when that node's ranks are stuck in their own part of a step. Those nodes have no lease, no
+Redis and no figures: their `/readyz` is always 200 and nothing scrapes their `/metrics`.
 """
 
 from __future__ import annotations
@@ -141,8 +148,9 @@ async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = No
     info = init_distributed()
     stop = stop or asyncio.Event()
     install_shutdown_signals(stop)
-    if not info.is_main:
-        return await _run(settings, info, stop, max_steps, None, None, LearnerMetrics())
+    if not info.is_main:  # no lease, no Redis; the node's own progress (the module docstring)
+        return await _run(settings, info, stop, max_steps, None, None, LearnerMetrics(),
+                          watchdog=Watchdog("learner", settings.stall_timeout_s))
     # one learner per run: a second one refuses here, before it loads a model
     redis = connect(settings.redis.url)
     lease = Lease(redis, settings.redis.run, ttl_ms=settings.lease_ttl_ms,
@@ -171,7 +179,7 @@ async def _run(settings: LearnerSettings, info: DistInfo, stop: asyncio.Event, m
                redis, lease: Lease | None, metrics: LearnerMetrics, link: RedisLink | None = None,
                watchdog: Watchdog | None = None) -> TrainState:
     """`run_learner` once the run's lease is held (rank 0: with its Redis link and progress watchdog) or on
-    the other ranks (no Redis)."""
+    the other ranks (no Redis; each node's local rank 0 serves that node's `/healthz`)."""
     from searchr1.core.metrics import start_metrics_server
     from searchr1.core.servers import HttpServer
     from searchr1.learner.publisher import weights_app
@@ -195,14 +203,13 @@ async def _run(settings: LearnerSettings, info: DistInfo, stop: asyncio.Event, m
                               settings.weights.port)
             await http.start()
             base_url = f"http://{settings.weights.public_host or settings.weights.host}:{http.port}"
-        if settings.metrics_port is not None:
-            metrics_server = start_metrics_server(metrics.registry, host=settings.metrics_host,
-                                                  port=settings.metrics_port,
-                                                  ready=lambda: link is None or link.up,
-                                                  live=None if watchdog is None else watchdog.alive,
-                                                  token=None if settings.metrics_open else settings.token)
         if settings.archive.enabled:
             archive = await asyncio.to_thread(ArchiveWriter, settings.archive_dir, settings.archive.every_steps)
+    if settings.metrics_port is not None and (info.is_main or os.environ.get("LOCAL_RANK") == "0"):
+        metrics_server = start_metrics_server(metrics.registry, host=settings.metrics_host,
+                                              port=settings.metrics_port, ready=lambda: link is None or link.up,
+                                              live=None if watchdog is None else watchdog.alive,
+                                              token=None if settings.metrics_open else settings.token)
     learner = None
     try:
         if info.is_main and settings.dispatcher.enabled and settings.dispatcher.dataset:

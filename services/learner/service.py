@@ -46,6 +46,7 @@ import asyncio
 import logging
 import time
 from collections import deque
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from searchr1.core.aio import stop_task
@@ -148,13 +149,19 @@ class Learner:
         """The last stages run, in order (`archive`, `checkpoint`, `ack`, …): the loop's record of itself."""
         self.state = TrainState()
         self.watchdog = watchdog
-        """Beaten at each stage of a step and each pass of a read (rank 0): a loop that stops making progress
-        stops renewing the lease and fails `/healthz` (`process.py`)."""
+        """Beaten at each stage of a step and each pass of a read: on rank 0 a loop that stops making progress
+        stops renewing the lease and fails `/healthz`; on another node it fails that node's `/healthz`
+        (`process.py`)."""
 
     def beat(self) -> None:
         """The loop made progress (the watchdog's beat; nothing without one)."""
         if self.watchdog is not None:
             self.watchdog.beat()
+
+    def waiting_for_rank0(self) -> AbstractContextManager[None]:
+        """Ranks other than 0 waiting for rank 0's next step: no stall of theirs (rank 0's watchdog bounds
+        it), so their watchdog excuses it."""
+        return self.watchdog.waiting() if self.watchdog is not None else nullcontext()
 
     # ------------------------------------------------------------------ start-up
 
@@ -345,7 +352,8 @@ class Learner:
         self.last_step = limit  # every rank: the last step's checkpoint is a collective under FSDP
         if not self.info.is_main:
             while True:  # rank 0 always ends with a stop broadcast
-                groups = await asyncio.to_thread(broadcast_groups, None, self.info)
+                with self.waiting_for_rank0():
+                    groups = await asyncio.to_thread(broadcast_groups, None, self.info)
                 if groups is None:
                     break
                 await self.train_and_commit(StepGroups(groups))

@@ -5,13 +5,16 @@ host name (a UTS namespace) and an /etc/hosts naming both (`ip netns exec` mount
 as the Job's pods `learner-<run>-0` and `-1` have; a second veth links host A to a real Redis in the root
 namespace (rank 0, on host A, is the only one on Redis).
 
-It trains and checkpoints; then host B is killed (SIGKILL of its whole process group: a node lost) and
-started again, as the Job starts a lost pod again. Host A's torchrun restarts its rank when the
-rendezvous re-forms, the whole learner resumes from its newest checkpoint and finishes the run, and the
-delivery audit finds every task trained exactly once.
+It trains and checkpoints, each host serving `/healthz` on its own metrics port (the liveness probe of
+every learner pod: rank 0's progress on host A, host B's own rank's on B); then host B is killed
+(SIGKILL of its whole process group: a node lost) and started again, as the Job starts a lost pod
+again. Host A's torchrun restarts its rank when the rendezvous re-forms, and the whole learner resumes
+from its newest checkpoint: both hosts' ranks log that they resumed from step 2, the step checkpointed
+before the kill (and neither did before it). It finishes the run, and the delivery audit finds every
+task trained exactly once.
 
 Needs root (network namespaces), `ip` and `unshare`; skipped, saying which, otherwise. In the release
-tier (`make test-release`, which CI runs; alone: `make test-hosts`) (measured 2 min 35 s to 2 min 48 s on 2 cores, 24 GiB, load average 10-13).
+tier (`make test-release`, which CI runs; alone: `make test-hosts`) (measured 2 min 35 s to 2 min 48 s on 2 cores, 24 GiB, load average 10-13; 1 min 32 s at 9-12).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -47,6 +51,7 @@ pytestmark = [
 RUN = "twohosts"
 GROUPS = 8  # 4 steps of 2 groups; the first half before the kill, the rest after
 RDZV_PORT = 29400
+METRICS_PORT = 9404  # each host's own loopback, as each pod's
 
 
 def _ip(*args: str) -> None:
@@ -152,8 +157,8 @@ def _node(hosts: Hosts, name: str, config: Path, log: Path) -> subprocess.Popen:
            host, sys.executable, "-m", "torch.distributed.run",
            "--nnodes", "2", "--nproc_per_node", "1", "--rdzv-backend", "c10d",
            "--rdzv-endpoint", f"{hosts.hostname['a']}:{RDZV_PORT}", "--rdzv-id", RUN,
-           "--local-addr", host, "--max-restarts", "3",
-           "-m", "searchr1.cli", "train", "--config", str(config)]
+           "--local-addr", host, "--max-restarts", "3", "--rdzv-conf", "join_timeout=600",
+           "-m", "searchr1.cli", "train", "--config", str(config), "--metrics-port", str(METRICS_PORT)]
     with log.open("ab") as out:
         return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -168,6 +173,23 @@ async def _wait_for(path: Path, procs: list[subprocess.Popen], logs: list[Path],
         await asyncio.sleep(0.2)
     raise AssertionError(f"no {path} after {timeout}s:\n" + "\n".join(
         log.read_text(errors="replace")[-3000:] for log in logs))
+
+
+def _health(hosts: Hosts, name: str) -> int:
+    """HTTP status of GET /healthz on the host's loopback (what the kubelet's probe asks the pod)."""
+    probe = ("import sys, urllib.request, urllib.error\n"
+             "try:\n    print(urllib.request.urlopen(sys.argv[1], timeout=10).status)\n"
+             "except urllib.error.HTTPError as e:\n    print(e.code)\n")
+    done = subprocess.run(["ip", "netns", "exec", hosts.ns[name], sys.executable, "-c", probe,
+                           f"http://127.0.0.1:{METRICS_PORT}/healthz"], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout)
+
+
+def _resumed(text: str) -> list[int]:
+    """The steps a log's learner ranks resumed from (`Learner.start`'s line)."""
+    return [int(step) for step in re.findall(r"resumed from step (\d+) \(version", text)]
 
 
 def _kill_host(hosts: Hosts, name: str) -> None:
@@ -208,9 +230,12 @@ async def test_learner_across_two_hosts_survives_losing_one(hosts, tmp_path):
         await publish(range(GROUPS // 2))
         procs = [_node(hosts, "a", config, logs[0]), _node(hosts, "b", config, logs[1])]
         await _wait_for(ckpt / "step00000002" / "state.json", procs, logs, timeout=240)
+        assert await asyncio.to_thread(_health, hosts, "a") == 200  # rank 0's progress watchdog
+        assert await asyncio.to_thread(_health, hosts, "b") == 200  # host B's rank, waiting for rank 0
 
         _kill_host(hosts, "b")  # host B is lost
         procs[1].wait(timeout=30)
+        before = [log.stat().st_size for log in logs]  # what each host logged before the loss
         await publish(range(GROUPS // 2, GROUPS))
         procs[1] = _node(hosts, "b", config, logs[1])  # … and its pod started again
 
@@ -219,6 +244,12 @@ async def test_learner_across_two_hosts_survives_losing_one(hosts, tmp_path):
             assert rc == 0, log.read_text(errors="replace")[-4000:]
         text_a = logs[0].read_text(errors="replace")
         assert "stopped at step 4" in text_a
+        # the whole learner restarted from the checkpoint: host A's restarted rank and host B's new one
+        # both loaded step 2; nothing resumed before the loss
+        for log, offset in zip(logs, before, strict=True):
+            raw = log.read_bytes()
+            head, tail = raw[:offset].decode(errors="replace"), raw[offset:].decode(errors="replace")
+            assert _resumed(head) == [] and _resumed(tail) and set(_resumed(tail)) == {2}, (log.name, tail[-4000:])
         assert (ckpt / "step00000004" / "state.json").is_file()
         assert await groups.pending() == 0
 

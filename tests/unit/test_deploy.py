@@ -6,8 +6,9 @@
 - The compose file validates against the Compose spec, publishes ports on 127.0.0.1 only, gives Redis a
   password and an append-only file on a volume, and makes rollout/learner metrics reachable.
 - Prometheus: `promtool check config` and the rules' unit tests (`promtool test rules`).
-- Kubernetes: both overlays render (`kubectl kustomize`) and validate strictly (`kubernetes-validate
-  --strict`); every pod meets Pod Security "restricted"; the cpu overlay fits a laptop.
+- Kubernetes: the three overlays render (`kubectl kustomize`) and validate strictly (`kubernetes-validate
+  --strict`) against the schemas of the oldest Kubernetes docs/deploy.md supports and of the newest
+  bundled; every pod meets Pod Security "restricted"; the cpu overlay fits a laptop.
 - hadolint passes on the Dockerfiles; the torch CPU wheel source is decided right both ways.
 
 External validators come with the dev extra (kubectl, kubernetes-validate, check-jsonschema, hadolint)
@@ -33,6 +34,7 @@ import yaml
 
 from searchr1.cli import build_app
 from tests.support.configs import SETTINGS
+from tests.support.kustomize import K8S_VERSIONS, OLDEST_K8S, validate
 
 ROOT = Path(__file__).resolve().parents[2]
 YAMLS = sorted([ROOT / "docker-compose.yml", *(ROOT / "deploy").rglob("*.yml"), *(ROOT / "deploy").rglob("*.yaml")])
@@ -353,17 +355,21 @@ def _render(overlay: str) -> list:
     return _RENDERED[overlay]
 
 
+@pytest.mark.parametrize("version", K8S_VERSIONS, ids=lambda v: f"k8s-{v or 'newest'}")
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_overlay_validates_strictly(overlay, tmp_path):
+def test_overlay_validates_strictly(overlay, version, tmp_path):
+    """Against the schemas of the oldest Kubernetes docs/deploy.md supports and of the newest bundled."""
     docs = _render(overlay)
-    path = tmp_path / f"{overlay}.yaml"
-    path.write_text(yaml.safe_dump_all(docs))
-    _run([_tool("kubernetes-validate"), "--strict", "--quiet", str(path)])
+    validate(docs, version, tmp_path)
     kinds = {d["kind"] for d in docs}
     assert kinds >= {"Deployment", "Job", "Service", "NetworkPolicy", "PodDisruptionBudget", "ScaledObject",
                      "TriggerAuthentication", "PersistentVolumeClaim", "ConfigMap"}
     for pvc in (d for d in docs if d["kind"] == "PersistentVolumeClaim"):  # the cluster's default class
         assert "storageClassName" not in pvc["spec"], f"{overlay}: PVC {pvc['metadata']['name']}"
+
+
+def test_docs_state_the_oldest_kubernetes_the_schema_test_checks():
+    assert f"Kubernetes {OLDEST_K8S} or newer" in (ROOT / "docs/deploy.md").read_text()
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -413,7 +419,7 @@ def test_cpu_overlay_fits_a_laptop():
     cpu = mem = 0.0
     for doc in _render("cpu"):
         spec = doc.get("spec", {}).get("template", {}).get("spec")
-        if not spec or doc["metadata"]["name"] == "searchr1-data":
+        if not spec or doc["metadata"]["name"].startswith("searchr1-data-"):
             continue
         replicas = doc["spec"].get("replicas", 1)
         for c in spec["containers"]:

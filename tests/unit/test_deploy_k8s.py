@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
 from searchr1.core.streams import TASKS_GROUP, StreamKeys
 from tests.support import kustomize
-from tests.support.kustomize import K8S, ROOT
+from tests.support.kustomize import K8S, K8S_VERSIONS, OVERLAYS, ROOT
 
 _container, _env, _learner = kustomize.container, kustomize.env, kustomize.learner
 _overlay, _render = kustomize.overlay, kustomize.render
@@ -34,7 +31,8 @@ def test_learner_is_a_job_that_completes(overlay):
     # exit 0 at total_steps completes it; a crash or a SIGTERM before it (exit 143) fails the pod and the
     # Job starts another, which resumes; evictions and preemptions do not count against backoffLimit
     assert pod["restartPolicy"] == "Never"
-    assert {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]} in job["podFailurePolicy"]["rules"]
+    assert {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]} \
+        in job["podFailurePolicy"]["rules"]
     assert job["template"]["metadata"]["labels"]["app"] == "learner"  # its Service and policies select it
     assert _container(learner)["args"][0] == "train"
 
@@ -53,7 +51,8 @@ def _relabel_keeps(rules: list[dict], labels: dict[str, str]) -> bool:
 
 def test_prometheus_scrapes_only_running_pods_and_learner_node_0():
     """TargetDown stays quiet for pods that serve no /metrics: finished (the learner Job at total_steps),
-    Pending (waiting in an init container for the data Job), and the learner's nodes other than 0."""
+    Pending (waiting in an init container for the data Job); and the learner's nodes other than 0, whose
+    metrics port serves their health but none of the learner's figures, are no targets either."""
     config = yaml.safe_load((K8S / "base/prometheus-k8s.yml").read_text())
     (job,) = config["scrape_configs"]
     rules = job["relabel_configs"]
@@ -67,7 +66,7 @@ def test_prometheus_scrapes_only_running_pods_and_learner_node_0():
     learner = {**pod, "__meta_kubernetes_pod_label_app": "learner"}
     assert _relabel_keeps(rules, {**learner, index: "0"}) and _relabel_keeps(rules, learner)
     assert not _relabel_keeps(rules, {**learner, index: "1"}) and not _relabel_keeps(rules, {**learner, index: "12"})
-    assert _relabel_keeps(rules, {**pod, index: "1"})  # only the learner's nodes serve no metrics
+    assert _relabel_keeps(rules, {**pod, index: "1"})  # only the learner's nodes other than 0 are dropped
 
 
 @pytest.mark.parametrize("overlay", ["cpu", "gpu"])
@@ -92,46 +91,39 @@ def test_rollout_scales_on_the_tasks_stream_down_to_zero(overlay):
     assert ("HorizontalPodAutoscaler", "rollout") not in docs
 
 
-@pytest.mark.parametrize("overlay", ["cpu", "gpu", "gpu-7b"])
-def test_keda_objects_validate_strictly(overlay, tmp_path):
-    """kubernetes-validate has no schema for KEDA's kinds: tests/unit/schemas/keda.schema.json (the fields
-    of KEDA's CRDs this project uses, no others) checks them."""
-    checker = shutil.which("check-jsonschema") or shutil.which("check-jsonschema", path=str(Path(sys.executable).parent))
-    if not checker:
-        pytest.skip("check-jsonschema is not installed (dev extra)")
-    docs = [d for k, d in _overlay(overlay).items() if d["apiVersion"].startswith("keda.sh/")]
-    assert len(docs) == 3  # the rollout and retriever ScaledObjects, their TriggerAuthentication
-    for i, doc in enumerate(docs):
-        path = tmp_path / f"{i}.yaml"
-        path.write_text(yaml.safe_dump(doc))
-        done = subprocess.run([checker, "--schemafile", str(ROOT / "tests/unit/schemas/keda.schema.json"), str(path)],
-                              capture_output=True, text=True, timeout=120, check=False)
-        assert done.returncode == 0, done.stdout + done.stderr
-
-
-def test_hpa_component_replaces_keda(tmp_path):
-    overlay = tmp_path / "k8s/overlays/laptop-hpa"
+def _with_hpa(name: str, on_top: bool, tmp_path) -> dict:
+    """The overlay with `components: [../../components/hpa]` added to its own kustomization.yaml, or to a
+    user's overlay on top of it (docs/deploy.md names both)."""
     shutil.copytree(K8S, tmp_path / "k8s")
-    overlay.mkdir()
-    (overlay / "kustomization.yaml").write_text(
-        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [../cpu]\n"
-        "components: [../../components/hpa]\n")
-    docs = _render(overlay)
-    assert ("HorizontalPodAutoscaler", "rollout") in docs
-    assert not [k for k in docs if k[0] in ("ScaledObject", "TriggerAuthentication")]
-
-
-@pytest.mark.parametrize("overlay", ["cpu", "gpu", "gpu-7b"])
-def test_hpa_component_renders_inside_every_overlay(overlay, tmp_path):
-    """`components: [../../components/hpa]` added to the overlay itself: its patches of the ScaledObjects
-    (absent then) are targeted, so they skip instead of failing the render."""
-    shutil.copytree(K8S, tmp_path / "k8s")
-    path = tmp_path / "k8s/overlays" / overlay / "kustomization.yaml"
+    if on_top:
+        mine = tmp_path / "k8s/overlays/mine"
+        mine.mkdir()
+        (mine / "kustomization.yaml").write_text(
+            f"apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [../{name}]\n"
+            "components: [../../components/hpa]\n")
+        return _render(mine)
+    path = tmp_path / "k8s/overlays" / name / "kustomization.yaml"
     path.write_text(path.read_text() + "components: [../../components/hpa]\n")
-    docs = _render(path.parent)
-    assert docs[("HorizontalPodAutoscaler", "rollout")]["spec"]["scaleTargetRef"]["name"] == "rollout"
+    return _render(path.parent)
+
+
+@pytest.mark.parametrize("on_top", [False, True], ids=["in-the-overlay", "on-top"])
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_hpa_component_replaces_keda_with_the_overlays_ceiling(overlay, on_top, tmp_path):
+    """Either way the HPA replaces both ScaledObjects (their patches in the overlay are targeted, so they
+    skip instead of failing the render), scales up to the ceiling the overlay gives the rollout
+    ScaledObject (the gpu overlays': the placement's three GPU workers), and validates."""
+    docs = _with_hpa(overlay, on_top, tmp_path)
+    hpa = docs[("HorizontalPodAutoscaler", "rollout")]["spec"]
+    assert hpa["scaleTargetRef"]["name"] == "rollout"
     assert not [k for k in docs if k[0] in ("ScaledObject", "TriggerAuthentication")]
-    assert _learner(docs)["metadata"]["name"] == _learner(_overlay(overlay))["metadata"]["name"]
+    keda = _overlay(overlay)
+    assert hpa["maxReplicas"] == keda[("ScaledObject", "rollout")]["spec"]["maxReplicaCount"]
+    if overlay != "cpu":
+        assert hpa["maxReplicas"] == keda[("Deployment", "rollout")]["spec"]["replicas"] == 3
+    assert _learner(docs)["metadata"]["name"] == _learner(keda)["metadata"]["name"]
+    for version in K8S_VERSIONS:
+        kustomize.validate(list(docs.values()), version, tmp_path)
 
 
 @pytest.mark.parametrize("overlay,klass", [("cpu", "standard"), ("gpu", "nfs-client")])
@@ -171,14 +163,14 @@ def test_gpu_retriever_serves_the_fetched_e5_index():
     index = config["launcher"]["retriever"]["index_dir"]
     args = _container(docs[("Deployment", "retriever")])["args"]
     assert args[args.index("--index") + 1] == index and "--corpus" not in args
-    script = _container(docs[("Job", "searchr1-data")])["args"][0]
+    script = _container(kustomize.data_job(docs))["args"][0]
     out = index.rsplit("/index", 1)[0]
     assert f"searchr1 index fetch --out {out} --encoder" in script
     assert "searchr1 data fetch data/nq_hotpotqa_train" in script
     assert f"--local-dir {config['learner']['model']['path']}" in script
-    assert script.rstrip().endswith("touch runs/world/.ready")  # what the init containers wait for
+    assert script.rstrip().endswith('touch "runs/$SEARCHR1_RUN/.data-ready"')  # what the init containers wait for
     for doc in (docs[("Deployment", "rollout")], _learner(docs), docs[("Deployment", "retriever")],
-                docs[("Job", "searchr1-data")]):
+                kustomize.data_job(docs)):
         mounts = {m["mountPath"]: m for m in _container(doc)["volumeMounts"]}
         for sub in ("data", "models"):
             assert mounts[f"/app/{sub}"] == {"name": "data", "mountPath": f"/app/{sub}", "subPath": sub}, \

@@ -1,7 +1,8 @@
 """The Kubernetes overlays deploy what they say, checked on the objects `kubectl kustomize` renders: the
 image and tag every searchr1 container gets (per overlay, and in a user's overlay with its own registry);
-GPU workloads never surge; the run's identity (the learner Job, its directories and the streams named
-after the run; the same run renders the same objects); Alertmanager wired to Prometheus; every alert's
+GPU workloads never surge; the run's identity (the learner and data Jobs, its directories, its data
+marker and the streams named after the run; the same run renders the same objects; a new run, a config
+edit or another overlay changes no Job template, an image change for the same run does); Alertmanager wired to Prometheus; every alert's
 runbook link resolving to a heading in docs; the retriever released with the workers; probes that mean
 ready; disruption budgets that let a node drain; the 7B learner across two nodes (an Indexed Job,
 torchrun with c10d rendezvous at node 0)."""
@@ -17,7 +18,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support.kustomize import K8S, OVERLAYS, ROOT, container, env, learner, overlay, pod_specs, render
+from tests.support.kustomize import (
+    K8S,
+    OVERLAYS,
+    ROOT,
+    container,
+    data_job,
+    env,
+    learner,
+    overlay,
+    pod_specs,
+    render,
+)
 
 TAGS = {"cpu": "cpu", "gpu": "gpu", "gpu-7b": "gpu"}
 THIRD_PARTY = ("docker.io/library/redis:", "docker.io/prom/prometheus:", "docker.io/prom/alertmanager:",
@@ -92,9 +104,26 @@ def _check_run(docs: dict, run: str) -> None:
     for var in ("LEARNER_CHECKPOINT__DIR", "LEARNER_WEIGHTS__DIR", "LEARNER_LOG_DIR"):
         assert env(c, var).startswith("runs/$(SEARCHR1_RUN)/"), var  # each run its own directories
     assert env(container(docs[("Deployment", "rollout")]), "SEARCHR1_RUN") == run
+    data = data_job(docs)  # the run's data, marked ready for the run's pods alone
+    assert data["metadata"]["name"] == f"searchr1-data-{run}" and env(container(data), "SEARCHR1_RUN") == run
+    assert container(data)["args"][0].rstrip().endswith('touch "runs/$SEARCHR1_RUN/.data-ready"')
+    for doc, spec in pod_specs(docs):
+        for c in spec.get("initContainers", []):
+            if c["name"] == "wait-for-data":
+                assert '[ -f "/app/runs/$SEARCHR1_RUN/.data-ready" ]' in c["command"][-1], doc["metadata"]["name"]
+                (var,) = c["env"]  # read when the pod starts: the retriever's template names no run
+                assert var == {"name": "SEARCHR1_RUN",
+                               "valueFrom": {"configMapKeyRef": {"name": "searchr1-run", "key": "run"}}}
     for key, doc in docs.items():
         if key[0] == "ScaledObject":
             assert {t["metadata"]["stream"] for t in doc["spec"]["triggers"]} == {f"searchr1:{run}:tasks"}, key
+
+
+def _job_updates(before: dict, after: dict) -> list[str]:
+    """Jobs `kubectl apply` of `after` over `before` would change in place: a Job's pod template is
+    immutable, so each of these fails the apply."""
+    return sorted(k[1] for k, d in after.items() if k[0] == "Job" and k in before
+                  and before[k]["spec"]["template"] != d["spec"]["template"])
 
 
 @pytest.mark.parametrize("name", OVERLAYS)
@@ -111,15 +140,36 @@ def test_a_new_run_gets_a_new_job_and_the_same_run_renders_the_same(name, tmp_pa
     path.write_text(text.replace(f"literals: [run={RUNS[name]}]", "literals: [run=ablation-2]"))
     second = render(path.parent)
     _check_run(second, "ablation-2")
+    assert _job_updates(overlay(name), second) == []  # applied over the first run: new Jobs only
     assert second == render(path.parent)  # `kubectl apply -k` again: nothing changes
     # a config edit changes the ConfigMap in place, never a Job template (immutable) or a name
     (tmp_path / "k8s/base/compose.toml").write_text((tmp_path / "k8s/base/compose.toml").read_text() + "\n# edit\n")
     edited = render(path.parent)
     assert learner(edited) == learner(second) and set(edited) == set(second)
+    assert _job_updates(second, edited) == []
     for _, spec in pod_specs(edited):
         for volume in spec.get("volumes", []):
             if "configMap" in volume and volume["configMap"]["name"].startswith("searchr1-"):
                 assert volume["configMap"]["name"] in ("searchr1-config", "searchr1-run"), volume
+
+
+def test_switching_overlays_in_one_namespace_creates_new_jobs():
+    """gpu -> gpu-7b (another run, another model to fetch) applies: both Jobs are the new run's."""
+    assert _job_updates(overlay("gpu"), overlay("gpu-7b")) == []
+    assert _job_updates(overlay("cpu"), overlay("gpu")) == []
+
+
+def test_an_image_change_for_the_same_run_meets_the_immutable_job_templates(tmp_path):
+    """What docs/deploy.md ("A new image for the same run") has the user do: delete the run's two Jobs
+    before applying; Deployments roll over by themselves."""
+    shutil.copytree(K8S, tmp_path / "k8s")
+    mine = tmp_path / "k8s/overlays/mine"
+    mine.mkdir()
+    (mine / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [../gpu]\n"
+        "images:\n  - {name: registry.example.com/searchr1, newTag: gpu-2}\n")
+    run = RUNS["gpu"]
+    assert _job_updates(overlay("gpu"), render(mine)) == [f"learner-{run}", f"searchr1-data-{run}"]
 
 
 def test_alertmanager_receives_prometheus_alerts():
@@ -169,7 +219,10 @@ def test_the_retriever_is_released_with_the_workers():
         assert scaled["scaleTargetRef"]["name"] == "retriever" and scaled["idleReplicaCount"] == 0
         assert scaled["minReplicaCount"] == scaled["maxReplicaCount"] == docs[("Deployment", "retriever")]["spec"]["replicas"]
         assert [t["metadata"]["stream"] for t in scaled["triggers"]] == [t["metadata"]["stream"] for t in rollout["triggers"]]
-        assert {k for t in scaled["triggers"] for k in t["metadata"]} >= {"activationLagCount", "activationPendingEntriesCount"}
+        # active while any task waits or is in flight: KEDA's redis-streams scaler compares each trigger's
+        # count (lag, pending entries) with activationLagCount
+        assert [t["metadata"]["activationLagCount"] for t in scaled["triggers"]] == ["0", "0"]
+        assert {k for t in scaled["triggers"] for k in t["metadata"]} >= {"lagCount", "pendingEntriesCount"}
 
 
 @pytest.mark.parametrize("name", OVERLAYS)
@@ -221,7 +274,16 @@ def test_the_7b_learner_runs_across_nodes():
     assert service["clusterIP"] == "None" and service["publishNotReadyAddresses"] is True
     assert service["selector"] == {"app": "learner"}
     assert docs[("Service", "learner")]["spec"]["selector"]["batch.kubernetes.io/job-completion-index"] == "0"
-    assert not {"startupProbe", "readinessProbe", "livenessProbe"} & set(c)  # nodes > 0 serve no HTTP
+    # every node serves /healthz (node 0: rank 0's progress; another node: its own ranks'), so one liveness
+    # probe fits every pod; patient enough for a torchrun restart round, in which no rank serves: the
+    # rendezvous (up to join_timeout) and then loading the model and checkpoint (5 min allowed)
+    join = int(opt("--rdzv-conf").removeprefix("join_timeout="))
+    live, start = c["livenessProbe"], c["startupProbe"]
+    for probe in (live, start):
+        assert probe["httpGet"] == {"path": "/healthz", "port": "metrics"}
+        assert probe["periodSeconds"] * probe["failureThreshold"] >= join + 300, probe
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert {"containerPort": 9404, "name": "metrics"} in c["ports"]
     peers = docs[("NetworkPolicy", "learner-from-learner")]["spec"]
     assert peers["podSelector"] == {"matchLabels": {"app": "learner"}}
     assert peers["ingress"] == [{"from": [{"podSelector": {"matchLabels": {"app": "learner"}}}]}]
@@ -233,7 +295,7 @@ def test_the_7b_overlay_runs_the_7b_config():
         f"cp configs/searchr1-7b-grpo.toml {copy.relative_to(ROOT)}"
     docs = overlay("gpu-7b")
     assert docs[("ConfigMap", "searchr1-config")]["data"] == {"compose.toml": copy.read_text()}
-    script = container(docs[("Job", "searchr1-data")])["args"][0]
+    script = container(data_job(docs))["args"][0]
     assert "hf download Qwen/Qwen2.5-7B --local-dir models/Qwen2.5-7B" in script and "2.5-3B" not in script
 
 

@@ -1,5 +1,6 @@
 """The liveness watchdog against a hand-stepped clock: alive while beats come within the bound, not alive
-past it, alive again after a beat, and excused (alive, bound restarted) while a dependency is away."""
+past it, alive again after a beat, and excused (alive, bound restarted) while a dependency is away or
+inside a wait another watchdog bounds."""
 
 from __future__ import annotations
 
@@ -38,3 +39,19 @@ def test_stall_bound_and_excuse():
 def test_bound_must_be_positive():
     with pytest.raises(ValueError):
         Watchdog("w", 0)
+
+
+def test_a_wait_another_watchdog_bounds_is_no_stall():
+    clock = Clock()
+    dog = Watchdog("w", 10.0, clock=clock)
+    with dog.waiting():
+        clock.t = 100.0
+        assert dog.alive()  # a rank waiting for rank 0's next step
+    clock.t = 109.9
+    assert dog.alive()  # the wait's end is a beat
+    clock.t = 110.0
+    assert not dog.alive()
+    with pytest.raises(RuntimeError), dog.waiting():
+        raise RuntimeError("the wait failed")
+    clock.t = 200.0
+    assert not dog.alive()  # no wait is left open by a failure
