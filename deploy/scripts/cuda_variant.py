@@ -11,9 +11,15 @@ built for that CUDA (`vllm-<version>+cu12x-…whl` on vLLM's GitHub release, or 
 runs on hosts whose driver supports that CUDA 12 release (docs/deploy.md has the driver matrix).
 Which variants exist depends on the pinned releases: PyTorch and vLLM publish a few per release.
 
-Writes the rewritten constraints and the extra requirements (the vLLM wheel) and prints pip's extra
-arguments (the index; words without spaces).
-Standard library only: it runs before anything is installed.
+FAISS (build argument FAISS): `cpu` (the default) keeps the retriever's faiss-cpu; `gpu` replaces it with
+PyPI's `faiss-gpu` (pinned in deploy/constraints-cuda.txt: 1.15.1, the faiss-cpu release of the CPU
+image), which is built against the CUDA 12 runtime from 12.6 on (it requires nvidia-cuda-runtime-cu12
+≥ 12.6, < 13): the cu126, cu128 and cu129 variants. PyPI has no faiss-gpu wheel for CUDA 13, so `cu130`
+with FAISS=gpu is refused.
+
+Writes the rewritten constraints and the extra requirements (the vLLM wheel, faiss-gpu), rewrites the
+requirements file when one is given (faiss-cpu dropped for FAISS=gpu), and prints pip's extra arguments
+(the index; words without spaces). Standard library only: it runs before anything is installed.
 """
 
 from __future__ import annotations
@@ -50,21 +56,48 @@ def variant_inputs(variant: str, constraints: str, vllm_wheel: str = "",
     return "\n".join(out) + "\n", ["--extra-index-url", f"{torch_index}/{variant}"], [f"vllm @ {wheel}"]
 
 
+FAISS_GPU_FROM = 6
+"""PyPI's faiss-gpu needs the CUDA 12 runtime 12.6 or newer: variants cu126 and up, below cu130."""
+
+
+def faiss_inputs(variant: str, faiss: str, requirements: list[str]) -> tuple[list[str], list[str]]:
+    """(requirements, extra requirement lines) for FAISS `cpu` (unchanged) or `gpu` (faiss-cpu replaced by
+    faiss-gpu, for the CUDA 12 variants PyPI's wheel supports)."""
+    if faiss == "cpu":
+        return requirements, []
+    if faiss != "gpu":
+        raise ValueError(f"FAISS {faiss!r}: expected cpu or gpu")
+    m = re.fullmatch(r"cu12(\d)", variant)
+    if m is None or int(m.group(1)) < FAISS_GPU_FROM:
+        raise ValueError(f"FAISS=gpu with CUDA_VARIANT {variant}: PyPI's faiss-gpu is built for the CUDA 12 runtime "
+                         "12.6 or newer only (no CUDA 13 wheel); build CUDA_VARIANT=cu126, cu128 or cu129, or keep "
+                         "FAISS=cpu")
+    return [r for r in requirements if not re.match(r"faiss-cpu\s*(?:[<>=!~;\[]|$)", r)], ["faiss-gpu"]
+
+
 def main(argv: list[str]) -> None:
     import os
 
-    if len(argv) != 4:
-        sys.exit("usage: cuda_variant.py VARIANT CONSTRAINTS OUT_CONSTRAINTS OUT_REQUIREMENTS")
-    variant, src, dst, extra = argv
+    if len(argv) not in (4, 5):
+        sys.exit("usage: cuda_variant.py VARIANT CONSTRAINTS OUT_CONSTRAINTS OUT_REQUIREMENTS [REQUIREMENTS]")
+    variant, src, dst, extra = argv[:4]
     try:
         with open(src) as f:
             text, args, requirements = variant_inputs(variant, f.read(), os.environ.get("VLLM_WHEEL", ""))
+        base: list[str] = []
+        if len(argv) == 5:
+            with open(argv[4]) as f:
+                base = f.read().splitlines()
+        base, faiss = faiss_inputs(variant, os.environ.get("FAISS", "cpu"), base)
     except ValueError as exc:
         sys.exit(str(exc))
     with open(dst, "w") as f:
         f.write(text)
     with open(extra, "w") as f:
-        f.write("".join(r + "\n" for r in requirements))
+        f.write("".join(r + "\n" for r in [*requirements, *faiss]))
+    if len(argv) == 5:
+        with open(argv[4], "w") as f:
+            f.write("".join(r + "\n" for r in base))
     print(" ".join(args))
 
 

@@ -7,6 +7,11 @@ retriever's device), and for the learner the `torchrun` command prefix (`--nproc
 address and port) that starts its FSDP ranks. The rollout GPUs are cut, in the order listed, into
 groups of `tensor_parallel_size`, one vLLM worker per group.
 
+The placement decides these settings: `placement_conflicts` lists the run config's service-table values
+that say otherwise (`[retriever.search] faiss_gpu = true` beside `[placement.retriever] faiss_gpu = false`),
+which every consumer of a placement (`searchr1 up`, compose_gpu.py, the Kubernetes patch) refuses rather
+than override without a word.
+
 Errors are raised for a GPU out of range, a GPU listed twice, GPUs shared between roles (unless
 `colocate`: the learner and the rollout workers on the same GPUs, as Search-R1 runs them), a rollout GPU
 count that the tensor-parallel size does not divide, and ports that collide.
@@ -27,6 +32,7 @@ or without the GPU Operator's `nvidia.com/gpu.present` label); they tolerate the
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
@@ -37,7 +43,7 @@ from pydantic import Field, model_validator
 from searchr1.core.settings import Section, ServiceSettings
 
 __all__ = ["PlacementError", "PlacementSettings", "Placement", "ProcessPlacement", "plan_placement",
-           "k8s_placement_patch"]
+           "placement_conflicts", "k8s_placement_patch"]
 
 
 class PlacementError(ValueError):
@@ -72,8 +78,9 @@ class RetrieverPlacement(Section):
     gpu: int | None = Field(default=None, ge=0)
     """The GPU index when `device = "gpu"`."""
     faiss_gpu: bool = False
-    """Also put the FAISS index on that GPU (`retriever.search.faiss_gpu`; a faiss-gpu build; the 61 GiB
-    wiki-18 Flat index does not fit one 80 GB GPU next to anything else)."""
+    """Also put the FAISS index on that GPU: the one switch for FAISS on GPU in a config with a placement
+    (it sets `retriever.search.faiss_gpu`; needs an image built with `FAISS=gpu`; the 61 GiB wiki-18 Flat
+    index does not fit one 80 GB GPU next to anything else)."""
 
 
 class PlacementSettings(ServiceSettings):
@@ -202,6 +209,50 @@ def plan_placement(s: PlacementSettings) -> Placement:
     return Placement(tuple(rollout), learner, retriever)
 
 
+SERVICE_PREFIXES = {"ROLLOUT_": "rollout", "LEARNER_": "learner", "RETRIEVER_": "retriever"}
+"""Environment prefixes of the service settings a placement sets, and their tables in the run config."""
+DECIDED_BY = {"ROLLOUT_ENGINE__TENSOR_PARALLEL_SIZE": "[placement.rollout] tensor_parallel_size",
+              "ROLLOUT_ENGINE__GPU_MEMORY_UTILIZATION": "[placement.rollout] gpu_memory_utilization",
+              "LEARNER_DEVICE": "[placement.learner] gpus", "RETRIEVER_SEARCH__DEVICE": "[placement.retriever] device",
+              "RETRIEVER_SEARCH__FAISS_GPU": "[placement.retriever] faiss_gpu"}
+"""The `[placement]` entry each service setting follows from."""
+
+
+def _same(configured: Any, placed: str) -> bool:
+    if isinstance(configured, bool):
+        return str(configured).lower() == placed
+    if isinstance(configured, int | float):
+        try:
+            return float(configured) == float(placed)
+        except ValueError:
+            return False
+    return str(configured) == placed
+
+
+def placement_conflicts(config: dict[str, Any], placed: Placement) -> list[str]:
+    """The run config's service-table values that `placed` also sets, with another value (`config`: the
+    run config's tables). The placement decides them; a differing value in a service table would be
+    overridden without a word, so each is a refusal naming both (an agreeing one is accepted)."""
+    out: list[str] = []
+    for proc in (*placed.rollout, placed.learner, placed.retriever):
+        for key, value in proc.env.items():
+            prefix = next((p for p in SERVICE_PREFIXES if key.startswith(p)), None)
+            if prefix is None:
+                continue
+            path = [SERVICE_PREFIXES[prefix], *key[len(prefix):].lower().split("__")]
+            table: Any = config
+            for part in path[:-1]:
+                table = table.get(part, {}) if isinstance(table, dict) else {}
+            if not isinstance(table, dict) or path[-1] not in table or _same(table[path[-1]], value):
+                continue
+            line = (f"[{'.'.join(path[:-1])}] {path[-1]} = {json.dumps(table[path[-1]])} but the placement sets it "
+                    f"to {value} ({key}, from {DECIDED_BY.get(key, '[placement]')}): drop the line, the placement "
+                    "decides it")
+            if line not in out:
+                out.append(line)
+    return out
+
+
 _GPU_NODE: dict[str, Any] = {
     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
 }
@@ -266,8 +317,12 @@ def k8s_placement_patch(s: PlacementSettings, source: str = "") -> str:
 
 if __name__ == "__main__":
     from searchr1.core.commandline import error
-    from searchr1.core.settings import load_settings
+    from searchr1.core.settings import load_settings, read_config_file
 
     if len(sys.argv) != 2:
         raise SystemExit(error("usage: python -m searchr1.launcher.placement <run config with a [placement] table>"))
-    sys.stdout.write(k8s_placement_patch(load_settings(PlacementSettings, sys.argv[1]), sys.argv[1]))
+    placement = load_settings(PlacementSettings, sys.argv[1])
+    conflicts = placement_conflicts(read_config_file(sys.argv[1]), plan_placement(placement))
+    if conflicts:
+        raise SystemExit(error(f"{sys.argv[1]}: " + "; ".join(conflicts)))
+    sys.stdout.write(k8s_placement_patch(placement, sys.argv[1]))

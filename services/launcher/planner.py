@@ -5,7 +5,8 @@ there says what a plan holds).
 The order is the dependency order: Redis → index build if the index is missing → retriever → reward →
 rollout workers → learner. Ports configured as 0 are resolved here to free ones, so every process's
 address is known before the first one starts; what is wrong (a port taken, `redis-server` not found, a
-corpus missing, a `[launcher.*]` entry that contradicts the placement) is collected in `plan.problems`.
+corpus missing, a `[launcher.*]` entry or a service-table value that contradicts the placement) is collected in
+`plan.problems`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,13 @@ from searchr1.core.redis_server import RedisNotFound, find_redis_server
 from searchr1.core.servers import free_port, port_is_free
 from searchr1.core.settings import ConfigError, load_settings, read_config_file
 from searchr1.launcher.health import Gate, GrpcHealthGate, HttpGate, RedisPingGate
-from searchr1.launcher.placement import Placement, PlacementSettings, ProcessPlacement, plan_placement
+from searchr1.launcher.placement import (
+    Placement,
+    PlacementSettings,
+    ProcessPlacement,
+    placement_conflicts,
+    plan_placement,
+)
 from searchr1.launcher.settings import LauncherSettings, RestartSettings
 from searchr1.launcher.specs import (
     DEFAULT_TEMPLATES,
@@ -221,6 +228,8 @@ def build_plan(settings: LauncherSettings, config: str | Path, run_dir: str | Pa
     plan = _Planner(settings, config_path, run_root, plan_placement(placement) if placement is not None else None)
     if not config_found:
         plan.problems.append(f"run config not found: {config_path}")
+    elif plan.placed is not None:  # a service table saying otherwise than the placement
+        plan.problems += placement_conflicts(read_config_file(config_path), plan.placed)
     redis_url = plan.redis()
     host, r = settings.host, settings.retriever
     index_dir = Path(r.index_dir).resolve() if r.index_dir else run_root / "index"

@@ -1,7 +1,7 @@
 """CLI commands of the learner service, registered into `searchr1` by `searchr1.cli`:
-`searchr1 train --config …` (`--replay ARCHIVE_DIR` trains from an archive), `searchr1 data prepare`,
-`searchr1 data fetch`, the `searchr1 archive` group (`tools/archive_commands.py`), `searchr1 audit`
-(`tools/audit_commands.py`) and `searchr1 weights rollback VERSION`.
+`searchr1 train --config …` (`--replay ARCHIVE_DIR` trains from an archive, `--check` only checks the Redis
+budget), `searchr1 data prepare`, `searchr1 data fetch`, the `searchr1 archive` group
+(`tools/archive_commands.py`), `searchr1 audit` (`tools/audit_commands.py`) and `searchr1 weights rollback VERSION`.
 
 Each command parses its flags and calls the learner's own functions; `train` loads `LearnerSettings`
 through the one validated override path (`core.commandline.settings_or_exit`), its flags' help texts are
@@ -61,6 +61,35 @@ def run_train(settings: LearnerSettings, max_steps: int | None) -> int:
     return 0
 
 
+def run_check(settings: LearnerSettings) -> int:
+    """`searchr1 train --check`: the start-up check of what Redis must hold (`redis_budget`) against the run's
+    Redis, and nothing else; returns 0 when it fits, 2 with the message naming the settings when not."""
+    import asyncio
+
+    from redis.exceptions import RedisError
+
+    from searchr1.core.streams import connect
+    from searchr1.learner.redis_budget import RedisBudgetError, enforce_redis_budget
+
+    async def check():
+        redis = connect(settings.redis.url)
+        try:
+            return await enforce_redis_budget(settings, redis)
+        finally:
+            await redis.aclose()
+
+    try:
+        budget = asyncio.run(check())
+    except RedisBudgetError as exc:
+        return error(str(exc), 2)
+    except (OSError, RedisError) as exc:
+        return error(f"cannot read Redis' maxmemory: {exc}", 1)
+    limit = f"{budget.maxmemory / 2**30:.2f} GiB" if budget.maxmemory else "no limit"
+    typer.echo(f"Redis holds what this run keeps unacked: {budget.held_groups} groups × "
+               f"{budget.bytes_per_group / 2**20:.2f} MiB = {budget.need_bytes / 2**30:.2f} GiB, maxmemory {limit}")
+    return 0
+
+
 def train(
     config: Annotated[Path | None, typer.Option("--config", "-c", help="Run config (TOML/YAML); its 'learner' "
                                                 "table is used.")] = None,
@@ -74,6 +103,10 @@ def train(
     replay: Annotated[Path | None, typer.Option(help=field_help(LEARNER_SETTINGS, "archive.replay_from"))] = None,
     insecure_no_auth: Annotated[bool | None, typer.Option(
         "--insecure-no-auth", help=INSECURE_HELP + " (The snapshot server of weights.http.)")] = None,
+    check: Annotated[bool, typer.Option(
+        "--check", help="Only check that the run's Redis can hold what the run keeps unacked, and exit: 0 when it "
+        "can, 2 naming the settings when not (the compose projects' learner-check runs it before the learner).")]
+    = False,
 ) -> None:
     """Train the policy with GRPO/PPO on groups from the trajectories stream (the learner service).
 
@@ -84,6 +117,8 @@ def train(
         LearnerSettings, config, model__path=model, dispatcher__dataset=dataset, redis__url=redis_url,
         redis__run=run, metrics_port=metrics_port, archive__replay_from=replay,
         auth__insecure_no_auth=insecure_no_auth)
+    if check:
+        raise typer.Exit(run_check(settings))
     if settings.weights.http:
         token_or_exit(settings.weights.token, settings.auth, server="the learner's snapshot server",
                       setting="LEARNER_WEIGHTS__TOKEN ([learner.weights] token)")

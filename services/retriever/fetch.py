@@ -43,9 +43,11 @@ __all__ = [
     "INDEX_FILE",
     "INDEX_PARTS",
     "INDEX_REPO",
+    "KNOWN_INDEXES",
     "STATE_FILE",
     "FetchError",
     "FetchedFile",
+    "KnownIndex",
     "fetch_corpus",
     "fetch_index",
     "file_sha256",
@@ -60,6 +62,34 @@ CORPUS_FILE = "wiki-18.jsonl.gz"
 STATE_FILE = "fetch-state.json"
 BLOCK = 8 << 20
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+FLAT_HEADER_BYTES = 45
+"""A FAISS Flat file's header: fourcc, dim, count, two reserved words, trained flag, metric, vector length."""
+
+
+@dataclass(frozen=True)
+class KnownIndex:
+    """A prebuilt index this module fetches, as its publisher describes it: what a deployment can size
+    from before a byte of it is on disk (the compose project's retriever readiness budget)."""
+
+    repo: str
+    """Hub dataset holding its parts."""
+    kind: str
+    """Its FAISS kind once imported (`flat`)."""
+    passages: int
+    dim: int
+    encoder: str
+    """Hub repository of the encoder whose vectors it holds."""
+
+    @property
+    def file_bytes(self) -> int:
+        """Bytes of the assembled index file (Flat: the header, then passages × dim float32)."""
+        return FLAT_HEADER_BYTES + self.passages * self.dim * 4
+
+
+KNOWN_INDEXES: dict[str, KnownIndex] = {
+    INDEX_REPO: KnownIndex(INDEX_REPO, "flat", passages=21_015_324, dim=768, encoder="intfloat/e5-base-v2"),
+}
+"""By Hub repository: Search-R1's e5-base-v2 Flat index over wiki-18's 21,015,324 passages (64.6 GB)."""
 
 
 class FetchError(RuntimeError):

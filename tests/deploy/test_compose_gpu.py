@@ -10,11 +10,15 @@ gets it. The test changes only what a machine without GPUs or internet needs:
   and environment overrides that shrink the 3B config's sizes to the CPU (groups per step, tokens per
   turn, devices, threads). Every service still reads the 3B config, mounted as generated.
 
-Started: redis, data, retriever, reward, one of the three vLLM workers (a CPU has room for one) and the
-learner under the generated torchrun command (4 ranks, gloo). Passes when the data service exited 0
-before any other searchr1 service started, the learner trains STEPS steps with 4 training processes in
-its container, the project defines exactly one service that trains, one learner container ran and it
-never restarted.
+Started: redis, data, retriever, reward, one of the three vLLM workers (a CPU has room for one), the
+Redis budget check and the learner under the generated torchrun command (4 ranks, gloo). Passes when the
+data service exited 0 before any other searchr1 service started, `learner-check` exited 0 before the
+learner started, the learner trains STEPS steps with 4 training processes in its container, the project
+defines exactly one service that trains, one learner container ran and it never restarted.
+
+And with Redis' maxmemory set below what the 3B run keeps unacked (`REDIS_MAXMEMORY` in the environment, as
+a user's .env would), `learner-check` exits 2 once with the message naming the settings in its logs, is
+not restarted, and `up` of the learner refuses to start it.
 """
 
 from __future__ import annotations
@@ -34,13 +38,16 @@ from tests.deploy import docker_env as dk
 from tests.deploy.test_compose_up import _free_port
 from tests.support.hub import LocalHub
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "deploy/scripts"))
+import compose_gpu  # noqa: E402
+
 pytestmark = [pytest.mark.deploy, pytest.mark.timeout(3600)]
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = "configs/searchr1-3b-grpo.toml"
 STEPS = 2
 RANKS = 4
-STARTED = ["redis", "data", "retriever", "reward", "rollout-gpu-0", "learner-gpus"]
+STARTED = ["redis", "data", "retriever", "reward", "rollout-gpu-0", "learner-check", "learner-gpus"]
 SHRINK = {
     "RETRIEVER_SEARCH__DEVICE": "cpu", "RETRIEVER_TORCH_THREADS": "1", "RETRIEVER_FAISS_THREADS": "1",
     "RETRIEVER_SEARCH__ENCODER_BATCH_SIZE": "16", "REWARD_WORKERS": "1",
@@ -133,8 +140,7 @@ def _run_project(env: dict, log: Path, project: str, cpu: Path, override: Path, 
            "REWARD_TOKEN": secrets.token_hex(16), "REDIS_IMAGE": dk.BASE_IMAGE, "SEARCHR1_GPU_IMAGE": dk.IMAGE,
            "REDIS_PORT": str(_free_port()), "RETRIEVER_PORT": str(_free_port())}
     compose = ["docker-compose", "-p", project, "--project-directory", str(ROOT), "-f", str(cpu), "-f", str(override)]
-    trainers = [n for n, s in spec["services"].items() if (s.get("command") or [""])[0] == "train"]
-    assert trainers == ["learner-gpus"], trainers  # one learner, whatever profile is enabled
+    assert compose_gpu.trainers(spec["services"]) == ["learner-gpus"]  # one learner
     assert not any("profiles" in s for s in spec["services"].values())
     t0 = time.monotonic()
     try:
@@ -158,6 +164,10 @@ def _run_project(env: dict, log: Path, project: str, cpu: Path, override: Path, 
             (cid,) = ids[name]
             started = _inspect(env, cid)["State"]["StartedAt"]
             assert _seconds(started) >= _seconds(data["FinishedAt"]), (name, started, data["FinishedAt"])
+        check = _inspect(env, ids["learner-check"][0])["State"]
+        assert check["Status"] == "exited" and check["ExitCode"] == 0, check
+        learner_started = _inspect(env, ids["learner-gpus"][0])["State"]["StartedAt"]
+        assert _seconds(learner_started) >= _seconds(check["FinishedAt"]), (learner_started, check)
         learners = dk.run([dk.DOCKER, "ps", "-a", "-q", "--filter", f"label=com.docker.compose.project={project}",
                            "--filter", "label=com.docker.compose.service=learner-gpus"], env=env).split()
         assert len(learners) == 1 and _inspect(env, learners[0])["RestartCount"] == 0
@@ -169,3 +179,42 @@ def _run_project(env: dict, log: Path, project: str, cpu: Path, override: Path, 
             dk.run([*compose, "logs", "--no-color", "--tail", "150"], env=env, log=log, timeout=300)
         finally:
             dk.run([*compose, "down", "-v", "--remove-orphans", "-t", "30"], env=env, log=log, timeout=600)
+
+
+def test_generated_learner_check_refuses_a_redis_too_small_once(tmp_path, docker_session):
+    """REDIS_MAXMEMORY below what the 3B run keeps unacked (1.34 GiB at the bound): learner-check exits 2
+    once, its logs name the settings, and `up` of the learner refuses to start it. The learner's
+    dependency on `data` is dropped here (no downloads in this test); nothing else is edited."""
+    log = tmp_path / "deploy.log"
+    generated = subprocess.run([sys.executable, "deploy/scripts/compose_gpu.py", CONFIG], cwd=ROOT, check=True,
+                               capture_output=True, text=True, timeout=120).stdout
+    spec = yaml.safe_load(generated)
+    for service in spec["services"].values():
+        service.pop("deploy", None)
+    del spec["services"]["learner-gpus"]["depends_on"]["data"]
+    path = tmp_path / "docker-compose.gpu.yml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    project = f"searchr1chk{secrets.token_hex(3)}"
+    env = {**docker_session, "REDIS_PASSWORD": secrets.token_hex(16), "RETRIEVER_TOKEN": secrets.token_hex(16),
+           "REWARD_TOKEN": secrets.token_hex(16), "REDIS_IMAGE": dk.BASE_IMAGE, "SEARCHR1_GPU_IMAGE": dk.IMAGE,
+           "REDIS_PORT": str(_free_port()), "RETRIEVER_PORT": str(_free_port()), "REDIS_MAXMEMORY": "256mb"}
+    compose = ["docker-compose", "-p", project, "--project-directory", str(ROOT), "-f", str(path)]
+    try:
+        up = subprocess.run([*compose, "up", "-d", "--no-build", "learner-gpus"], env=env, capture_output=True,
+                            text=True, timeout=600, check=False)
+        with log.open("a") as f:
+            f.write(f"$ up -d learner-gpus (REDIS_MAXMEMORY=256mb): exit {up.returncode}\n{up.stdout}{up.stderr}\n")
+        assert up.returncode != 0 and "learner-check" in up.stdout + up.stderr, up.stdout + up.stderr
+        (cid,) = dk.run([*compose, "ps", "-a", "-q", "learner-check"], env=env).split()
+        time.sleep(10)  # a restart policy would have started it again by now
+        state = _inspect(env, cid)
+        assert state["State"]["Status"] == "exited" and state["State"]["ExitCode"] == 2, state["State"]
+        assert state["RestartCount"] == 0
+        logs = dk.run([*compose, "logs", "--no-color", "learner-check"], env=env, log=log)
+        assert "Redis cannot hold what this run keeps unacked" in logs and "learner.checkpoint.every 4" in logs, logs
+        assert "Redis maxmemory 0.25 GiB" in logs, logs
+        for learner in dk.run([dk.DOCKER, "ps", "-a", "-q", "--filter", f"label=com.docker.compose.project={project}",
+                               "--filter", "label=com.docker.compose.service=learner-gpus"], env=env).split():
+            assert _inspect(env, learner)["State"]["StartedAt"].startswith("0001-"), "the learner was started"
+    finally:
+        dk.run([*compose, "down", "-v", "--remove-orphans", "-t", "10"], env=env, log=log, timeout=600)

@@ -84,7 +84,7 @@ def test_kill_a_worker_to_the_next_step(tmp_path, docker_session):
     override = tmp_path / "override.yml"
     override.write_text(yaml.safe_dump({"services": {
         name: {"volumes": [f"{config_dir}:/app/configs:ro"]} for name in ("init", "retriever", "reward",
-                                                                             "rollout", "learner")}}))
+                                                                             "rollout", "learner", "learner-check")}}))
     project = f"searchr1test{secrets.token_hex(3)}"
     _deploy_kill_and_measure(docker_session, log, override, project)
 

@@ -101,7 +101,7 @@ def test_compose_up_trains_and_every_target_is_scraped(tmp_path, docker_session)
     override = tmp_path / "override.yml"
     override.write_text(yaml.safe_dump({"services": {
         name: {"volumes": [f"{config_dir}:/app/configs:ro"]} for name in ("init", "retriever", "reward",
-                                                                             "rollout", "learner")}}))
+                                                                             "rollout", "learner", "learner-check")}}))
     project = f"searchr1test{secrets.token_hex(3)}"
     _deploy_and_train(docker_session, log, override, prom_port, project)
 

@@ -1,8 +1,10 @@
-"""docker-compose.yml as a GPU user and a first-time user meet it: every GPU service on explicit GPUs
-(and the generated docker-compose.gpu.yml placing a run config's workers and learner), GPU services
-scraped under the names Prometheus discovers, the committed warm start shipped in the image and copied
-by `init`, `.env.example` naming every variable, Alertmanager with a runbook for every alert, and
-Grafana's provisioning files valid against their schemas. The docker deploy test is tests/deploy."""
+"""docker-compose.yml as a GPU user and a first-time user meet it: docker-compose.tiny-gpu.yml putting the
+tiny world's own worker and learner on explicit GPUs (and the generated docker-compose.gpu.yml placing a
+run config's workers and learner, its retriever sized for the index its data step fetches, its learner
+behind the Redis budget check), the committed warm start shipped in the image and copied by `init`,
+`.env.example` naming every variable, Alertmanager with a runbook for every alert, and Grafana's
+provisioning files valid against their schemas. That no documented compose command starts two learners:
+test_deploy_compose_one_learner.py. The docker deploy test is tests/deploy."""
 
 from __future__ import annotations
 
@@ -43,15 +45,31 @@ def _tool(name: str) -> str:
     return found
 
 
-def test_gpu_services_name_their_gpus_and_answer_to_the_cpu_names():
-    services = _compose()["services"]
+def _tiny_gpu() -> dict:
+    return yaml.safe_load((ROOT / "docker-compose.tiny-gpu.yml").read_text())
+
+
+def test_tiny_gpu_override_puts_the_same_worker_and_learner_on_named_gpus():
+    base, override = _compose()["services"], _tiny_gpu()["services"]
+    assert set(override) == {"rollout", "learner"} <= set(base)  # overrides, adds no service
     ids = {}
-    for name, alias in (("rollout-gpu", "rollout"), ("learner-gpu", "learner")):
-        (dev,) = _devices(services[name])
+    for name, service in override.items():
+        (dev,) = _devices(service)
         assert "count" not in dev and dev["capabilities"] == ["gpu"], name  # count: 1 is always GPU 0
         (ids[name],) = dev["device_ids"]
-        assert services[name]["networks"]["default"]["aliases"] == [alias], name
-    assert ids == {"rollout-gpu": "${ROLLOUT_GPU:-0}", "learner-gpu": "${LEARNER_GPU:-1}"}
+        assert service["image"] == "${SEARCHR1_GPU_IMAGE:-searchr1:gpu}"
+        assert service["build"]["dockerfile"] == "Dockerfile.cuda"
+    assert ids == {"rollout": "${ROLLOUT_GPU:-0}", "learner": "${LEARNER_GPU:-1}"}
+    assert override["learner"]["environment"]["LEARNER_DEVICE"] == "cuda"
+
+
+def test_learner_waits_for_the_redis_budget_check_that_runs_once():
+    services = _compose()["services"]
+    check, learner = services["learner-check"], services["learner"]
+    assert check["restart"] == "no" and learner["restart"] == "on-failure"
+    assert check["command"] == [*learner["command"], "--check"] and check["environment"] == learner["environment"]
+    assert learner["depends_on"]["learner-check"] == {"condition": "service_completed_successfully"}
+    assert check["depends_on"] == {"redis": {"condition": "service_healthy"}}
 
 
 @pytest.fixture(scope="module")
@@ -96,13 +114,23 @@ def test_generated_project_runs_the_config_after_its_data_step_with_one_learner(
     _, project, text = generated
     services = project["services"]
     searchr1 = {n: s for n, s in services.items() if s["image"] == "${SEARCHR1_GPU_IMAGE:-searchr1:gpu}"}
-    assert set(searchr1) == {"data", "retriever", "reward", "learner-gpus", *(n for n in services if "rollout" in n)}
+    assert set(searchr1) == {"data", "retriever", "reward", "learner-gpus", "learner-check",
+                             *(n for n in services if "rollout" in n)}
     for name, s in searchr1.items():
         assert "./configs/searchr1-3b-grpo.toml:/app/configs/run.toml:ro" in s["volumes"], name
         assert {"inputs:/app/data", "models:/app/models", "cache:/app/.cache"} <= set(s["volumes"]), name
         if name != "data":
             assert "configs/run.toml" in s["command"] and "configs/compose.toml" not in s["command"], name
+        if name not in ("data", "learner-check"):
             assert s["depends_on"]["data"] == {"condition": "service_completed_successfully"}, name
+    # the Redis budget check: the learner's own command and environment, once, before the learner, not
+    # after the data step (a run Redis cannot hold is refused before the downloads)
+    check, learner = services["learner-check"], services["learner-gpus"]
+    assert check["command"] == [*learner["command"], "--check"] and check["environment"] == learner["environment"]
+    assert check["restart"] == "no" and "deploy" not in check and check["depends_on"] == {
+        "redis": {"condition": "service_healthy"}}
+    assert learner["depends_on"]["learner-check"] == {"condition": "service_completed_successfully"}
+    assert "VLLM_CPU_KVCACHE_SPACE" not in services["rollout-gpu-0"]["environment"]
     # under torchrun the run's name goes through the environment (`--run` is ambiguous to torchrun)
     assert "--run" not in services["learner-gpus"]["command"]
     assert services["learner-gpus"]["environment"]["LEARNER_REDIS__RUN"] == "searchr1-3b-grpo"
@@ -115,21 +143,57 @@ def test_generated_project_runs_the_config_after_its_data_step_with_one_learner(
         assert step in script, step
     assert services["data"]["restart"] == "no"
     # one learner, no CPU pair, no tiny-world init, no profile that could add one
-    assert [n for n, s in services.items() if (s.get("command") or [""])[0] == "train"] == ["learner-gpus"]
-    assert not {"rollout", "learner", "init", "rollout-gpu", "learner-gpu"} & set(services)
+    assert compose_gpu.trainers(services) == ["learner-gpus"]
+    assert not {"rollout", "learner", "init"} & set(services)
     assert not any("profiles" in s for s in services.values())
-    # the retriever's readiness budget: the config's 3,600 s floor over 64.6 GB read at 100 MB/s + 300 s
+    # the retriever's readiness budget: the config's 3,600 s floor over 64.6 GB read at 100 MB/s + 300 s,
+    # the index the data step fetches by default
     assert services["retriever"]["healthcheck"]["start_period"] == "3600s"
+    assert services["data"]["environment"]["SEARCHR1_INDEX_REPO"] == "${SEARCHR1_INDEX_REPO:-PeterJinGo/wiki-18-e5-index}"
+    assert "PeterJinGo/wiki-18-e5-index: flat, 21,015,324 × 768 float32, 64,559,075,373 bytes" in text
     assert "GPU 7: retriever" in text and "idle" not in text
 
 
-def test_readiness_budget_and_idle_gpus_by_hand(tmp_path):
+def test_readiness_budget_from_the_fetched_index_by_hand():
     assert compose_gpu.readiness_budget_s(64_559_075_373) == 960  # 645.6 s + 300 s = 945.6 s → 16 whole minutes
     assert compose_gpu.readiness_budget_s(0) == 300 and compose_gpu.readiness_budget_s(0, floor_s=301) == 360
-    assert compose_gpu.index_bytes(tmp_path / "missing", "flat") == 21_015_324 * 768 * 4 + 45
-    (tmp_path / "ix").mkdir()
-    (tmp_path / "ix" / "a").write_bytes(b"x" * 10)
-    assert compose_gpu.index_bytes(tmp_path / "ix", "flat") == 10
+    size, how = compose_gpu.index_size("PeterJinGo/wiki-18-e5-index", "flat")
+    assert size == 21_015_324 * 768 * 4 + 45 and "flat" in how  # header, then 21,015,324 × 768 float32
+    assert compose_gpu.index_size("me/my-index", "flat", index_bytes=10) == (10, "me/my-index: 10 bytes (--index-bytes)")
+    with pytest.raises(SystemExit, match="--index-bytes"):
+        compose_gpu.index_size("me/my-index", "flat")
+    with pytest.raises(SystemExit, match="kind = 'ivfpq'"):
+        compose_gpu.index_size("PeterJinGo/wiki-18-e5-index", "ivfpq")
+
+
+def _generate(tmp_path, text: str, **kw) -> str:
+    from searchr1.learner.settings import LearnerSettings
+
+    config = tmp_path / "run.toml"
+    config.write_text(text)
+    return compose_gpu.compose_gpu(config, load_settings(PlacementSettings, config),
+                                   load_settings(LearnerSettings, config), _compose(), model_repo="Qwen/Qwen2.5-3B", **kw)
+
+
+def test_generator_refuses_what_the_project_could_not_run(tmp_path):
+    text = (ROOT / "configs/searchr1-3b-grpo.toml").read_text()
+    # FAISS on GPU is the placement's to decide: a service table saying otherwise is refused
+    faiss = text.replace('device = "cuda"                         # e5-base-v2', 'faiss_gpu = true\ndevice = "cuda" #')
+    assert "faiss_gpu = true" in faiss
+    with pytest.raises(SystemExit, match=r"\[retriever.search\] faiss_gpu = true .* \[placement.retriever\] faiss_gpu"):
+        _generate(tmp_path, faiss)
+    placed = text.replace("gpu = 7\n", "gpu = 7\nfaiss_gpu = true\n", 1)
+    out = _generate(tmp_path, placed)
+    assert "retriever (query encoder + FAISS)" in out and "FAISS=gpu" in out
+    assert "RETRIEVER_SEARCH__FAISS_GPU: 'true'" in out
+    elsewhere = text.replace('index_dir = "data/wiki-18/index"', 'index_dir = "data/wiki-18/e5"')
+    with pytest.raises(SystemExit, match="end it in /index"):
+        _generate(tmp_path, elsewhere)
+    with pytest.raises(SystemExit, match="--index-bytes"):
+        _generate(tmp_path, text, index_repo="me/my-index")
+    own = _generate(tmp_path, text, index_repo="me/my-index", index_bytes=400_000_000_000, encoder_repo="me/enc")
+    assert yaml.safe_load(own)["services"]["retriever"]["healthcheck"]["start_period"] == "4320s"  # 4,000 + 300 s
+    assert "${SEARCHR1_INDEX_REPO:-me/my-index}" in own and "fetch_model me/enc models/e5-base-v2" in own
 
 
 def test_generated_project_validates_as_compose_v1_and_the_spec(generated, tmp_path):
@@ -150,20 +214,22 @@ def test_generated_project_validates_as_compose_v1_and_the_spec(generated, tmp_p
     assert "--maxmemory 4096mb" in merged["redis"]["entrypoint"][2]
 
 
-def test_compose_v1_reads_the_gpu_profile(tmp_path):
+def test_compose_v1_reads_the_tiny_gpu_override(tmp_path):
     env = tmp_path / "env"
     env.write_text("".join(f"{k}={v}\n" for k, v in SECRETS.items()) + "ROLLOUT_GPU=2\nLEARNER_GPU=3\n")
     done = subprocess.run([_tool("docker-compose"), "--env-file", str(env), "-f", str(ROOT / "docker-compose.yml"),
-                           "--profile", "gpu", "config"], capture_output=True, text=True, timeout=120, check=False,
-                          cwd=ROOT)
+                           "-f", str(ROOT / "docker-compose.tiny-gpu.yml"), "config"], capture_output=True, text=True,
+                          timeout=120, check=False, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     services = yaml.safe_load(done.stdout)["services"]
-    assert _devices(services["rollout-gpu"])[0]["device_ids"] == ["2"]
-    assert _devices(services["learner-gpu"])[0]["device_ids"] == ["3"]
+    assert _devices(services["rollout"])[0]["device_ids"] == ["2"]
+    assert _devices(services["learner"])[0]["device_ids"] == ["3"]
+    assert services["learner"]["build"]["dockerfile"] == "Dockerfile.cuda"
+    assert services["learner"]["environment"]["LEARNER_REDIS__URL"].endswith("@redis:6379/0")  # merged, not replaced
 
 
 def test_env_example_names_every_variable_and_env_is_ignored():
-    text = (ROOT / "docker-compose.yml").read_text()
+    text = (ROOT / "docker-compose.yml").read_text() + (ROOT / "docker-compose.tiny-gpu.yml").read_text()
     used = set(re.findall(r"\$\{([A-Z0-9_]+)", text))
     example = {line.split("=", 1)[0] for line in (ROOT / ".env.example").read_text().splitlines()
                if line and not line.startswith("#")}

@@ -142,3 +142,38 @@ def test_cuda_variant_cu12x_takes_torch_from_its_index_and_the_matching_vllm_whe
 def test_cuda_variant_refuses_unknown_names(bad):
     with pytest.raises(ValueError, match="CUDA_VARIANT"):
         _variant().variant_inputs(bad, "vllm==0.32.0\n")
+
+
+def test_faiss_gpu_replaces_faiss_cpu_only_where_pypi_has_a_wheel():
+    build = _stage("build")
+    assert re.search(r"^ARG FAISS=cpu$", build, re.M) and 'FAISS="$FAISS" python /tmp/cuda_variant.py' in build
+    assert "/tmp/variant.txt /tmp/requirements.txt > /tmp/variant-flags" in build  # the requirements rewritten
+    assert _constraints()["faiss-gpu"] == "1.15.1"
+    reqs = ["numpy>=1.26", "faiss-cpu>=1.8", "faiss-cpu-extra", "bm25s"]
+    assert _variant().faiss_inputs("cu130", "cpu", reqs) == (reqs, [])
+    for variant in ("cu126", "cu128", "cu129"):  # faiss-gpu 1.15.1 needs the CUDA 12 runtime ≥ 12.6, < 13
+        assert _variant().faiss_inputs(variant, "gpu", reqs) == (["numpy>=1.26", "faiss-cpu-extra", "bm25s"],
+                                                                 ["faiss-gpu"])
+    for variant in ("cu130", "cu124"):
+        with pytest.raises(ValueError, match="cu126, cu128 or cu129"):
+            _variant().faiss_inputs(variant, "gpu", reqs)
+    with pytest.raises(ValueError, match="expected cpu or gpu"):
+        _variant().faiss_inputs("cu128", "rocm", reqs)
+
+
+def test_cuda_variant_script_rewrites_the_requirements_for_faiss_gpu(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "req.txt").write_text("numpy>=1.26\nfaiss-cpu>=1.8\n")
+    script = [sys.executable, str(ROOT / "deploy/scripts/cuda_variant.py"), "cu128",
+              str(ROOT / "deploy/constraints-cuda.txt"), str(tmp_path / "c.txt"), str(tmp_path / "v.txt"),
+              str(tmp_path / "req.txt")]
+    done = subprocess.run(script, env={"FAISS": "gpu"}, capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.split() == ["--extra-index-url", "https://download.pytorch.org/whl/cu128"]
+    assert (tmp_path / "req.txt").read_text() == "numpy>=1.26\n"
+    assert (tmp_path / "v.txt").read_text().splitlines()[-1] == "faiss-gpu"
+    assert "faiss-gpu==1.15.1" in (tmp_path / "c.txt").read_text().splitlines()
+    refused = subprocess.run([*script[:2], "cu130", *script[3:]], env={"FAISS": "gpu"}, capture_output=True,
+                             text=True, timeout=60, check=False)
+    assert refused.returncode == 1 and "no CUDA 13 wheel" in refused.stderr

@@ -1,6 +1,6 @@
 """`searchr1 up` follows the run config's `[placement]`: on 8, 4 and 2 GPUs each process's environment and
 the learner's command come out of the launch plan exactly as `plan_placement` computes them; launcher
-entries that contradict the placement are refused; `--dry-run` prints the plan with its GPUs."""
+entries and service-table values that contradict the placement are refused; `--dry-run` prints the plan with its GPUs."""
 
 from __future__ import annotations
 
@@ -171,6 +171,25 @@ learner = ["torchrun", "--nproc_per_node", "8", "-m", "searchr1.cli"]
     assert any(p.startswith("rollout-0: its launcher env sets CUDA_VISIBLE_DEVICES='5'") for p in problems)
     assert any(p.startswith("learner: its launcher env sets LEARNER_DEVICE='cpu'") for p in problems)
     assert any(p.startswith("learner: [launcher.commands] learner") for p in problems)
+
+
+def test_service_tables_that_contradict_the_placement_are_problems(tmp_path: Path):
+    """The placement decides a worker's memory fraction, the learner's device and where FAISS runs: a service
+    table saying otherwise would be overridden without a word, so it is refused; one that agrees passes."""
+    agreeing = _config(tmp_path, LAYOUTS[8] + '[rollout.engine]\ngpu_memory_utilization = 0.7\n'
+                       '[learner]\ndevice = "cuda"\n[retriever.search]\ndevice = "cuda"\nfaiss_gpu = false\n')
+    assert build_plan(load_settings(LauncherSettings, agreeing), agreeing, tmp_path / "run").problems == []
+    cfg = _config(tmp_path, LAYOUTS[8] + '[rollout.engine]\ngpu_memory_utilization = 0.9\n'
+                  '[learner]\ndevice = "cpu"\n[retriever.search]\nfaiss_gpu = true\n')
+    problems = build_plan(load_settings(LauncherSettings, cfg), cfg, tmp_path / "run").problems
+    assert sorted(problems) == [
+        '[learner] device = "cpu" but the placement sets it to cuda (LEARNER_DEVICE, from [placement.learner] '
+        'gpus): drop the line, the placement decides it',
+        "[retriever.search] faiss_gpu = true but the placement sets it to false (RETRIEVER_SEARCH__FAISS_GPU, from "
+        "[placement.retriever] faiss_gpu): drop the line, the placement decides it",
+        "[rollout.engine] gpu_memory_utilization = 0.9 but the placement sets it to 0.7 "
+        "(ROLLOUT_ENGINE__GPU_MEMORY_UTILIZATION, from [placement.rollout] gpu_memory_utilization): drop the line, "
+        "the placement decides it"]
 
 
 def test_an_impossible_placement_is_a_clear_error(tmp_path: Path):

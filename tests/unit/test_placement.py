@@ -112,3 +112,16 @@ def test_env_overrides_reach_the_services(monkeypatch: pytest.MonkeyPatch, tmp_p
     assert (engine.tensor_parallel_size, engine.gpu_memory_utilization) == (2, 0.85)
     assert load_settings(LearnerSettings, config).device == "cuda"
     assert load_settings(RetrieverSettings, config).search.device == "cpu"
+
+
+def test_placement_conflicts_name_service_values_the_placement_overrides():
+    from searchr1.launcher.placement import placement_conflicts
+
+    placed = _plan(gpus=8, rollout={"gpus": [0, 1], "tensor_parallel_size": 2}, learner={"gpus": [2]},
+                   retriever={"device": "gpu", "gpu": 7, "faiss_gpu": True})
+    agree = {"rollout": {"engine": {"tensor_parallel_size": 2, "gpu_memory_utilization": 0.85}},
+             "learner": {"device": "cuda"}, "retriever": {"search": {"device": "cuda", "faiss_gpu": True}}}
+    assert placement_conflicts(agree, placed) == [] and placement_conflicts({}, placed) == []
+    differ = {"rollout": {"engine": {"tensor_parallel_size": 1}}, "retriever": {"search": {"faiss_gpu": False}}}
+    assert [c.split(" but ")[0] for c in placement_conflicts(differ, placed)] == [
+        "[rollout.engine] tensor_parallel_size = 1", "[retriever.search] faiss_gpu = false"]  # once per setting
