@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
@@ -57,7 +58,10 @@ def read_manifest(directory: str | Path, digest: str) -> Manifest | None:
 
 
 def _read_chunk(fd: int, view: memoryview, offset: int, n: int) -> str:
-    got = os.preadv(fd, [view[offset:offset + n]], offset)
+    try:
+        got = os.preadv(fd, [view[offset:offset + n]], offset)
+    except OSError as exc:
+        raise SnapshotError(f"cannot read bytes {offset}–{offset + n}: {exc}") from exc
     if got != n:
         raise SnapshotError(f"short read at byte {offset}: {got} of {n} bytes (the file shrank)")
     return blake3.blake3(view[offset:offset + n]).hexdigest()
@@ -74,6 +78,8 @@ def _read_file(pool: ThreadPoolExecutor, path: Path, chunk_bytes: int, entry: Fi
     futures: list[Future[str]] = []
     try:
         n = os.fstat(fd).st_size
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SnapshotError(f"{path} is not a regular file")
         if entry is not None and n != entry.size:
             raise SnapshotError(f"{entry.name}: {n} bytes, its manifest lists {entry.size}")
         view = memoryview(mmap.mmap(-1, n) if n else bytearray())

@@ -78,13 +78,14 @@ class BroadcastWeightReceiver:
         times = LoadTimes()
         try:
             files = read_timed(path, digest, times)
-        except SnapshotError as exc:
+            tensors = list(snapshot_tensors(files))  # views, parsed before anything is loaded
+        except (SnapshotError, OSError) as exc:
             return {"error": str(exc)}
         runner: Any = self.model_runner  # type: ignore[attr-defined]
         t0 = time.perf_counter()
-        runner.reload_weights(weights_iterator=snapshot_tensors(files))
+        runner.reload_weights(weights_iterator=iter(tensors))
         times.load_weights = time.perf_counter() - t0
-        del files
+        del files, tensors
         t0 = time.perf_counter()
         refresh_cpu_gemm(runner.get_model())
         times.gemm_repack = time.perf_counter() - t0

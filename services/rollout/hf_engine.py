@@ -1,6 +1,7 @@
 """`HfGenerator`: a tiny transformers fallback `Generator` (`engine.py`'s protocol) for environments
 without vLLM — one request at a time under a lock, in a thread; a reload reads the new weights (verified
-as they are read, when announced with a digest) and frees the old ones in a thread too. Slow; for laptops and `rollout once`, not for training.
+as they are read, when announced with a digest) and frees the old ones in a thread too. Slow; for laptops
+and `rollout once`, not for training.
 """
 
 from __future__ import annotations
