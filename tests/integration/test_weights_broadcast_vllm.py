@@ -92,6 +92,9 @@ async def test_two_engines_receive_one_broadcast_equal_to_the_snapshot(engines, 
     ids_s, lps_s = await _greedy(b, "b-snapshot")
     assert ids_a == ids_b == ids_s
     assert lps_a == pytest.approx(lps_s, abs=1e-5) and lps_b == pytest.approx(lps_s, abs=1e-5)
+    await a.reload(str(v1))  # vLLM's own reader of the directory: the verified bytes load the same weights
+    ids_p, lps_p = await _greedy(a, "a-path")
+    assert ids_p == ids_s and lps_p == pytest.approx(lps_s, abs=1e-6)
     # the same snapshot with one byte of the weights flipped: refused, the engine's weights untouched
     bad = tmp_path / "bad"
     shutil.copytree(v1, bad)
