@@ -63,8 +63,8 @@ class Counting:
             self.running -= 1
             self.events.append((time.perf_counter(), self.running))
 
-    async def reload(self, weights_path: str) -> None:
-        await self.inner.reload(weights_path)
+    async def reload(self, weights_path: str, digest: str | None = None) -> None:
+        await self.inner.reload(weights_path, digest)
 
 
 @dataclass

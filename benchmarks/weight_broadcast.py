@@ -1,30 +1,36 @@
 """Weight sync in memory vs through a snapshot (`make bench-weights`, after `weight_sync.py`): the learner's
 publication reaching one receiver process, end to end, same model, same run, taking turns.
 
-    .venv/bin/python benchmarks/weight_broadcast.py [--sizes tiny,0.5b] [--repeats 2] [--bucket-mb 64]
-                                                    [--no-snapshot]
+    .venv/bin/python benchmarks/weight_broadcast.py [--sizes tiny,0.5b] [--runs 2] [--bucket-mb 64]
+                                                    [--no-snapshot] [--vllm 0.5b] [--json out.json]
 
-- snapshot: the learner's streamed `WeightPublisher.write` (safetensors + sha256 in one pass) on local
-  disk, then the receiver verifies it in place (`snapshot_digest`) and loads the tensors into its model
-  (the shared-volume transport);
+- snapshot: the learner's streamed `WeightPublisher.write` (safetensors, chunk digests hashed beside the
+  write) on local disk, then the receiver reads it verified (`read_verified`: every chunk checked as it
+  is read) and copies the tensors from those bytes into its model (the shared-volume transport);
 - broadcast: `searchr1.core.broadcast` over gloo on loopback: the learner packs and sends the tensors in
   buckets, the receiver receives each bucket, checks the digest and copies the tensors into its model;
   no file is written.
 
 Models: `weight_sync.py`'s (the tiny world's shape in float32; a random Qwen2 with Qwen2.5-0.5B's shape in
-bfloat16). The receiver is a separate process holding a transformers model of the same config (a vLLM CPU
-engine of 0.5B does not fit beside the machine's other jobs; `tests/integration/test_weights_broadcast_vllm.py`
-covers the vLLM receiving end). One receiver: the learner's send time grows with the receivers under gloo's
+bfloat16). The receiver is a separate process holding a transformers model of the same config; `--vllm`
+adds a vLLM CPU engine of the size as a second receiver, measured after the transformers rounds (its
+correctness is `tests/integration/test_weights_broadcast_vllm.py`'s). One receiver: the learner's send time grows with the receivers under gloo's
 broadcast; NCCL figures need a GPU and are not taken here.
 
 - floor: between the same two processes, over the same gloo group, the same bytes in the same 64 MiB
   buckets: one pack of each bucket into a reused buffer, the bucket on the wire, one copy of each tensor
   into the receiver's model — no header beyond the bucket plan, no hash, no pipelining.
 
-Each round runs broadcast, floor (and snapshot) back to back; prints per round the wall seconds from the
-start of the publication to the receiver's acknowledgement, GB/s, ours as a share of the floor of the
-same round (floor time / broadcast time), the median and range of the shares, the load average, and the
-CPU phases measured alone in the learner's process (pack, xxh3, one copy of every byte).
+- wire: the packed buckets alone on the wire between the same two processes (no pack, no hash, nothing
+  copied out).
+
+Each round runs broadcast, floor (and snapshot), then wire, back to back; prints per round the wall
+seconds from the start of the publication to the receiver's acknowledgement, GB/s, ours as a share of
+the floor of the same round (floor time / broadcast time), the median and range of the shares and the
+load average; then the table of where the time goes: the CPU phases measured alone in the learner's
+process (pack, xxh3, one copy of every byte), the wire, the end-to-end rows, and with `--vllm` a real
+vLLM CPU engine's own account of a broadcast and a snapshot reload (`weight_broadcast_vllm.py`: receive,
+`load_weights`, the CPU GEMM re-pack, the verified read). `--runs N` rounds; medians and ranges.
 """
 
 from __future__ import annotations
@@ -44,10 +50,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 _RECEIVER = r"""
 import json, sys, time, torch
-from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM
 from searchr1.core.broadcast import Receiver, parse_group_uri, _bcast, _bcast_bytes, bucket_bytes_of, unpack_bucket
-from searchr1.core.weights import snapshot_digest
+from searchr1.core.snapshot_read import read_verified
+from searchr1.rollout.snapshot_load import snapshot_tensors
 cfg = AutoConfig.from_pretrained(sys.argv[1])
 dtype = getattr(torch, sys.argv[2])
 model = AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
@@ -66,10 +72,18 @@ for line in sys.stdin:
                 for name, t in unpack_bucket(buf[:n], specs):
                     params[name].copy_(t)
             digest = "floor"
-        elif kind == "snapshot":
-            digest = snapshot_digest(arg)
-            for name, t in load_file(f"{arg}/model.safetensors").items():
+        elif kind == "wire":  # the packed buckets alone: on the wire into one buffer, nothing copied out
+            sizes = json.loads(_bcast_bytes(rx._pg, None, "cpu"))
+            buf = torch.empty(max(sizes), dtype=torch.uint8)
+            for n in sizes:
+                _bcast(rx._pg, buf[:n])
+            digest = "wire"
+        elif kind == "snapshot":  # the volume transport: read verified, then copied from those bytes
+            path, announced = arg.split("@")
+            files = read_verified(path, announced)
+            for name, t in snapshot_tensors(files):
                 params[name].copy_(t)
+            digest = announced
         else:
             addr, version = parse_group_uri(arg)
             if rx.address != addr:
@@ -106,7 +120,7 @@ class ReceiverProc:
 def snapshot_round(publisher, version: int, model, rx: ReceiverProc) -> tuple[float, str]:
     t0 = time.perf_counter()
     path = publisher.write(version, model, model.state_dict())
-    rx.ask("snapshot", str(path))
+    rx.ask("snapshot", f"{path}@{publisher.digest(version)}")
     digest = rx.wait()
     dt = time.perf_counter() - t0
     if digest != publisher.digest(version):
@@ -153,7 +167,7 @@ def floor_round(bc, named, buckets, rx: ReceiverProc) -> float:
     return time.perf_counter() - t0
 
 
-def phase_costs(named, buckets) -> dict[str, float]:
+def phase_costs(named, buckets) -> tuple[dict[str, float], list]:
     """Seconds of each CPU phase of one publication, measured alone in this process: packing the buckets
     (`pack_bucket`, hash excluded), xxh3-128 over the packed bytes (once per side), and one copy of every
     byte (what the receiver's copy into its model costs)."""
@@ -179,12 +193,28 @@ def phase_costs(named, buckets) -> dict[str, float]:
     for d, f in zip(dst, flats):
         d.copy_(f)
     copy = time.perf_counter() - t0
-    return {"pack": pack, "hash": hashing, "copy": copy}
+    return {"pack": pack, "hash": hashing, "copy": copy}, flats
+
+
+def wire_round(bc, flats, rx: ReceiverProc) -> float:
+    """The packed buckets alone on the wire, between the same two processes on the same group: no pack,
+    no hash, nothing copied out on the receiving side."""
+    import torch
+
+    from searchr1.core.broadcast import _bcast, _bcast_bytes
+
+    t0 = time.perf_counter()
+    rx.ask("wire", "bare")
+    _bcast_bytes(bc._pg, json.dumps([int(f.numel()) for f in flats]).encode(), torch.device("cpu"))
+    for f in flats:
+        _bcast(bc._pg, f)
+    rx.wait()
+    return time.perf_counter() - t0
 
 
 async def run_size(size: str, args, work: Path) -> dict:
     from benchmarks.weight_sync import build_model
-    from searchr1.core.broadcast import Broadcaster
+    from searchr1.core.broadcast import Broadcaster, _nbytes, _padded, plan_buckets
     from searchr1.learner.publisher import WeightPublisher, drop_shared
 
     model, _ = build_model(size, work / size)
@@ -195,32 +225,45 @@ async def run_size(size: str, args, work: Path) -> dict:
     publisher = WeightPublisher(work / size / "snapshots", keep=1)
     rx = ReceiverProc(work / size / "config", dtype)
     bc = Broadcaster("127.0.0.1", 0, 2, timeout_s=300, bucket_bytes=args.bucket_mb << 20)
-    from searchr1.core.broadcast import _nbytes, _padded, plan_buckets
-
     buckets = plan_buckets([_padded(_nbytes(t)) for _, t in named], args.bucket_mb << 20)
-    rows: dict[str, list] = {"snapshot": [], "broadcast": [], "floor": [], "phases": [], "loads": []}
+    rows: dict[str, list] = {"snapshot": [], "broadcast": [], "floor": [], "wire": [], "phases": [], "loads": []}
     try:
         version = 0
-        for _ in range(args.repeats):
+        for _ in range(args.runs):
             version += 1
             rows["broadcast"].append((await broadcast_round(bc, version, named, rx))[0])  # forms the group
             rows["floor"].append(await asyncio.to_thread(floor_round, bc, named, buckets, rx))
             if not args.no_snapshot:
                 version += 1
                 rows["snapshot"].append(snapshot_round(publisher, version, model, rx)[0])
-            rows["phases"].append(phase_costs(named, buckets))
+            phases, flats = phase_costs(named, buckets)
+            rows["wire"].append(await asyncio.to_thread(wire_round, bc, flats, rx))
+            del flats
+            rows["phases"].append(phases)
             rows["loads"].append(os.getloadavg()[0])
     finally:
         rx.close()
         bc.close()
-        del model, named
-        gc.collect()
-    return {"size": size, "bytes": nbytes, **rows, "load": os.getloadavg()}
+    vllm = None
+    if size in args.vllm:
+        from benchmarks.weight_broadcast_vllm import vllm_runs
+
+        vllm = await vllm_runs(model, named, dtype, work / size, args.runs, args.bucket_mb << 20)
+    del model, named
+    gc.collect()
+    return {"size": size, "bytes": nbytes, **rows, "vllm": vllm, "load": os.getloadavg()}
 
 
-def report(r: dict) -> str:
+def _med(xs) -> str:
+    import statistics
+
+    xs = list(xs)
+    return f"{statistics.median(xs):.3f}" if len(xs) == 1 else f"{statistics.median(xs):.3f} ({min(xs):.3f}–{max(xs):.3f})"
+
+
+def rounds(r: dict) -> str:
     """Per round: broadcast, floor, share (floor / broadcast, paired in the round), snapshot; then the
-    median and spread of the shares, and the phase table (medians)."""
+    median and spread of the shares."""
     import statistics
 
     gb = r["bytes"] / 1e9
@@ -231,9 +274,39 @@ def report(r: dict) -> str:
         lines.append(f"  round {i + 1}: broadcast {b:.3f} s ({gb / b:.2f} GB/s)  floor {f:.3f} s ({gb / f:.2f} GB/s)  "
                      f"ours = {shares[i]:.0%} of the floor{snap}  load {r['loads'][i]:.1f}")
     lines.append(f"  ours / floor: median {statistics.median(shares):.0%}, range {min(shares):.0%}–{max(shares):.0%}")
-    ph = {k: statistics.median(p[k] for p in r["phases"]) for k in r["phases"][0]}
-    lines.append("  phases alone (median s): " + ", ".join(f"{k} {v:.3f} ({gb / v:.2f} GB/s)" for k, v in ph.items()))
-    lines.append(f"  load average at the end {' '.join(f'{x:.1f}' for x in r['load'])}")
+    return "\n".join(lines)
+
+
+def where_the_time_goes(r: dict) -> str:
+    """The table: each phase's median (range) seconds over the runs and its rate. Phases overlap in the
+    pipelined transfer, so they do not add up to the end-to-end rows."""
+    import statistics
+
+    gb = r["bytes"] / 1e9
+    rows = [("pack into 64 MiB buckets (learner, measured alone)", [p["pack"] for p in r["phases"]]),
+            ("xxh3-128 of every byte (each side, measured alone)", [p["hash"] for p in r["phases"]]),
+            ("one copy of every byte (memcpy, measured alone)", [p["copy"] for p in r["phases"]]),
+            ("on the wire: the packed buckets, gloo on loopback", r["wire"]),
+            ("floor: pack + wire + one copy into the model, end to end", r["floor"]),
+            ("broadcast into a transformers model, end to end", r["broadcast"])]
+    if r["snapshot"]:
+        rows.append(("snapshot into a transformers model: write, verified read, copy", r["snapshot"]))
+    v = r.get("vllm")
+    if v:
+        b, s = v["broadcast"], v["snapshot"]
+        rows += [("vLLM engine, broadcast: receive (wire, xxh3, unpack)", [x["receive_s"] for x in b]),
+                 ("vLLM engine, broadcast: load_weights", [x["load_weights_s"] for x in b]),
+                 ("vLLM engine, broadcast: CPU GEMM re-pack", [x.get("gemm_repack_s", 0.0) for x in b]),
+                 ("vLLM engine, broadcast end to end", [x["end_to_end_s"] for x in b]),
+                 ("vLLM engine, snapshot: publisher write (manifest hashed beside it)", [x["write_s"] for x in s]),
+                 ("vLLM engine, snapshot: read into memory, every chunk verified", [x["read_verify_s"] for x in s]),
+                 ("vLLM engine, snapshot: load_weights", [x["load_weights_s"] for x in s]),
+                 ("vLLM engine, snapshot: CPU GEMM re-pack", [x["gemm_repack_s"] for x in s]),
+                 ("vLLM engine, snapshot end to end", [x["end_to_end_s"] for x in s])]
+    loads = r["loads"] + (v["loads"] if v else [])
+    lines = [f"where the time goes, {r['size']} ({gb:.3f} GB), {len(r['broadcast'])} runs, load average "
+             f"{min(loads):.1f}–{max(loads):.1f}:", "| phase | s, median (range) | GB/s |", "|---|---|---|"]
+    lines += [f"| {name} | {_med(xs)} | {gb / statistics.median(xs):.2f} |" for name, xs in rows]
     return "\n".join(lines)
 
 
@@ -241,12 +314,12 @@ async def amain(args) -> None:
     sys.path.insert(0, str(ROOT))
     work = Path(tempfile.mkdtemp(prefix="bcast-bench-"))
     print(f"receiver: one process, transformers model; gloo on loopback; buckets {args.bucket_mb} MiB; "
-          f"{os.cpu_count()} cores", flush=True)
+          f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f}", flush=True)
     results = []
     for size in args.sizes.split(","):
         r = await run_size(size, args, work)
         results.append(r)
-        print(report(r), flush=True)
+        print(rounds(r) + "\n\n" + where_the_time_goes(r) + "\n", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 
@@ -254,11 +327,15 @@ async def amain(args) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="tiny,0.5b")
-    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--runs", "--repeats", dest="runs", type=int, default=2)
     p.add_argument("--bucket-mb", type=int, default=64)
     p.add_argument("--json", default=None)
     p.add_argument("--no-snapshot", action="store_true", help="skip the snapshot rounds")
-    asyncio.run(amain(p.parse_args()))
+    p.add_argument("--vllm", default="", help="sizes whose publications also go into a vLLM CPU engine "
+                                                "(`weight_broadcast_vllm.py`), e.g. 0.5b")
+    args = p.parse_args()
+    args.vllm = [x for x in args.vllm.split(",") if x]
+    asyncio.run(amain(args))
 
 
 if __name__ == "__main__":

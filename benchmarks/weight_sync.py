@@ -3,39 +3,47 @@ shared-volume and HTTP transports (docs/architecture.md, "Weight sync"; docs/per
 
     .venv/bin/python benchmarks/weight_sync.py [--sizes tiny,0.5b,1.5b] [--transports volume,http]
                                                [--variants before,after] [--vllm-sizes tiny] [--json out.json]
-                                               [--floors]
+                                               [--floors] [--runs N]
 
 Models: the tiny world's shape (float32, as the world trains it) and random-initialised Qwen2 models with
 Qwen2.5-0.5B and Qwen2.5-1.5B shapes (bfloat16, tied embeddings). Each size is published once per variant
 with the learner's `WeightPublisher.write` (an HF `save_pretrained` directory), announced on a real Redis,
 then fetched by each transport:
 
-- volume: the rollout verifies the snapshot in place on the shared directory (`fetch_snapshot` on a path);
+- volume: the rollout pins the snapshot on the shared directory (`fetch_snapshot` on a path: hard links
+  and the manifest checked; phase `transfer`);
 - http: the learner's file server (`weights_app`, in its own process, on loopback) serves it and the
-  rollout downloads it with `fetch_snapshot` on the HTTP URI.
+  rollout downloads it with `fetch_snapshot` on the HTTP URI, every chunk checked as it arrives.
 
-Reload: the tiny model is reloaded into a real vLLM CPU engine (`VllmGenerator.reload`, the rollout's own
-path); sizes not in `--vllm-sizes` are reloaded by loading the safetensors into a transformers model in
-bfloat16 (a vLLM CPU engine per size does not fit a shared 24 GiB machine beside the training jobs).
+Reload: the tiny model is reloaded into a real vLLM CPU engine (`VllmGenerator.reload` with the digest,
+the rollout's own path: `verify` is the engine's verified read, `reload` its `load_weights` and GEMM
+re-pack); sizes not in `--vllm-sizes` are reloaded in place into one transformers model of the same
+config kept for the run (every tensor copied into its parameter, as vLLM's `load_weights` does): the
+`after` variant from the bytes `read_verified` returned (`verify`: the one read, every chunk checked),
+the `before` variant from `safetensors.torch.load_file` after its sha256 pass (a vLLM CPU engine per
+size does not fit a shared 24 GiB machine beside the training jobs).
 
 Variants, same run, same snapshot bytes:
 - before: the two-pass path: `save_pretrained`, then the digest in a second pass over the files (one
   sequential sha256), files served by Starlette's `FileResponse`, the download received on the event
   loop (each 1 MiB chunk written in a thread), then read back whole to verify it;
-- after: `searchr1.core.weights` as it is (see its docstring).
+- after: `searchr1.core.weights` as it is: the publisher hashes chunks (BLAKE3) in parallel beside the
+  write and writes the manifest; the reader verifies the chunks as it reads them for loading.
 
-Memory: weights are bfloat16 for the large sizes; at most two copies of a model's weights are alive at
-once (the previous `save_pretrained` write makes a transient second one; the current writer streams),
-the learner's model is dropped before the last round's reloads, every object is freed between sizes,
-and a size is skipped (and said so) when the kernel reports less available memory than the copies it
-needs (two with the previous writer or `--repeats` > 1, else one) plus 1 GiB.
+Memory: weights are bfloat16 for the large sizes; besides the receiver's model and the verified read's
+buffer, at most two copies of a model's weights are alive at once (the previous `save_pretrained` write
+makes a transient second one; the current writer streams), the learner's model is dropped before the last
+round's reloads, every object is freed between sizes, and a size is skipped (and said so) when the kernel
+reports less available memory than the copies it needs plus 1 GiB.
 
 Prints, per size × variant × transport, wall seconds per phase, end-to-end GB/s (bytes / the sum of all
 phases) and CPU seconds (this process's threads plus the file server's; a vLLM reload runs in the
 engine's own process and is not counted); `--json` writes the same rows, per-phase CPU included. On a
-shared machine wall times move with the neighbours' load: `--repeats` publishes each variant several
-times, taking turns. `--floors` times the system's tools on the same file after each volume row
-(page-cache read, `sha256sum`, a copy with and without `fdatasync`) and prints ours as a share of them.
+shared machine wall times move with the neighbours' load: `--runs N` publishes each variant N times,
+taking turns, and the closing table gives each phase's median and range over the runs with the load
+average, the seconds per GB of each phase, and the 7B snapshot path modelled from them (`model_7b`).
+`--floors` times the system's tools on the same file after each volume row (page-cache read,
+`sha256sum`, a copy with and without `fdatasync`) and prints ours as a share of them.
 """
 
 from __future__ import annotations
@@ -63,7 +71,7 @@ QWEN_SHAPES = {
     "0.5b": (896, 4864, 24, 14, 2, 151_936),
     "1.5b": (1536, 8960, 28, 12, 2, 151_936),
 }
-PHASES = ("write", "hash", "announce", "transfer", "verify", "reload")
+from benchmarks.weight_sync_report import PHASES  # noqa: E402
 
 
 @dataclass
@@ -77,6 +85,8 @@ class Row:
     cpu: dict[str, float] = field(default_factory=dict)
     server_cpu: dict[str, float] = field(default_factory=dict)
     reload_into: str = ""
+    load: float = 0.0
+    """1-minute load average when the row was taken."""
 
     @property
     def total(self) -> float:
@@ -168,14 +178,34 @@ def build_model(size: str, workdir: Path):
     return model.eval(), None
 
 
-def hf_reload(path: Path, dtype_name: str) -> None:
-    """Load the snapshot's safetensors into a transformers model (then drop it)."""
-    import torch
-    from transformers import AutoModelForCausalLM
+class InPlaceReceiver:
+    """One transformers model of a snapshot's config, kept for the run: each reload copies every tensor
+    into its parameter in place, as vLLM's `load_weights` does."""
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype_name))
-    del model
-    gc.collect()
+    def __init__(self, config_dir: Path, dtype_name: str) -> None:
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        cfg = AutoConfig.from_pretrained(config_dir)
+        self.model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype_name)).eval()
+        self.params = dict(self.model.state_dict())
+
+    def copy_in(self, tensors) -> int:
+        import torch
+
+        n = 0
+        with torch.no_grad():
+            for name, t in tensors:
+                self.params[name].copy_(t)
+                n += 1
+        return n
+
+
+def load_before(path: Path):
+    """The previous reader's tensors: `safetensors.torch.load_file` (a second read, after the sha256 pass)."""
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "model.safetensors")).items()
 
 
 # ---------------------------------------------------------------------------------------------- serving
@@ -287,8 +317,9 @@ async def publish(variant: str, publisher, version: int, model, clock: Clock) ->
 
 
 async def receive(variant: str, wv, path: Path, dl: Path, transport: str, clock: Clock) -> Path:
-    """Transfer (HTTP) and verify one announced snapshot the `variant` way; returns the local copy."""
-    from searchr1.core.snapshot_fetch import fetch_snapshot
+    """Transfer (HTTP) or pin (volume) one announced snapshot the `variant` way; returns the local copy.
+    The `before` variant verifies here (a sha256 pass); `after` verifies as the reload reads (`reload`)."""
+    from searchr1.core.weights import fetch_snapshot
 
     if variant == "before":
         got = path
@@ -300,8 +331,33 @@ async def receive(variant: str, wv, path: Path, dl: Path, transport: str, clock:
             if await asyncio.to_thread(before_digest, got) != wv.sha256:
                 raise RuntimeError("digest mismatch")
         return got
-    with clock.phase("transfer" if transport == "http" else "verify"):  # HTTP: verified as received
+    with clock.phase("transfer"):  # HTTP: every chunk checked as it arrives; volume: links + the manifest
         return await fetch_snapshot(wv, dl)
+
+
+async def reload(variant: str, wv, got: Path, engine, receiver: InPlaceReceiver | None, clock: Clock) -> None:
+    """Load the received snapshot the `variant` way: `after` reads it verified (`verify`) and loads those
+    bytes (`reload`); `before` loads the files it verified earlier."""
+    from searchr1.core.snapshot_read import read_verified
+    from searchr1.rollout.snapshot_load import snapshot_tensors
+
+    if engine is not None:
+        with clock.phase("reload"):
+            await engine.reload(str(got), wv.sha256 if variant == "after" else None)
+        read = engine.last_load_times.get("read_verify_s", 0.0) if variant == "after" else 0.0
+        clock.row.seconds["reload"] -= read
+        clock.row.seconds["verify"] = clock.row.seconds.get("verify", 0.0) + read
+        return
+    assert receiver is not None
+    if variant == "before":
+        with clock.phase("reload"):
+            await asyncio.to_thread(lambda: receiver.copy_in(load_before(got)))
+        return
+    with clock.phase("verify"):
+        files = await asyncio.to_thread(read_verified, got, wv.sha256)
+    with clock.phase("reload"):
+        await asyncio.to_thread(receiver.copy_in, snapshot_tensors(files))
+    del files
 
 
 def _timed(cmd: list[str]) -> float:
@@ -335,8 +391,9 @@ def floor_line(row: Row, f: dict[str, float]) -> str:
     verify = gb / max(row.seconds.get("verify", 0.0), 1e-9)
     return (f"  floors (GB/s): page-cache read {f['read']:.2f}, sha256sum {f['sha256sum']:.2f}, write "
             f"{f['write']:.2f}, write+fdatasync {f['write_fsync']:.2f} | ours: publish (write + digest, no fsync) "
-            f"{publish:.2f} = {publish / f['write']:.0%} of the write floor, verify {verify:.2f} = "
-            f"{verify / f['sha256sum']:.0%} of sha256sum | load {os.getloadavg()[0]:.1f}")
+            f"{publish:.2f} = {publish / f['write']:.0%} of the write floor, verify (the read, digests checked) "
+            f"{verify:.2f} = {verify / f['read']:.0%} of the page-cache read, {verify / f['sha256sum']:.0%} of "
+            f"sha256sum | load {os.getloadavg()[0]:.1f}")
 
 
 async def run_size(size: str, args, redis, workdir: Path, engine_factory) -> list[Row]:
@@ -350,6 +407,10 @@ async def run_size(size: str, args, redis, workdir: Path, engine_factory) -> lis
     params = sum(p.numel() for p in model.parameters())
     dtype_name = str(next(model.parameters()).dtype).removeprefix("torch.")
     engine = await engine_factory(engine_dir) if engine_dir is not None and size in args.vllm_sizes else None
+    receiver = None
+    if engine is None:
+        model.config.save_pretrained(workdir / "receiver-config")
+        receiver = await asyncio.to_thread(InPlaceReceiver, workdir / "receiver-config", dtype_name)
     publisher = WeightPublisher(workdir / "weights", keep=1)
     servers = {v: FileServer(publisher.root, v) for v in args.variants} if "http" in args.transports else {}
     rows: list[Row] = []
@@ -357,7 +418,7 @@ async def run_size(size: str, args, redis, workdir: Path, engine_factory) -> lis
     try:
         for server in servers.values():
             server.wait()
-        for r in range(args.repeats):
+        for r in range(args.runs):
             # publish every variant, then (last round) drop the learner's model before any reload, so
             # at most two copies of the weights are alive: save_pretrained's transient one, or a reload's
             published = []
@@ -367,7 +428,7 @@ async def run_size(size: str, args, redis, workdir: Path, engine_factory) -> lis
                 path, digest = await publish(variant, publisher, version, model, Clock(pub, servers.get(variant)))
                 pub.bytes = sum(p.stat().st_size for p in snapshot_files(path))
                 published.append((variant, version, path, digest, pub))
-            if r == args.repeats - 1:
+            if r == args.runs - 1:
                 model = None
                 gc.collect()
             for variant, version, path, digest, pub in published:
@@ -382,12 +443,9 @@ async def run_size(size: str, args, redis, workdir: Path, engine_factory) -> lis
                         await announce(redis, keys, wv)
                     dl = workdir / f"download-{variant}-{transport}"
                     got = await receive(variant, wv, path, dl, transport, clock)
-                    with clock.phase("reload"):
-                        if engine is not None:
-                            await engine.reload(str(got))
-                        else:
-                            await asyncio.to_thread(hf_reload, got, dtype_name)
+                    await reload(variant, wv, got, engine, receiver, clock)
                     row.reload_into = "vLLM CPU engine" if engine is not None else f"transformers, {dtype_name}"
+                    row.load = os.getloadavg()[0]
                     for p in PHASES:
                         row.seconds.setdefault(p, 0.0)
                         row.cpu.setdefault(p, 0.0)
@@ -402,7 +460,7 @@ async def run_size(size: str, args, redis, workdir: Path, engine_factory) -> lis
             server.stop()
         if engine is not None:
             await engine.close()
-        del model
+        del model, receiver
         gc.collect()
     return rows
 
@@ -435,7 +493,8 @@ async def amain(args) -> list[Row]:
             print(HEADER, flush=True)
             for size in args.sizes:
                 # two copies when the previous writer runs (its transient one) or the model outlives a reload
-                copies = 2 if "before" in args.variants or args.repeats > 1 else 1
+                # the in-place receiver's model and the verified read's buffer: two more
+                copies = (2 if "before" in args.variants or args.runs > 1 else 1) + 2
                 need = copies * SIZE_BYTES[size] + 2**30
                 have = available_bytes()
                 print(f"{size}: {have / 2**30:.1f} GiB available, {need / 2**30:.1f} GiB needed", flush=True)
@@ -448,6 +507,10 @@ async def amain(args) -> list[Row]:
         finally:
             await redis.aclose()
     print(f"load average after: {os.getloadavg()[0]:.1f}", flush=True)
+    if rows:
+        from benchmarks.weight_sync_report import model_7b, summary
+
+        print("\n" + summary(rows) + "\n\n" + model_7b(rows), flush=True)
     return rows
 
 
@@ -458,7 +521,8 @@ def main() -> None:
     ap.add_argument("--variants", default="before,after")
     ap.add_argument("--vllm-sizes", default="tiny", help="sizes reloaded into a vLLM CPU engine (tiny only)")
     ap.add_argument("--workdir", default=None, help="where snapshots are written (default: the temp dir)")
-    ap.add_argument("--repeats", type=int, default=1, help="publications per variant (variants take turns)")
+    ap.add_argument("--runs", "--repeats", dest="runs", type=int, default=1,
+                    help="publications per variant (variants take turns); the closing table gives medians and ranges")
     ap.add_argument("--json", default=None, help="write the rows here as JSON")
     ap.add_argument("--floors", action="store_true",
                     help="after each volume row, time dd/sha256sum/fdatasync on the same file (the floors)")

@@ -218,7 +218,8 @@ class WeightVersion(_Wire):
     uri: str = Field(min_length=1)
     """Where the safetensors snapshot lives: a directory path or an http(s) URL."""
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    """Digest over the snapshot's files (see `searchr1.core.weights.snapshot_digest`)."""
+    """The snapshot's digest: the sha256 of its manifest of per-chunk BLAKE3 digests, which authenticates
+    every byte loaded (`searchr1.core.snapshot_manifest`)."""
     created_at: float = Field(default_factory=time.time)
     """Unix time of publication."""
 

@@ -1,46 +1,74 @@
-"""A rollout worker's side of the snapshot files: make the announced snapshot available on local disk and
-verify it against its announcement (`fetch_snapshot`), and delete the local copies older than the version
-the engine runs (`prune_copies`). The digest and the HTTP listing are `core.weights`' (the learner's
-publisher computes the same digest while writing).
+"""Making an announced weight snapshot available to a rollout worker (`fetch_snapshot`;
+docs/architecture.md, "Weight sync"), on a shared volume or over the learner's HTTP file protocol
+(`GET {uri}/files` → JSON list of names, `GET {uri}/files/{name}` → the file's bytes).
 
-`fetch_snapshot` is async and runs every piece of disk work (hashing gigabytes, `rmtree`, file writes,
-renames) in a worker thread, so the event loop of a rollout worker keeps serving while a snapshot is
-verified or downloaded. A download runs whole in one worker thread with a blocking client (receive, write
-and hash each chunk there), with no hop between the loop and a thread per chunk.
+What is checked where (the digest is the sha256 of the snapshot's manifest, `core/snapshot_manifest.py`):
+
+- volume: the files the manifest lists are hard-linked into a private directory and the manifest is
+  checked against the announcement — no pass over the weights. The engine verifies every chunk as it
+  reads the weights for loading (`core/snapshot_read.py`). A directory without a manifest (a model saved by
+  another tool) costs one hashing pass here, and its computed manifest is written into the private copy.
+- HTTP: the manifest is downloaded first and checked; each file is then written as it arrives and its
+  chunks hashed in parallel beside the write, checked against the manifest as each completes, so a bad
+  download is refused at its first bad chunk and never promoted into the download directory.
+
+Everything blocking runs in a worker thread; the caller's event loop is never blocked by it. A download
+runs whole in one worker thread with a blocking client (receive, write, feed the hashers each piece).
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import re
 import shutil
 import threading
 import uuid
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from searchr1.core.schemas import WeightVersion
-from searchr1.core.weights import DigestBuilder, snapshot_digest, snapshot_files
+from searchr1.core.snapshot_manifest import (
+    MANIFEST,
+    ChunkHasher,
+    Manifest,
+    ManifestBuilder,
+    SnapshotError,
+    content_names,
+    hash_pool,
+    manifest_digest,
+    snapshot_digest,
+    snapshot_files,
+    snapshot_manifest,
+)
+from searchr1.core.snapshot_read import read_manifest
+
+_MAX_MANIFEST_BYTES = 64 << 20
 
 
-class SnapshotError(RuntimeError):
-    """A snapshot that cannot be fetched or whose digest does not match its announcement."""
+def snapshot_listing(directory: str | Path) -> list[str]:
+    """Relative file names of a snapshot (its manifest included), as served by `GET {uri}/files`."""
+    root = Path(directory)
+    return [p.relative_to(root).as_posix() for p in snapshot_files(root)]
 
 
-def _check(digest: str, announced: WeightVersion, what: object) -> None:
-    if digest != announced.sha256:
-        raise SnapshotError(f"sha256 mismatch for {what}: got {digest}, announced {announced.sha256}")
-
-
-def _verify_local(path: Path, announced: WeightVersion) -> None:
-    if not path.is_dir():
-        raise SnapshotError(f"snapshot directory {path} does not exist")
-    _check(snapshot_digest(path), announced, path)
+def _check(digest: str, expected: str, what: object) -> None:
+    if digest != expected:
+        raise SnapshotError(f"sha256 mismatch for {what}: got {digest}, announced {expected}")
 
 
 def _cached(dest: Path, announced: WeightVersion) -> bool:
-    return dest.is_dir() and snapshot_digest(dest) == announced.sha256
+    """Whether `dest` holds the announced snapshot: its manifest matches and every listed file is there
+    at its size (the bytes are verified when they are loaded)."""
+    if not dest.is_dir():
+        return False
+    try:
+        manifest = read_manifest(dest, announced.sha256)
+    except SnapshotError:
+        return False
+    return manifest is not None and all(
+        (dest / e.name).is_file() and (dest / e.name).stat().st_size == e.size for e in manifest.files)
 
 
 def _fresh_dir(path: Path) -> None:
@@ -57,33 +85,8 @@ def _open_target(partial: Path, name: str) -> BinaryIO:
     return target.open("wb")
 
 
-def _download(base: str, partial: Path, timeout_s: float, headers: dict[str, str], stop: threading.Event) -> str:
-    """Download every listed file of the snapshot at `base` into `partial`, hashing each chunk as it is
-    written; returns the digest (blocking: run it in a thread). Raises `SnapshotError`."""
-    import httpx
-
-    digest = DigestBuilder()
-    try:
-        with httpx.Client(timeout=timeout_s, headers=headers) as client:
-            resp = client.get(f"{base}/files")
-            resp.raise_for_status()
-            for name in _listing(resp.json(), base):
-                with _open_target(partial, name) as f, client.stream("GET", f"{base}/files/{name}") as r:
-                    r.raise_for_status()
-                    digest.begin(name)
-                    for chunk in r.iter_bytes():
-                        if stop.is_set():
-                            raise SnapshotError(f"download of {base} cancelled")
-                        f.write(chunk)
-                        digest.update(chunk)
-                    digest.end()
-    except (httpx.HTTPError, ValueError) as exc:
-        raise SnapshotError(f"cannot download snapshot {base}: {exc}") from exc
-    return digest.hexdigest()
-
-
 def _listing(names: object, base: str) -> list[str]:
-    """The served names in digest order; a listing that is not a list of distinct names is refused."""
+    """The served names, sorted; a listing that is not a list of distinct names is refused."""
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise SnapshotError(f"{base}/files did not return a list of file names")
     if len(set(names)) != len(names):
@@ -91,10 +94,61 @@ def _listing(names: object, base: str) -> list[str]:
     return sorted(names)
 
 
+def _fetch_file(client: Any, base: str, partial: Path, name: str, hasher: ChunkHasher, stop: threading.Event) -> None:
+    with _open_target(partial, name) as f, client.stream("GET", f"{base}/files/{name}") as r:
+        r.raise_for_status()
+        for piece in r.iter_bytes():
+            if stop.is_set():
+                raise SnapshotError(f"download of {base} cancelled")
+            f.write(piece)
+            hasher.feed(piece)
+
+
+def _fetch_manifest(client: Any, base: str, digest: str) -> bytes:
+    resp = client.get(f"{base}/files/{MANIFEST}")
+    resp.raise_for_status()
+    raw = resp.content
+    if len(raw) > _MAX_MANIFEST_BYTES:
+        raise SnapshotError(f"{base}: a manifest of {len(raw)} bytes")
+    _check(manifest_digest(raw), digest, f"the manifest of {base}")
+    return raw
+
+
+def _download(base: str, partial: Path, timeout_s: float, headers: dict[str, str], stop: threading.Event,
+              digest: str) -> None:
+    """Download the snapshot at `base` into `partial`, verifying every chunk as it arrives against the
+    manifest (fetched first), or against `digest` at the end when the snapshot has no manifest (whose
+    computed one is then written into `partial`). Blocking: run it in a thread. Raises `SnapshotError`."""
+    import httpx
+
+    try:
+        with httpx.Client(timeout=timeout_s, headers=headers) as client, hash_pool() as pool:
+            resp = client.get(f"{base}/files")
+            resp.raise_for_status()
+            names = _listing(resp.json(), base)
+            if MANIFEST in names:
+                raw = _fetch_manifest(client, base, digest)
+                manifest = Manifest.parse(raw)
+                for e in manifest.files:
+                    hasher = ChunkHasher(pool, manifest.chunk_bytes, name=e.name, expected=list(e.chunks))
+                    _fetch_file(client, base, partial, e.name, hasher, stop)
+                    hasher.digests()
+                    if hasher.size != e.size:
+                        raise SnapshotError(f"{e.name}: size mismatch, {hasher.size} bytes, manifest {e.size}")
+            else:
+                builder = ManifestBuilder(pool)
+                for name in names:
+                    _fetch_file(client, base, partial, name, builder.file(name), stop)
+                raw = builder.encode()
+                _check(manifest_digest(raw), digest, base)
+            (partial / MANIFEST).write_bytes(raw)
+    except (httpx.HTTPError, ValueError) as exc:
+        raise SnapshotError(f"cannot download snapshot {base}: {exc}") from exc
+
+
 def _promote(partial: Path, dest: Path) -> Path:
-    """Rename the verified `partial` to `dest`, never over it: a `dest` already there was promoted by
-    another worker sharing the directory after verifying the same digest (its name holds it), and is
-    used as it is."""
+    """Rename the checked `partial` to `dest`, never over it: a `dest` already there was promoted by
+    another worker sharing the directory for the same digest (its name holds it), and is used as it is."""
     try:
         partial.rename(dest)
     except OSError:
@@ -104,29 +158,51 @@ def _promote(partial: Path, dest: Path) -> Path:
     return dest
 
 
+def _link_all(src: Path, names: list[str], tmp: Path) -> None:
+    tmp.mkdir(parents=True)
+    for name in names:
+        target = tmp / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(src / name, target)
+        except FileNotFoundError as exc:
+            raise SnapshotError(f"{src}: listed file {name!r} is missing") from exc
+
+
 def _pin_local(path: Path, announced: WeightVersion, dest_root: Path) -> Path:
-    """Hard-link the snapshot at `path` into a private directory, verify those links and return them: the
-    files verified are the files then loaded, whatever the publisher renames meanwhile (it writes new
-    files and never rewrites one in place). Where links cannot be made (another filesystem), the
-    snapshot is verified in place and `path` returned."""
+    """Hard-link the snapshot at `path` into a private directory and return it: the files the engine then
+    reads are those inodes, whatever the publisher renames meanwhile (it writes new files and never
+    rewrites one in place), and the bytes it loads are verified as it reads them. Only the files the
+    manifest lists are linked (a file added beside them never reaches the engine). Where links cannot be
+    made (another filesystem), `path` itself is returned once its manifest is checked (or, without one,
+    its digest computed)."""
     if not path.is_dir():
         raise SnapshotError(f"snapshot directory {path} does not exist")
     dest = dest_root / _dest_name(announced)
     if _cached(dest, announced):
         return dest
+    manifest = read_manifest(path, announced.sha256)
+    names = [e.name for e in manifest.files] + [MANIFEST] if manifest is not None else content_names(path)
     tmp = dest_root / f".pin-{_dest_name(announced)}-{uuid.uuid4().hex[:12]}"
     try:
-        tmp.mkdir(parents=True)
-        for f in snapshot_files(path):
-            target = tmp / f.relative_to(path)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.link(f, target)
-    except OSError:
+        _link_all(path, names, tmp)
+    except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        _verify_local(path, announced)
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+            raise SnapshotError(f"cannot pin {path}: {exc}") from exc
+        if manifest is None:
+            _check(snapshot_digest(path), announced.sha256, path)
         return path
+    except SnapshotError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     try:
-        _check(snapshot_digest(tmp), announced, path)
+        if manifest is None:  # not written by the publisher: one pass now, the manifest kept for the load
+            raw = snapshot_manifest(tmp)
+            _check(manifest_digest(raw), announced.sha256, path)
+            (tmp / MANIFEST).write_bytes(raw)
+        elif not _cached(tmp, announced):
+            raise SnapshotError(f"{path}: a listed file's size differs from its manifest")
     except SnapshotError:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -162,16 +238,14 @@ def _dest_name(announced: WeightVersion) -> str:
 
 async def fetch_snapshot(announced: WeightVersion, dest_root: str | Path, *, timeout_s: float = 300.0,
                          token: str | None = None) -> Path:
-    """Make the announced snapshot available locally and verify its sha256; the path returned holds the
-    bytes verified.
+    """Make the announced snapshot available locally; returns the directory to load it from (with the
+    announced digest: `core.snapshot_read.read_verified` checks every byte as the engine reads it).
 
-    A local `uri` (a path or `file://` URL) is hard-linked into `dest_root/v{version}-{digest}` and those
-    links verified (`_pin_local`). An `http(s)://` uri is downloaded into that directory: files are first
-    written under a dot-directory of a unique name (workers sharing `dest_root` never write or load one
-    another's partial files), every byte hashed as it is written, so the digest is checked when the last
-    file ends without reading the download back, then renamed into place. Raises `SnapshotError` on any
-    mismatch or failure. All disk work runs in a thread; the caller's event loop is never blocked by it.
-    """
+    A local `uri` (a path or `file://` URL) is hard-linked into `dest_root/v{version}-{digest}`
+    (`_pin_local`). An `http(s)://` uri is downloaded into that directory: files are first written under
+    a dot-directory of a unique name (workers sharing `dest_root` never write or load one another's
+    partial files), every chunk checked as it arrives, then renamed into place. Raises `SnapshotError` on
+    any mismatch or failure."""
     uri = announced.uri
     if uri.startswith("file://"):
         uri = uri[len("file://"):]
@@ -188,11 +262,10 @@ async def fetch_snapshot(announced: WeightVersion, dest_root: str | Path, *, tim
     base = uri.rstrip("/")
     stop = threading.Event()
     try:
-        digest = await asyncio.to_thread(_download, base, partial, timeout_s, http_headers(token), stop)
-        _check(digest, announced, base)
+        await asyncio.to_thread(_download, base, partial, timeout_s, http_headers(token), stop, announced.sha256)
     except BaseException:
         await asyncio.to_thread(shutil.rmtree, partial, True)
         raise
     finally:
-        stop.set()  # a cancelled fetch stops its download thread at the next chunk
+        stop.set()  # a cancelled fetch stops its download thread at the next piece
     return await asyncio.to_thread(_promote, partial, dest)

@@ -1,100 +1,29 @@
 """Weight-version announcements shared by the learner (writer) and rollout workers (readers)
 (docs/architecture.md, "Weight sync"): a Redis hash `searchr1:{run}:weights` holding the latest `WeightVersion`
-(the workers poll it), plus the snapshot digest both sides compute the same way.
+(the workers poll it), and `fetch_snapshot`, which makes an announced snapshot available to a worker.
 
-It does not write or load tensors (that is the learner's publisher and the rollout's loader), nor fetch a
-snapshot to a worker's disk (`snapshot_fetch.py`).
-
-The digest is one sha256 over every file, in sorted order of relative path, of a fixed-layout record:
-the name's length (8 bytes, little-endian), the name (UTF-8), the file's size (8 bytes) and the sha256 of
-its bytes (32 bytes) (`snapshot_digest`). Every field has a known length, so no two snapshots frame to
-the same stream (a file's bytes cannot pass for a name or a file boundary).
-`DigestBuilder` computes it incrementally, so a writer hashes a snapshot while writing it (the learner's
-publisher) and a reader while receiving it (`core.snapshot_fetch.fetch_snapshot` over HTTP): each side
-makes one pass over the bytes, none reads a snapshot back just to hash it. `snapshot_digest` and the
-other filesystem helpers here are synchronous.
+It does not write or load tensors (that is the learner's publisher and the rollout's loader). The snapshot
+digest (the sha256 of a snapshot's manifest of per-chunk BLAKE3 digests) is `core/snapshot_manifest.py`'s,
+making an announced snapshot available to a worker is `core/snapshot_fetch.py`'s, and reading it verified
+for loading is `core/snapshot_read.py`'s; their public names are re-exported here.
 """
 
 from __future__ import annotations
 
-import hashlib
 import time
-from pathlib import Path
 
 from redis import asyncio as aioredis
 
 from searchr1.core.schemas import SchemaError, WeightVersion, decode, encode
+from searchr1.core.snapshot_fetch import fetch_snapshot, prune_copies, snapshot_listing
+from searchr1.core.snapshot_manifest import SnapshotError, snapshot_digest, snapshot_files
 from searchr1.core.streams import StreamKeys
 
-_CHUNK = 1 << 20
-
-
-def snapshot_files(directory: str | Path) -> list[Path]:
-    """The files that make up a snapshot directory, sorted by relative path (dotfiles excluded)."""
-    root = Path(directory)
-    if not root.is_dir():
-        raise FileNotFoundError(f"snapshot directory not found: {root}")
-    return sorted(
-        (p for p in root.rglob("*") if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)),
-        key=lambda p: p.relative_to(root).as_posix(),
-    )
-
-
-class DigestBuilder:
-    """`snapshot_digest` computed incrementally: `begin(name)`, `update(bytes)`..., `end()` per file, files
-    in sorted order of their relative names (enforced: a name out of order raises `ValueError`)."""
-
-    def __init__(self) -> None:
-        self._h = hashlib.sha256()
-        self._file = hashlib.sha256()
-        self._size = 0
-        self._last: str | None = None
-        self._open = False
-
-    def begin(self, name: str) -> None:
-        if self._open:
-            raise ValueError(f"file {self._last!r} was not ended before {name!r}")
-        if self._last is not None and name <= self._last:
-            raise ValueError(f"snapshot files must be digested in sorted order: {name!r} after {self._last!r}")
-        self._last, self._open = name, True
-        raw = name.encode()
-        self._h.update(len(raw).to_bytes(8, "little") + raw)
-        self._file, self._size = hashlib.sha256(), 0
-
-    def update(self, data: bytes | memoryview) -> None:
-        if not self._open:
-            raise ValueError("update() outside a file")
-        self._file.update(data)
-        self._size += data.nbytes if isinstance(data, memoryview) else len(data)
-
-    def end(self) -> None:
-        if not self._open:
-            raise ValueError("end() outside a file")
-        self._open = False
-        self._h.update(self._size.to_bytes(8, "little") + self._file.digest())
-
-    def add_file(self, name: str, path: Path) -> None:
-        """Digest the file at `path` under the relative name `name`."""
-        self.begin(name)
-        with path.open("rb") as f:
-            while chunk := f.read(_CHUNK):
-                self.update(chunk)
-        self.end()
-
-    def hexdigest(self) -> str:
-        if self._open:
-            raise ValueError(f"file {self._last!r} was not ended")
-        return self._h.hexdigest()
-
-
-def snapshot_digest(directory: str | Path) -> str:
-    """sha256 over each file's framed relative path, size and sha256, in sorted order: equal digests mean equal
-    snapshots, whatever directory they were copied to."""
-    root = Path(directory)
-    d = DigestBuilder()
-    for path in snapshot_files(root):
-        d.add_file(path.relative_to(root).as_posix(), path)
-    return d.hexdigest()
+__all__ = [
+    "FencedOff", "SnapshotError", "announce", "announced_fence", "fetch_snapshot", "is_published", "latest",
+    "latest_fenced", "prune_copies", "published", "published_key", "read_version", "rollback",
+    "snapshot_digest", "snapshot_files", "snapshot_listing",
+]
 
 
 _ANNOUNCE = """
@@ -188,10 +117,3 @@ async def is_published(redis: aioredis.Redis, keys: StreamKeys, announced: Weigh
     which records every announcement it makes: a record written any other way is not a published version."""
     record = await published(redis, keys, announced.version)
     return record is not None and (record.uri, record.sha256) == (announced.uri, announced.sha256)
-
-
-def snapshot_listing(directory: str | Path) -> list[str]:
-    """Relative file names of a snapshot, as served by `GET {uri}/files` (the HTTP snapshot protocol:
-    `GET {uri}/files` → JSON list of names, `GET {uri}/files/{name}` → the file's bytes)."""
-    root = Path(directory)
-    return [p.relative_to(root).as_posix() for p in snapshot_files(root)]

@@ -6,11 +6,20 @@ dot-directory and renamed, so a reader never sees half of one; only the newest `
 and `prune` are blocking file work: from the event loop they run in a thread (`announce` does so for
 prune, and for the digest when it has to compute one).
 
-The tensors are streamed into model.safetensors one at a time (`write_safetensors`) and hashed as they
-are written, the hash in a second thread beside the write: no serialised copy of the whole state dict is
-built in memory (`save_pretrained` builds one) and the digest costs no second read of the snapshot.
-`announce` reuses that digest while the files are the ones written (same names, sizes, mtimes, inodes)
-and recomputes it otherwise. One file at any size: vLLM and transformers load an unsharded checkpoint.
+The tensors are streamed into model.safetensors one at a time (`write_safetensors`), and every chunk
+of every file is hashed (BLAKE3) in a pool of threads beside the write; the manifest of those chunk
+digests is written last (`core/snapshot_manifest.py`) and its sha256 is the snapshot's digest. No
+serialised copy of the whole state dict is built in memory (`save_pretrained` builds one) and the digest
+costs no second read of the snapshot. `announce` reuses that digest while the files are the ones written
+(same names, sizes, mtimes, inodes) and otherwise writes the manifest again from the files. One file at
+any size: vLLM and transformers load an unsharded checkpoint.
+
+Snapshots are not fsynced before they are announced. Each can be written again from the learner's
+checkpoint (which is fsynced), and is: the learner re-exports and re-announces its current version on
+start. A snapshot torn by a crash before the page cache reached the disk is refused by every reader at
+its first bad chunk (its manifest digest, or a chunk's), and the restarted learner replaces it. An fsync
+would put the disk's write-back rate on the path of every publication (docs/performance.md, "Weight
+sync") for a durability nothing needs.
 
 The URI is the snapshot's absolute path (shared volume), or `{base_url}/weights/{version}` when the
 learner serves snapshots over HTTP with `weights_app` (`GET /weights/{v}/files`,
@@ -25,7 +34,6 @@ import re
 import shutil
 import struct
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -35,8 +43,15 @@ from fastapi.responses import FileResponse
 from searchr1.core.auth import BearerAuthMiddleware
 from searchr1.core.redis_link import RedisLink
 from searchr1.core.schemas import WeightVersion
+from searchr1.core.snapshot_manifest import (
+    MANIFEST,
+    ManifestBuilder,
+    hash_pool,
+    manifest_digest,
+    snapshot_manifest,
+)
 from searchr1.core.streams import StreamKeys
-from searchr1.core.weights import DigestBuilder, announce, snapshot_digest, snapshot_files, snapshot_listing
+from searchr1.core.weights import announce, snapshot_files, snapshot_listing
 
 _SNAPSHOT = re.compile(r"^v(\d{8,})$")
 WEIGHTS_FILE = "model.safetensors"
@@ -77,22 +92,20 @@ def safetensors_header(tensors: dict[str, Any], metadata: dict[str, str] | None 
     return struct.pack("<Q", len(header)) + header, order
 
 
-def write_safetensors(f: BinaryIO, tensors: dict[str, Any], digest: DigestBuilder | None = None,
+def write_safetensors(f: BinaryIO, tensors: dict[str, Any], feed: Callable[[memoryview], None] | None = None,
                       metadata: dict[str, str] | None = None) -> int:
     """Stream `tensors` into `f` in the safetensors format (what `safetensors.torch.save_file` writes),
-    feeding every byte to `digest` too, in a second thread so hashing one tensor
-    overlaps writing it; `metadata` goes into the header's `__metadata__`. Returns the bytes written.
+    handing every piece written to `feed` too (a `ChunkHasher`, which hashes in its pool while the next
+    piece is written); `metadata` goes into the header's `__metadata__`. Returns the bytes written.
     Blocking: run it in a thread."""
     header, order = safetensors_header(tensors, metadata)
     written = 0
-    with ThreadPoolExecutor(1, thread_name_prefix="snapshot-hash") as hasher:
-        for i in range(len(order) + 1):
-            data = memoryview(header) if i == 0 else _flat_bytes(tensors[order[i - 1]])
-            hashed = hasher.submit(digest.update, data) if digest is not None else None
-            f.write(data)
-            written += len(data)
-            if hashed is not None:
-                hashed.result()
+    for i in range(len(order) + 1):
+        data = memoryview(header) if i == 0 else _flat_bytes(tensors[order[i - 1]])
+        if feed is not None:
+            feed(data)
+        f.write(data)
+        written += len(data)
     return written
 
 
@@ -192,28 +205,30 @@ class WeightPublisher:
         if generation is not None and hf_model.can_generate():
             generation.save_pretrained(directory)
         names = sorted(p.relative_to(directory).as_posix() for p in snapshot_files(directory))
-        if WEIGHTS_FILE in names:
-            raise RuntimeError(f"the config files of {type(hf_model).__name__} include {WEIGHTS_FILE}")
-        d = DigestBuilder()
-        before = [n for n in names if n < WEIGHTS_FILE]
-        for n in before:
-            d.add_file(n, directory / n)
-        d.begin(WEIGHTS_FILE)
-        with (directory / WEIGHTS_FILE).open("wb") as f:
-            write_safetensors(f, drop_shared(hf_model, state_dict), d, metadata)
-        d.end()
-        for n in names[len(before):]:
-            d.add_file(n, directory / n)
-        return d.hexdigest()
+        if WEIGHTS_FILE in names or MANIFEST in names:
+            raise RuntimeError(f"the config files of {type(hf_model).__name__} include {WEIGHTS_FILE} or {MANIFEST}")
+        with hash_pool() as pool:
+            manifest = ManifestBuilder(pool)
+            for n in names:
+                manifest.add_file(n, directory / n)
+            with (directory / WEIGHTS_FILE).open("wb") as f:
+                write_safetensors(f, drop_shared(hf_model, state_dict), manifest.file(WEIGHTS_FILE).feed, metadata)
+            raw = manifest.encode()
+        (directory / MANIFEST).write_bytes(raw)
+        return manifest_digest(raw)
 
     def digest(self, version: int) -> str:
-        """The snapshot's digest: the one computed while writing it if its files are unchanged, else
-        computed now (blocking: run it in a thread)."""
+        """The snapshot's digest: the one computed while writing it if its files are unchanged, else its
+        manifest written again from the files as they are now (blocking: run it in a thread)."""
         path = self.path(version)
         cached = self._digests.get(version)
         if cached is not None and cached[1] == _fingerprint(path):
             return cached[0]
-        return snapshot_digest(path)
+        raw = snapshot_manifest(path)
+        (path / MANIFEST).write_bytes(raw)
+        digest = manifest_digest(raw)
+        self._digests[version] = (digest, _fingerprint(path))
+        return digest
 
     async def announce(self, redis, keys: StreamKeys, version: int, *, link: RedisLink | None = None) -> WeightVersion:
         """Digest the snapshot of `version` (see `digest`), announce it with the fencing token (through

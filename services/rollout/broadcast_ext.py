@@ -11,15 +11,24 @@ rollout process calls with `collective_rpc` (vLLM's supported extension point fo
   failure (timeout, the sender gone, a digest mismatch) leaves the group and raises: the worker then
   loads the latest snapshot, and joins the next generation when one is announced.
 
+- `searchr1_load_snapshot(path, digest)`: the snapshot transport's in-place reload: the snapshot read
+  into memory with every chunk checked against the announced digest as it is read
+  (`core.snapshot_read.read_verified`), the model loaded from those same bytes (`snapshot_load.py`), the
+  CPU GEMMs re-packed; a snapshot refused leaves the model as it was.
+- `searchr1_last_load_times()`: where the last load (snapshot or broadcast) spent its time.
+
 The engine is busy while it receives (the call runs in the engine's worker), so generation pauses for
 the duration of the transfer, as it does for a snapshot reload.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from searchr1.core.broadcast import WEIGHTS_KEY_ENV, Receiver, parse_group_uri
+from searchr1.core.snapshot_manifest import SnapshotError
 
 
 class BroadcastWeightReceiver:
@@ -50,20 +59,70 @@ class BroadcastWeightReceiver:
         if rx.address != addr:
             rx.join(addr)
         runner: Any = self.model_runner  # type: ignore[attr-defined]
-        tensors = rx.receive(version)
+        times = {"receive_s": 0.0}
+        tensors = _timed(rx.receive(version), times, "receive_s")
+        t0 = time.perf_counter()
         runner.reload_weights(weights_iterator=tensors)
         for _ in tensors:  # a model that stops early still receives the rest and the digest
             pass
+        times["load_weights_s"] = time.perf_counter() - t0 - times["receive_s"]
+        self._searchr1_times = times
         return str(rx.last_digest)
+
+    def searchr1_load_snapshot(self, path: str, digest: str) -> dict[str, Any]:
+        """Reload the model in place from the snapshot at `path`, verified against the announced `digest`
+        as it is read, then re-pack the CPU GEMMs. Returns the phase seconds (`LoadTimes.as_dict`), or
+        {"error": why} when the snapshot is refused: nothing was loaded then."""
+        from searchr1.rollout.snapshot_load import LoadTimes, read_timed, snapshot_tensors
+
+        times = LoadTimes()
+        try:
+            files = read_timed(path, digest, times)
+            tensors = list(snapshot_tensors(files))  # views, parsed before anything is loaded
+        except (SnapshotError, OSError) as exc:
+            return {"error": str(exc)}
+        runner: Any = self.model_runner  # type: ignore[attr-defined]
+        t0 = time.perf_counter()
+        runner.reload_weights(weights_iterator=iter(tensors))
+        times.load_weights = time.perf_counter() - t0
+        del files, tensors
+        t0 = time.perf_counter()
+        refresh_cpu_gemm(runner.get_model())
+        times.gemm_repack = time.perf_counter() - t0
+        self._searchr1_times = times.as_dict()
+        return self._searchr1_times
 
     def searchr1_refresh_cpu_gemm(self) -> int:
         """After an in-place reload on CPU: rebuild the packed GEMM of the layers that keep their weight
         (see `refresh_cpu_gemm`); returns how many were rebuilt."""
-        return refresh_cpu_gemm(self.model_runner.get_model())  # type: ignore[attr-defined]
+        t0 = time.perf_counter()
+        n = refresh_cpu_gemm(self.model_runner.get_model())  # type: ignore[attr-defined]
+        getattr(self, "_searchr1_times", {})["gemm_repack_s"] = time.perf_counter() - t0
+        return n
+
+    def searchr1_last_load_times(self) -> dict[str, float]:
+        """The phase seconds of the last load: a snapshot's (`searchr1_load_snapshot`) or a broadcast's
+        (`receive_s`: on the wire, the digest and unpacking; `load_weights_s`: vLLM's own load;
+        `gemm_repack_s`)."""
+        return dict(getattr(self, "_searchr1_times", {}))
 
     def searchr1_weights_generation(self) -> int | None:
         rx = getattr(self, "_searchr1_rx", None)
         return None if rx is None or rx.address is None else rx.address.generation
+
+
+def _timed(items: Iterable[Any], times: dict[str, float], key: str) -> Iterator[Any]:
+    """`items`, with the seconds spent producing them added to `times[key]`."""
+    it = iter(items)
+    while True:
+        t0 = time.perf_counter()
+        try:
+            item = next(it)
+        except StopIteration:
+            times[key] += time.perf_counter() - t0
+            return
+        times[key] += time.perf_counter() - t0
+        yield item
 
 
 def refresh_cpu_gemm(model: Any) -> int:

@@ -55,7 +55,7 @@ async def receive_or_catch_up(generator: Generator, redis: aioredis.Redis, keys:
             return None
         try:
             path = await fetch_snapshot(snap, download_dir, token=token)
-            await generator.reload(str(path))
+            await generator.reload(str(path), snap.sha256)
         except SnapshotError as err:
             log.error("recovery snapshot %d unusable: %s", snap.version, err)
             return None

@@ -1,13 +1,16 @@
 """`HfGenerator`: a tiny transformers fallback `Generator` (`engine.py`'s protocol) for environments
-without vLLM — one request at a time under a lock, in a thread; a reload reads the new weights and frees
-the old ones in a thread too. Slow; for laptops and `rollout once`, not for training.
+without vLLM — one request at a time under a lock, in a thread; a reload reads the new weights (verified
+as they are read, when announced with a digest) and frees the old ones in a thread too. Slow; for laptops
+and `rollout once`, not for training.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
+from searchr1.core.snapshot_manifest import SnapshotError
 from searchr1.rollout.engine import TurnFinish, TurnOutput, TurnRequest
 
 
@@ -84,16 +87,46 @@ class HfGenerator:
                 inp = torch.tensor([[tid]])
         return TurnOutput(ids, lps, self._tok.decode(ids, skip_special_tokens=True), finish, stop_reason)
 
-    async def reload(self, weights_path: str) -> None:
-        import torch
-        from transformers import AutoModelForCausalLM
-
+    async def reload(self, weights_path: str, digest: str | None = None) -> None:
+        """Load new weights; with the announced `digest`, from the snapshot's bytes verified as they are
+        read (`core.snapshot_read.read_verified`): a refused snapshot raises `SnapshotError` and the model
+        in use stays."""
         async with self._lock:
-            new = await asyncio.to_thread(
-                lambda: AutoModelForCausalLM.from_pretrained(weights_path, dtype=torch.float32).eval())
+            load = _load_path if digest is None else _load_verified
+            new = await asyncio.to_thread(load, weights_path, digest)
             # the old model's tensors are freed in a thread too: its last reference goes with `old.clear`
             old, self._model = [self._model], new
             await asyncio.to_thread(old.clear)
 
     async def close(self) -> None:
         return None
+
+
+def _load_path(weights_path: str, _digest: None) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(weights_path, dtype=torch.float32).eval()
+
+
+def _load_verified(weights_path: str, digest: str) -> Any:
+    """The model built from the verified bytes of the snapshot at `weights_path`: its config.json and its
+    safetensors tensors (copied into a float32 model; tied weights follow their source)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from searchr1.core.snapshot_read import read_verified
+    from searchr1.rollout.snapshot_load import snapshot_tensors
+
+    files = read_verified(weights_path, digest)
+    if "config.json" not in files:
+        raise SnapshotError(f"{weights_path}: no config.json in the snapshot")
+    doc = json.loads(bytes(files["config.json"]))
+    config = AutoConfig.for_model(doc.pop("model_type"), **doc)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        result = model.load_state_dict(dict(snapshot_tensors(files)), strict=False)
+    if result.unexpected_keys:
+        raise SnapshotError(f"{weights_path}: tensors the model does not have: {result.unexpected_keys[:5]}")
+    model.tie_weights()
+    return model.eval()

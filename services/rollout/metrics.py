@@ -93,8 +93,8 @@ class StagedGenerator:
         with self.clock.stage("generation"):
             return await self.inner.generate(request, request_id)
 
-    async def reload(self, weights_path: str) -> None:
-        await self.inner.reload(weights_path)
+    async def reload(self, weights_path: str, digest: str | None = None) -> None:
+        await self.inner.reload(weights_path, digest)
 
     async def close(self) -> None:
         await self.inner.close()

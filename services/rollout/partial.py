@@ -104,8 +104,8 @@ class InterruptibleGenerator:
             self._interrupt.clear()
             self._open.set()
 
-    async def reload(self, weights_path: str) -> None:
-        await self.inner.reload(weights_path)
+    async def reload(self, weights_path: str, digest: str | None = None) -> None:
+        await self.inner.reload(weights_path, digest)
 
     async def close(self) -> None:
         await self.inner.close()

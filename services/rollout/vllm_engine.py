@@ -1,8 +1,9 @@
 """`VllmGenerator`: the `Generator` (`engine.py`'s protocol) over vLLM's `AsyncLLM` (v1 engine, continuous
 batching). Prompts go in as token ids (`TokensPrompt`), never text; a turn stops at the stop strings (kept
 in the output) or EOS; the log-prob of each sampled token comes from the engine (`logprobs=0` returns
-exactly the sampled token's). Weights are swapped in place with `collective_rpc("reload_weights",
-weights_path=…)`, then the prefix cache is reset (cached KV was computed under the old weights); the
+exactly the sampled token's). Weights are swapped in place — a snapshot announced with a digest through
+the worker extension, which verifies the bytes as it reads them and loads those (`reload`) — then the
+prefix cache is reset (cached KV was computed under the old weights); the
 engine core runs in its own process, so the reload never blocks this process's event loop. A turn whose
 request's `interrupt` is set is aborted by closing its output stream; a dead engine raises
 `GeneratorDead`.
@@ -19,6 +20,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from searchr1.core.snapshot_manifest import SnapshotError
+from searchr1.core.snapshot_read import read_verified
 from searchr1.rollout.broadcast_ext import WORKER_EXTENSION
 from searchr1.rollout.engine import GeneratorDead, TurnFinish, TurnOutput, TurnRequest
 
@@ -58,6 +61,8 @@ class VllmGenerator:
         self.eos_token_ids = set(eos_token_ids)
         self.extension = extension
         """Whether the engine runs searchr1's worker extension (`broadcast_ext.py`)."""
+        self.last_load_times: dict[str, float] = {}
+        """Where the last verified snapshot load spent its time (`snapshot_load.LoadTimes`)."""
 
     @classmethod
     async def start(cls, config: VllmEngineConfig) -> VllmGenerator:
@@ -146,20 +151,35 @@ class VllmGenerator:
             finish = "eos"
         return TurnOutput(ids, lps, comp.text, finish, comp.stop_reason if finish == "stop" else None)
 
-    async def reload(self, weights_path: str) -> None:
+    async def reload(self, weights_path: str, digest: str | None = None) -> None:
+        """Swap the weights in place. With the announced `digest`, the engine reads the snapshot verified
+        as it reads it and loads those bytes (`broadcast_ext.searchr1_load_snapshot`); a refused snapshot
+        raises `SnapshotError` with the weights unchanged."""
         with _dead_engine_is_fatal():
-            await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": weights_path})
-            if self.extension:  # vLLM CPU: the LM head's packed GEMM is not rebuilt by the reload
-                await self.engine.collective_rpc("searchr1_refresh_cpu_gemm")
-            # False while running requests hold blocks: an interrupted turn's abort may still be on its way
-            # to the engine core, so a few tries before giving up
-            for _ in range(RESET_TRIES):
-                if await self.engine.reset_prefix_cache():
-                    break
-                await asyncio.sleep(0.05)
+            if digest is not None and self.extension:
+                results = await self.engine.collective_rpc("searchr1_load_snapshot",
+                                                           kwargs={"path": weights_path, "digest": digest})
+                refused = next((r["error"] for r in results if "error" in r), None)
+                if refused is not None:
+                    raise SnapshotError(refused)
+                self.last_load_times = dict(results[0])
             else:
-                log.warning("vLLM kept its prefix cache after a weight reload (requests still running): cached "
-                            "prompt blocks were computed with the previous weights")
+                if digest is not None:  # no searchr1 extension in the engine: verify here, vLLM reads again
+                    await asyncio.to_thread(read_verified, weights_path, digest)
+                await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": weights_path})
+                if self.extension:  # vLLM CPU: the LM head's packed GEMM is not rebuilt by the reload
+                    await self.engine.collective_rpc("searchr1_refresh_cpu_gemm")
+            await self._reset_prefix_cache()
+
+    async def _reset_prefix_cache(self) -> None:
+        # False while running requests hold blocks: an interrupted turn's abort may still be on its way
+        # to the engine core, so a few tries before giving up
+        for _ in range(RESET_TRIES):
+            if await self.engine.reset_prefix_cache():
+                return
+            await asyncio.sleep(0.05)
+        log.warning("vLLM kept its prefix cache after a weight reload (requests still running): cached "
+                    "prompt blocks were computed with the previous weights")
 
     async def close(self) -> None:
         engine, self.engine = self.engine, None

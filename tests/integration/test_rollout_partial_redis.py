@@ -57,7 +57,7 @@ class SlowGen:
             self.running -= 1
         return TurnOutput(ids, [-0.5] * len(ids), "".join(map(chr, ids)), "stop", "</answer>")
 
-    async def reload(self, path: str) -> None:
+    async def reload(self, path: str, digest=None) -> None:
         self.reloaded_while_generating |= any(0 < n < len(ANSWER) for n in self.emitted.values())
         self.reloads.append(path)
 

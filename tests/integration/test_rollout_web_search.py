@@ -54,7 +54,7 @@ class SearchThenAnswer:
         text = f"<think> found it </think><answer> {shown.group(1)} </answer>"
         return TurnOutput(Codec().encode(text), [-0.1] * len(text), text, "stop", "</answer>")
 
-    async def reload(self, path):
+    async def reload(self, path, digest=None):
         pass
 
     async def close(self):

@@ -35,7 +35,7 @@ class Gen:
         text = "<answer> Paris </answer>"
         return TurnOutput([ord(c) for c in text], [-0.5] * len(text), text, "stop", "</answer>")
 
-    async def reload(self, path):
+    async def reload(self, path, digest=None):
         self.reloads.append(path)
 
     async def close(self):

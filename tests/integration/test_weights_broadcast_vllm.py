@@ -71,7 +71,11 @@ async def _broadcast(bc: Broadcaster, version: int, named, receivers):
     return results
 
 
-async def test_two_engines_receive_one_broadcast_equal_to_the_snapshot(engines, models):
+async def test_two_engines_receive_one_broadcast_equal_to_the_snapshot(engines, models, tmp_path):
+    import shutil
+
+    from searchr1.core.weights import SnapshotError, snapshot_digest
+
     a, b = engines
     _, v1 = models
     before = await _greedy(a, "before")
@@ -82,10 +86,24 @@ async def test_two_engines_receive_one_broadcast_equal_to_the_snapshot(engines, 
     ids_a, lps_a = await _greedy(a, "a-bcast")
     ids_b, lps_b = await _greedy(b, "b-bcast")
     assert (ids_a, lps_a) != before  # the weights did change
-    await b.reload(str(v1))  # the snapshot path, same weights
+    digest = snapshot_digest(v1)
+    await b.reload(str(v1), digest)  # the snapshot path, same weights, verified as the engine reads them
+    assert set(b.last_load_times) == {"read_verify_s", "load_weights_s", "gemm_repack_s"}
     ids_s, lps_s = await _greedy(b, "b-snapshot")
     assert ids_a == ids_b == ids_s
     assert lps_a == pytest.approx(lps_s, abs=1e-5) and lps_b == pytest.approx(lps_s, abs=1e-5)
+    await a.reload(str(v1))  # vLLM's own reader of the directory: the verified bytes load the same weights
+    ids_p, lps_p = await _greedy(a, "a-path")
+    assert ids_p == ids_s and lps_p == pytest.approx(lps_s, abs=1e-6)
+    # the same snapshot with one byte of the weights flipped: refused, the engine's weights untouched
+    bad = tmp_path / "bad"
+    shutil.copytree(v1, bad)
+    raw = bytearray((bad / "model.safetensors").read_bytes())
+    raw[-5] ^= 0x20
+    (bad / "model.safetensors").write_bytes(raw)
+    with pytest.raises(SnapshotError, match="mismatch"):
+        await b.reload(str(bad), digest)
+    assert await _greedy(b, "b-refused") == (ids_s, lps_s)
 
 
 _DYING_RECEIVER = textwrap.dedent("""

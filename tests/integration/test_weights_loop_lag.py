@@ -51,7 +51,7 @@ class Engine:
     async def generate(self, request: TurnRequest, request_id: str) -> TurnOutput:
         raise AssertionError("no task is published in this test")
 
-    async def reload(self, path: str) -> None:
+    async def reload(self, path: str, digest=None) -> None:
         self.reloads.append(path)
 
     async def close(self) -> None:

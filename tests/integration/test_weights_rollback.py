@@ -19,7 +19,7 @@ class _Engine:
     def __init__(self) -> None:
         self.reloads: list[str] = []
 
-    async def reload(self, path: str) -> None:
+    async def reload(self, path: str, digest=None) -> None:
         self.reloads.append(path)
 
 

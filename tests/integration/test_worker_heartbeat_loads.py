@@ -23,9 +23,9 @@ RELOAD_S = 1.5  # five visibility timeouts
 
 
 class SlowReloadGen(Gen):
-    async def reload(self, path):
+    async def reload(self, path, digest=None):
         await asyncio.sleep(RELOAD_S)
-        await super().reload(path)
+        await super().reload(path, digest)
 
 
 async def test_a_task_read_before_a_weight_load_is_heartbeaten_through_the_load(redis, tmp_path):
@@ -73,9 +73,9 @@ async def test_tasks_held_through_a_partial_rollout_swap_are_heartbeaten(redis, 
     from tests.integration.test_rollout_partial_redis import SlowGen
 
     class SlowSwapGen(SlowGen):
-        async def reload(self, path):
+        async def reload(self, path, digest=None):
             await asyncio.sleep(RELOAD_S)
-            await super().reload(path)
+            await super().reload(path, digest)
 
     keys = StreamKeys("hbswap")
     gen = SlowSwapGen()

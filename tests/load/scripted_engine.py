@@ -19,7 +19,7 @@ class ScriptedEngine:
         await asyncio.sleep(self.delay_s)
         return TurnOutput(list(self.ids), [-1.0] * len(self.ids), ANSWER, "stop", "</answer>")
 
-    async def reload(self, path) -> None:
+    async def reload(self, path, digest=None) -> None:
         pass
 
     async def close(self) -> None:

@@ -11,7 +11,8 @@ import torch
 from fastapi.testclient import TestClient
 from safetensors.torch import load_file, save
 
-from searchr1.core.weights import DigestBuilder, snapshot_digest, snapshot_listing
+from searchr1.core.snapshot_manifest import MANIFEST, ChunkHasher, Manifest, hash_pool, manifest_digest
+from searchr1.core.weights import snapshot_digest, snapshot_listing
 from searchr1.learner.publisher import WeightPublisher, weights_app, write_safetensors
 
 
@@ -57,7 +58,7 @@ def test_snapshot_loads_like_save_pretrained(tmp_path, dtype, untied):
         state = {k: v for k, v in state.items() if k != "lm_head.weight"}
     path = WeightPublisher(tmp_path / "w").write(1, model, state)
     model.save_pretrained(tmp_path / "hf", state_dict=state, safe_serialization=True)
-    assert snapshot_listing(path) == snapshot_listing(tmp_path / "hf")
+    assert snapshot_listing(path) == sorted(snapshot_listing(tmp_path / "hf") + [MANIFEST])
     assert (path / "config.json").read_text() == (tmp_path / "hf" / "config.json").read_text()
     ours, theirs = load_file(path / "model.safetensors"), load_file(tmp_path / "hf" / "model.safetensors")
     assert ours.keys() == theirs.keys() and "lm_head.weight" not in ours
@@ -70,10 +71,10 @@ def test_write_safetensors_matches_the_library_and_feeds_the_digest():
     tensors = {"b": torch.arange(6, dtype=torch.int64).reshape(2, 3), "a": torch.ones(3, dtype=torch.bfloat16),
                "c": torch.tensor(2.5), "t": torch.arange(8.0).reshape(2, 4).t()}  # 0-d and non-contiguous
     buf = io.BytesIO()
-    d = DigestBuilder()
-    d.begin("model.safetensors")
-    n = write_safetensors(buf, tensors, d)
-    d.end()
+    with hash_pool() as pool:
+        fed = ChunkHasher(pool, 64)
+        n = write_safetensors(buf, tensors, fed.feed)
+        fed_digests = fed.digests()
     data = buf.getvalue()
     assert n == len(data)
     from safetensors.torch import load
@@ -87,11 +88,10 @@ def test_write_safetensors_matches_the_library_and_feeds_the_digest():
     for name, entry in header.items():  # every tensor aligned to its element size, as the library lays them
         assert entry["data_offsets"][0] % tensors[name].element_size() == 0
     assert load(save({k: v.contiguous() for k, v in tensors.items()})).keys() == loaded.keys()
-    ref = DigestBuilder()
-    ref.begin("model.safetensors")
-    ref.update(data)
-    ref.end()
-    assert d.hexdigest() == ref.hexdigest()
+    with hash_pool() as pool:
+        ref = ChunkHasher(pool, 64)
+        ref.feed(data)
+        assert fed_digests == ref.digests() and len(fed_digests) == -(-len(data) // 64)
     with pytest.raises(ValueError, match="complex64"):
         write_safetensors(io.BytesIO(), {"z": torch.zeros(2, dtype=torch.complex64)})
 
@@ -99,10 +99,14 @@ def test_write_safetensors_matches_the_library_and_feeds_the_digest():
 def test_digest_is_computed_while_writing_and_recomputed_after_a_change(tmp_path):
     pub = WeightPublisher(tmp_path / "w")
     path = publish(pub, 5, tiny(0))
-    assert pub.digest(5) == snapshot_digest(path)
     written = pub.digest(5)
+    assert written == snapshot_digest(path) == manifest_digest((path / MANIFEST).read_bytes())
+    m = Manifest.parse((path / MANIFEST).read_bytes())
+    assert [f.name for f in m.files] == ["config.json", "generation_config.json", "model.safetensors"]
+    assert [f.size for f in m.files] == [(path / f.name).stat().st_size for f in m.files]
     (path / "config.json").write_text("{}")  # the files are no longer the ones written
     assert pub.digest(5) == snapshot_digest(path) != written
+    assert manifest_digest((path / MANIFEST).read_bytes()) == pub.digest(5)  # the manifest written again
     fresh = WeightPublisher(tmp_path / "w")  # a restarted learner has no digest cached
     assert fresh.digest(5) == snapshot_digest(path)
 
@@ -112,7 +116,8 @@ def test_http_files_protocol(tmp_path):
     path = publish(pub, 7, tiny(0))
     client = TestClient(weights_app(pub))
     names = client.get("/weights/7/files").json()
-    assert names == snapshot_listing(pub.path(7)) == ["config.json", "generation_config.json", "model.safetensors"]
+    assert names == snapshot_listing(pub.path(7)) == ["config.json", "generation_config.json", "model.safetensors",
+                                                      MANIFEST]
     assert client.get("/weights/7/files/model.safetensors").content == (path / "model.safetensors").read_bytes()
     assert client.get("/weights/8/files").status_code == 404
     assert client.get("/weights/7/files/nope.bin").status_code == 404

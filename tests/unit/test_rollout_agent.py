@@ -44,7 +44,7 @@ class ScriptedGenerator:
         lps = [-0.01 * (k + 1) for k in range(n)]
         return TurnOutput(ids, lps, text, finish, "</search>" if finish == "stop" else None)
 
-    async def reload(self, weights_path: str) -> None:
+    async def reload(self, weights_path: str, digest=None) -> None:
         pass
 
     async def close(self) -> None:

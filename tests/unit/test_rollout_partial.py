@@ -36,7 +36,7 @@ class TickingEngine:
             await asyncio.sleep(0)
         return TurnOutput(ids, [-self.version / 10 - 0.01] * len(ids), "x" * len(ids), "length")
 
-    async def reload(self, weights_path: str) -> None:
+    async def reload(self, weights_path: str, digest=None) -> None:
         self.reloads.append(weights_path)
         self.version += 1
 

@@ -189,7 +189,7 @@ def test_rollout_generation_and_search_run_in_their_stages():
             t.tick(0.75)
             return f"out:{request}:{request_id}"
 
-        async def reload(self, path):
+        async def reload(self, path, digest=None):
             self.reloaded = path
 
         async def close(self):

@@ -57,7 +57,7 @@ class BpeGenerator:
         self.returned.append(ids)
         return TurnOutput(ids, [-0.5] * len(ids), self.tok.decode(ids, skip_special_tokens=True), "length")
 
-    async def reload(self, weights_path: str) -> None:
+    async def reload(self, weights_path: str, digest=None) -> None:
         pass
 
     async def close(self) -> None:
