@@ -270,15 +270,20 @@ async def paired_run(gen, steps: StepCounter, b: Bench, args, tag: str) -> PairF
 
 
 def table(rows: list[PairFigures]) -> str:
-    """Per run: agent and floor tokens/s, the share and the load average; then median, min and max."""
-    head = f"{'run':>6} {'agent tok/s':>11} {'floor tok/s':>11} {'share':>7} {'load':>5}"
+    """Per run: agent and floor tokens/s, the share, the same share over CPU seconds, the load average;
+    then median, min and max of each column."""
+    head = f"{'run':>6} {'agent tok/s':>11} {'floor tok/s':>11} {'share':>7} {'CPU share':>9} {'load':>5}"
     lines = [head, "-" * len(head)]
+
+    def line(name, agent, floor, share, cpu, load) -> str:
+        return f"{name:>6} {agent:>11.0f} {floor:>11.0f} {100 * share:>6.1f}% {100 * cpu:>8.1f}% {load:>5.1f}"
+
     for i, r in enumerate(rows, 1):
-        lines.append(f"{i:>6} {r.agent.rate:>11.0f} {r.floor.rate:>11.0f} {100 * r.share:>6.1f}% {r.load:>5.1f}")
+        lines.append(line(i, r.agent.rate, r.floor.rate, r.share, r.cpu_share, r.load))
     lines.append("-" * len(head))
     for name, f in (("median", statistics.median), ("min", min), ("max", max)):
-        lines.append(f"{name:>6} {f(r.agent.rate for r in rows):>11.0f} {f(r.floor.rate for r in rows):>11.0f} "
-                     f"{100 * f(r.share for r in rows):>6.1f}% {f(r.load for r in rows):>5.1f}")
+        lines.append(line(name, f(r.agent.rate for r in rows), f(r.floor.rate for r in rows),
+                          f(r.share for r in rows), f(r.cpu_share for r in rows), f(r.load for r in rows)))
     return "\n".join(lines)
 
 

@@ -47,8 +47,8 @@ class EngineSettings(Section):
     block_size: int | None = Field(default=None, ge=16)
     """KV-cache block size in tokens. The prefix cache serves whole blocks only, so each resumed turn
     recomputes the part of its context past the last full block. None: 32 on CPU (the smallest the CPU
-    attention backend accepts, where vLLM's own CPU default is 128; docs/performance.md, "The agent loop
-    against its floor"), vLLM's default elsewhere (16 on CUDA)."""
+    attention backend accepts; vLLM's own CPU default is 128, measured slower for the agent loop in
+    docs/performance.md, "The agent loop against plain generation"), vLLM's default elsewhere (16 on CUDA)."""
     hf_threads: int | None = Field(default=None, ge=1)
     """torch threads for the `hf` fallback (None keeps torch's default)."""
 
