@@ -390,7 +390,7 @@ async def run(args) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=5, help="Paired runs (agent loop, then its floor).")
     p.add_argument("--trajectories", type=int, default=640, help="Trajectories per run, each its own prompt.")
     p.add_argument("--max-turns", type=int, default=4)
