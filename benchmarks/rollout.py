@@ -12,9 +12,9 @@ same vLLM engine and the same retriever, in the same run.
   `</search>`/`</answer>` (the rest is discarded), then ALL searches go out as one call, then the next
   turn; after `max_turns` one final turn without search.
 - (c) the same turn-synchronous loop but with our stop strings (separates the two effects).
-- the limit row (`benchmarks/rollout_limit.py`): (a)'s agent loop with zero-latency retrieval against
-  vLLM's own generation of the same number of tokens on the same engine, no turn boundaries; the ratio
-  is the share of the engine's tokens/s the agent loop keeps (`--limit-only` runs just this row).
+
+The agent loop against its floor (plain vLLM generation of the same tokens with the observations in the
+prompt) is `benchmarks/rollout_limit.py`.
 
 All three use the same model (a tiny random Qwen2 built here, or --model), the same retriever (BM25 over a
 small corpus, real gRPC server) with `--latency-ms` added to every retriever call, the same seeds and
@@ -150,7 +150,6 @@ async def run(args) -> None:
     sys.path.insert(0, str(ROOT))
     from transformers import AutoTokenizer
 
-    from benchmarks.rollout_limit import limit_row
     from searchr1.core.clients.retriever import RetrieverClient
     from searchr1.core.protocol import render_prompt
     from searchr1.rollout.engine import HfCodec
@@ -182,9 +181,6 @@ async def run(args) -> None:
               f"vLLM CPU (engine threads: vLLM default, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}), "
               f"retriever BM25 torch/faiss threads 1\n")
         for _rep in range(args.repeats):
-            if args.limit_only:
-                print((await limit_row(gen, codec, prompts, args, extra)).lines(), f"; load average {_load()}\n", flush=True)
-                continue
             a = await ours(gen, codec, prompts, backend, args, extra)
             b = await turn_synchronous(gen, codec, tokenizer, prompts, backend, args, extra)
             c = await turn_synchronous(gen, codec, tokenizer, prompts, backend, args, extra, stop=True)
@@ -192,8 +188,7 @@ async def run(args) -> None:
                 print(f.line())
             print(f"  ours vs turn-synchronous (Search-R1): {b.seconds / a.seconds:.2f}x trajectories/s, "
                   f"{(a.kept / a.seconds) / (b.kept / b.seconds):.2f}x useful tokens/s; "
-                  f"vs turn-sync + stop strings: {c.seconds / a.seconds:.2f}x", flush=True)
-            print((await limit_row(gen, codec, prompts, args, extra)).lines(), f"; load average {_load()}\n", flush=True)
+                  f"vs turn-sync + stop strings: {c.seconds / a.seconds:.2f}x; load average {_load()}\n", flush=True)
     finally:
         await client.close()
         await retriever.stop()
@@ -213,8 +208,6 @@ def main() -> None:
     p.add_argument("--max-tokens-per-turn", type=int, default=128)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--limit-only", action="store_true",
-                   help="Run only the limit row: the agent loop (zero-latency search) vs plain vLLM generation.")
     p.add_argument("--model", default=None, help="Model directory (default: build the tiny random Qwen2).")
     asyncio.run(run(p.parse_args()))
 

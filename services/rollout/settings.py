@@ -44,6 +44,11 @@ class EngineSettings(Section):
     """Fully-qualified vLLM logits-processor classes to load (e.g. the benchmark's steering policy)."""
     enable_prefix_caching: bool = True
     """Reuse KV of the shared prefix across turns and across the G samples of a task."""
+    block_size: int | None = Field(default=None, ge=16)
+    """KV-cache block size in tokens. The prefix cache serves whole blocks only, so each resumed turn
+    recomputes the part of its context past the last full block. None: 32 on CPU (the smallest the CPU
+    attention backend accepts; vLLM's own CPU default is 128, measured slower for the agent loop in
+    docs/performance.md, "The agent loop against plain generation"), vLLM's default elsewhere (16 on CUDA)."""
     hf_threads: int | None = Field(default=None, ge=1)
     """torch threads for the `hf` fallback (None keeps torch's default)."""
 

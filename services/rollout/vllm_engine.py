@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from searchr1.core.protocol import STOP_STRINGS
 from searchr1.core.snapshot_manifest import SnapshotError
 from searchr1.core.snapshot_read import read_verified
 from searchr1.rollout.broadcast_ext import WORKER_EXTENSION
@@ -30,6 +31,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("searchr1.rollout.engine")
 
+
+CPU_BLOCK_SIZE = 32
+"""KV block size on CPU when `EngineSettings.block_size` is None: the smallest vLLM 0.32's CPU attention
+accepts (multiples of 32)."""
 
 RESET_TRIES = 10
 """Attempts at resetting vLLM's prefix cache after a reload (50 ms apart)."""
@@ -53,16 +58,33 @@ class VllmEngineConfig:
     """Further `AsyncEngineArgs` keywords."""
 
 
+def single_token_stops(tokenizer: Any, stops: Sequence[str]) -> dict[str, int]:
+    """The stop strings that are one token of `tokenizer` (encoded alone to one id that decodes back to
+    exactly the string, e.g. the Search-R1 tags when they are added tokens), each with its id."""
+    out = {}
+    for s in stops:
+        ids = tokenizer.encode(s, add_special_tokens=False)
+        if len(ids) == 1 and tokenizer.decode(ids) == s:
+            out[s] = ids[0]
+    return out
+
+
 class VllmGenerator:
     """`Generator` over vLLM's `AsyncLLM`. Build it with `await VllmGenerator.start(config)`."""
 
-    def __init__(self, engine: Any, eos_token_ids: Sequence[int], extension: bool = False) -> None:
+    def __init__(self, engine: Any, eos_token_ids: Sequence[int], extension: bool = False,
+                 stop_ids: dict[str, int] | None = None) -> None:
         self.engine = engine
         self.eos_token_ids = set(eos_token_ids)
         self.extension = extension
         """Whether the engine runs searchr1's worker extension (`broadcast_ext.py`)."""
         self.last_load_times: dict[str, float] = {}
         """Where the last verified snapshot load spent its time (`snapshot_load.LoadTimes`)."""
+        self.stop_ids = dict(stop_ids or {})
+        """Stop strings that are single tokens, with their ids (`single_token_stops`): a turn also stops on
+        the id, in the engine core, at the step that sampled it. A stop string alone is matched on the
+        detokenised text in this process, after the engine has gone on sampling for the request (a token
+        or two more per turn, discarded) until the abort reaches it."""
 
     @classmethod
     async def start(cls, config: VllmEngineConfig) -> VllmGenerator:
@@ -77,6 +99,7 @@ class VllmGenerator:
             # are part of our wire format, so chunked prefill is off on CPU unless asked for.
             chunked = False
         e = config.engine
+        block = e.block_size if e.block_size is not None or not current_platform.is_cpu() else CPU_BLOCK_SIZE
         # searchr1's worker extension (`broadcast_ext.py`): broadcast weight receipt and the CPU reload fix
         extra = {"worker_extension_cls": WORKER_EXTENSION, **config.extra}
         args = AsyncEngineArgs(
@@ -85,6 +108,7 @@ class VllmGenerator:
             logits_processors=list(e.logits_processors) or None,
             enable_chunked_prefill=chunked,
             **({"max_num_batched_tokens": max(e.max_model_len, 2048)} if chunked is False else {}),
+            **({"block_size": block} if block is not None else {}),
             **extra,
         )
         engine = AsyncLLM.from_engine_args(args)
@@ -95,7 +119,8 @@ class VllmGenerator:
             eos.add(gen_eos)
         elif isinstance(gen_eos, list):
             eos.update(gen_eos)
-        generator = cls(engine, sorted(eos), extension=extra["worker_extension_cls"] == WORKER_EXTENSION)
+        generator = cls(engine, sorted(eos), extension=extra["worker_extension_cls"] == WORKER_EXTENSION,
+                        stop_ids=single_token_stops(tok, STOP_STRINGS))
         # an exception traceback kept by an import inside vLLM's start-up holds this frame (seen with
         # gc.get_referrers in a fresh process): let only `generator` own the engine, so close() frees it
         # (the slow test_eval_command_end_to_end checks the eval's output for the traceback)
@@ -116,6 +141,7 @@ class VllmGenerator:
             top_k=request.top_k,
             seed=request.seed,
             stop=list(request.stop) or None,
+            stop_token_ids=[self.stop_ids[s] for s in request.stop if s in self.stop_ids] or None,
             include_stop_str_in_output=True,
             logprobs=0,
             extra_args=request.extra_args,
@@ -145,11 +171,20 @@ class VllmGenerator:
             finish: TurnFinish = "interrupted"
         elif comp.finish_reason == "length":
             finish = "length"
-        elif isinstance(comp.stop_reason, str) and comp.stop_reason in request.stop:
-            finish = "stop"
-        else:  # EOS (stop_reason None) or a stop token id
-            finish = "eos"
-        return TurnOutput(ids, lps, comp.text, finish, comp.stop_reason if finish == "stop" else None)
+        else:
+            finish, stop = self._stop_of(comp.stop_reason, request.stop)
+            return TurnOutput(ids, lps, comp.text, finish, stop)
+        return TurnOutput(ids, lps, comp.text, finish, None)
+
+    def _stop_of(self, reason: str | int | None, stops: Sequence[str]) -> tuple[TurnFinish, str | None]:
+        """The finish of a turn vLLM stopped with `reason`: one of `stops` (matched as text, or as the id of
+        a single-token one) → ("stop", the string); EOS (None) or another stop id → ("eos", None)."""
+        if isinstance(reason, str) and reason in stops:
+            return "stop", reason
+        for s in stops:
+            if reason is not None and self.stop_ids.get(s) == reason:
+                return "stop", s
+        return "eos", None
 
     async def reload(self, weights_path: str, digest: str | None = None) -> None:
         """Swap the weights in place. With the announced `digest`, the engine reads the snapshot verified
