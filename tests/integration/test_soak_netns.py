@@ -43,6 +43,15 @@ def _roundtrip(port: int, payload: bytes) -> bytes:
         return got
 
 
+def _closed(port: int) -> bool:
+    """True when the proxy ends a new connection without an answer. Its close arrives as an orderly end
+    of stream, or as a reset when the byte sent was still unread in the proxy's socket at the close."""
+    try:
+        return _roundtrip(port, b"x") == b""
+    except ConnectionResetError:
+        return True
+
+
 def test_a_link_through_a_host_and_its_partition():
     links = Links()
     hosts = Hosts("test", loop=links.loop)
@@ -57,7 +66,7 @@ def test_a_link_through_a_host_and_its_partition():
         with pytest.raises(OSError) as caught:
             socket.create_connection(target, timeout=5)
         assert caught.value.errno == errno.EHOSTUNREACH, caught.value  # not a timeout, not a stranger's answer
-        assert _roundtrip(link.proxy.port, b"x") == b""  # the proxy cannot reach the host: closed
+        assert _closed(link.proxy.port)  # the proxy cannot reach the host: it closes the client's side
 
         hosts.link(veth, up=True)
         assert _roundtrip(link.proxy.port, b"again") == b"again"
