@@ -71,7 +71,7 @@ def run(root: Path, archive: Path, model: Path, guard: bool, steps: int) -> list
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--archive", type=Path, required=True)
     ap.add_argument("--model", type=Path, required=True)
     ap.add_argument("--steps", type=int, default=13)

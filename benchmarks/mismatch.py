@@ -83,7 +83,7 @@ def learner_figures(path: Path, rows, dtype: str) -> dict[str, float]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--engine-dtype", default="bfloat16")
     p.add_argument("--prompts", type=int, default=16)

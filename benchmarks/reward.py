@@ -131,7 +131,7 @@ def start_server(port: int) -> subprocess.Popen:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=3.0, help="Measuring time per configuration.")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8], help="Requests in flight at batch 1.")
     args = ap.parse_args()

@@ -200,7 +200,7 @@ def _load() -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tasks", type=int, default=64)
     p.add_argument("--group", type=int, default=5)
     p.add_argument("--max-turns", type=int, default=4)

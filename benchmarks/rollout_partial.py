@@ -176,7 +176,7 @@ async def run(args) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--trajectories", type=int, default=48)
     p.add_argument("--short", type=int, default=24)
     p.add_argument("--long-factor", type=int, default=10)

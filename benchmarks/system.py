@@ -70,7 +70,7 @@ VARIANTS = {
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=40, help="training steps per variant (the demo: 150)")
     p.add_argument("--variants", default="lockstep,async1,async2,async2x2",
                    help=f"comma-separated, the first is the baseline; known: {', '.join(VARIANTS)}")

@@ -119,7 +119,7 @@ def measure(kind: str, directory: Path) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trajectories", type=int, default=100_000)
     ap.add_argument("--dir", type=Path, default=Path("/tmp/viewer-bench"))
     ap.add_argument("--measure", choices=("baseline", "viewer cold", "viewer warm"), help=argparse.SUPPRESS)

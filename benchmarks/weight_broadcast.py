@@ -325,7 +325,7 @@ async def amain(args) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="tiny,0.5b")
     p.add_argument("--runs", "--repeats", dest="runs", type=int, default=2)
     p.add_argument("--bucket-mb", type=int, default=64)

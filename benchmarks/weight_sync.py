@@ -515,7 +515,7 @@ async def amain(args) -> list[Row]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="tiny,0.5b,1.5b")
     ap.add_argument("--transports", default="volume,http")
     ap.add_argument("--variants", default="before,after")
