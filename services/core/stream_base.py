@@ -102,6 +102,10 @@ class StreamBase(Generic[T]):
         self.link = link
         self._call = link.call if link is not None else _direct
         self._reread_at = -1  # the link's reconnect count at the last `TypedStream.reread_own`
+        self.buried = 0
+        """Entries this object moved to the dead stream on its own: malformed ones, and ones delivered
+        `max_deliveries` times. A consumer that must replace what it lost reads the change (a
+        `dead_letter` its caller asked for is not counted)."""
         self.fence = fence
         """The lease whose token every ack is checked against inside Redis (None: acks are not fenced)."""
 
@@ -225,6 +229,7 @@ class StreamBase(Generic[T]):
 
     async def _bury(self, mid: str, payload: bytes, reason: str) -> None:
         await self._burial().bury(mid, payload, reason)
+        self.buried += 1
 
     def _burial(self) -> Burial:
         """The dead-letter writes of this stream (`searchr1.core.stream_bury`), on its current settings."""

@@ -182,7 +182,9 @@ class TypedStream(StreamBase[T]):
         """Dead-letter `mid` (delivered `times` times) while it is still pending for `consumer` ('' any)
         and idle `min_idle_ms`; True when it was."""
         reason = f"delivered {times} times without ack (max_deliveries={self.max_deliveries})"
-        return await self._burial().bury_if(mid, reason, consumer=consumer, min_idle_ms=min_idle_ms)
+        buried = await self._burial().bury_if(mid, reason, consumer=consumer, min_idle_ms=min_idle_ms)
+        self.buried += int(buried)
+        return buried
 
 
 def tasks_stream(redis: aioredis.Redis, keys: StreamKeys, *, visibility_timeout_ms: int = 60_000,

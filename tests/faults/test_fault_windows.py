@@ -1,7 +1,7 @@
 """Faults that are not a death, under `searchr1 up` as in test_faults.py, each ending with the delivery
 audit (nothing lost, nothing trained twice — within a step too): a group delivered twice with a
 visibility timeout of 1 ms (forced second reads within a step), a partition that black-holes one worker's
-or the learner's Redis connection, a second learner started against the run, a schema-valid poison group,
+or the learner's Redis connection, a second learner started against the run, a poison group,
 and windows in which Redis refuses writes (`OOM`, `MISCONF`)."""
 
 from __future__ import annotations
@@ -191,16 +191,18 @@ def test_second_learner_refused(tmp_path, fault_world):
 
 @pytest.mark.faults
 @pytest.mark.timeout(1200)
-def test_schema_valid_poison(tmp_path, fault_world):
-    """A worker publishes one group that passes the schema with a token id far past the vocabulary (the
-    `rollout.poison_group` test hook, its 3rd group): the learner dead-letters it alone with its reason,
-    its batch-mates train, nothing restarts; the audit finds its task dead-lettered."""
+def test_poison_group(tmp_path, fault_world):
+    """A worker publishes one group with a token id far past the vocabulary (the `rollout.poison_group`
+    test hook, its 3rd group): its task carries the policy's vocabulary size, so the schema refuses it
+    when the learner reads it and the trajectories stream dead-letters it alone with its reason; its task
+    is replaced, the lockstep step that counted on it trains, nothing restarts; the audit finds it
+    dead-lettered."""
     marker = tmp_path / "fault.fired"
     run = _start(tmp_path, fault_world, LEARNER_STEPS, rollout_env={
         "SEARCHR1_FAULT_POINT": "rollout.poison_group@3", "SEARCHR1_FAULT_MARKER": str(marker)})
     try:
         run.wait(marker.is_file, 900, "the poison group")
-        fault = Fault("rollout", "a schema-valid poison group (its 3rd)")
+        fault = Fault("rollout", "a poison group (its 3rd)")
         fault.killed_at = marker.stat().st_mtime
         steps_then = run.steps()
         r = redis_client(run)
@@ -210,7 +212,7 @@ def test_schema_valid_poison(tmp_path, fault_world):
         run.wait(lambda: run.steps() > steps_then, 300, "the next step")
         fault.next_step_after_s = time.time() - fault.killed_at
         run.faults.append(fault)
-        assert len(reasons) == 1 and f"token id {POISON_TOKEN_ID} outside the vocabulary" in reasons[0], reasons
+        assert len(reasons) == 1 and f"= {POISON_TOKEN_ID} is outside the vocabulary" in reasons[0], reasons
     except BaseException:
         run.stop()
         raise

@@ -52,3 +52,47 @@ async def test_poison_groups_are_dead_lettered_alone_and_their_batch_mates_train
                                         if b"token id" in f[b"reason"])).task.task_id == "vocab"
     assert source.metrics.registry.get_sample_value("searchr1_learner_groups_dropped_total",
                                                     {"reason": "poison"}) == 1
+
+
+class _Dispatcher:
+    """Stands in for the dispatcher and a worker: each granted task comes back as a good group."""
+
+    exhausted = False
+
+    def __init__(self, publish) -> None:
+        self.publish = publish
+        self.granted: list[tuple[int, int]] = []
+        self.tasks: set[asyncio.Task] = set()
+
+    def grant(self, n: int, version: int) -> None:
+        self.granted.append((n, version))
+        for i in range(n):
+            task = asyncio.get_running_loop().create_task(self.publish(_group(f"replacement{len(self.granted)}-{i}")))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+
+async def test_a_group_the_schema_refuses_is_replaced_and_the_lockstep_step_trains(redis):
+    """A group whose task carries the policy's vocabulary refuses its own out-of-range token id when it is
+    decoded: the stream dead-letters it before the learner sees it, and the source grants its task a
+    replacement, so a lockstep step that counted on it still fills."""
+    settings = LearnerSettings(algorithm={"max_staleness": 0}, batch={"groups_per_step": 2}, read_block_ms=50)
+    keys = StreamKeys("t")
+    traj = trajectories_stream(redis, keys)
+    dispatcher = _Dispatcher(traj.publish)
+    source = StreamSource(settings, traj, tasks_stream(redis, keys), StalenessPolicy.from_settings(settings),
+                          LearnerMetrics(), vocab_size=128, dispatcher=dispatcher)
+    await source.start()
+    bad = _group("vocab")
+    ids = list(bad.trajectories[0].response_ids)
+    ids[0] = 1 << 30
+    bad = bad.model_copy(update={"task": bad.task.model_copy(update={"vocab_size": 128}),
+                                 "trajectories": [bad.trajectories[0].model_copy(update={"response_ids": ids}),
+                                                  bad.trajectories[1]]})
+    await traj.publish(_group("ok1"))
+    await traj.publish(bad)
+    step = await asyncio.wait_for(source.next_step(asyncio.Event(), TrainState()), timeout=30)
+    assert sorted(g.task.task_id for g in step.groups) == ["ok1", "replacement1-0"]
+    assert [g for g in dispatcher.granted if g[0]] == [(1, 0)]  # one task replaced, at version 0
+    dead = await redis.xrange(keys.dead)
+    assert len(dead) == 1 and b"is outside the vocabulary [0, 128)" in dead[0][1][b"reason"], dead

@@ -172,6 +172,7 @@ class StreamSource:
         (`groups_per_step`, or `want`) is in hand or `stop` is set."""
         want = self.s.batch.groups_per_step if want is None else want
         got = StepInput()
+        buried = self.trajectories.buried
         await self.heartbeat()
         reclaimed = await self.trajectories.reclaim(self.s.consumer, count=want, held=self.holding)
         got.entries.extend(e for e in reclaimed if e.id not in self.holding)  # held: in a step already
@@ -186,8 +187,21 @@ class StreamSource:
                 self.s.consumer, count=want - len(got.entries), block_ms=self.s.read_block_ms))
             if len(got.entries) < want and await self.data_exhausted():
                 break  # the last, partial step of the run
+            self.replace_buried(buried)
+            buried = self.trajectories.buried
         self.holding.update(e.id for e in got.entries)
+        self.replace_buried(buried)
         return got
+
+    def replace_buried(self, before: int) -> None:
+        """Grant a replacement task for each group the stream dead-lettered on its own since its count
+        was `before` (malformed, or delivered `max_deliveries` times): its task is never trained on, and
+        a step waiting for it would wait for good."""
+        lost = self.trajectories.buried - before
+        if lost > 0:
+            log.warning("%d group(s) dead-lettered by the trajectories stream (malformed, or delivered "
+                        "max_deliveries times): their tasks are replaced", lost)
+            self.grant(lost, self._state.version)
 
     def filter_groups(self, got: StepInput) -> StepInput:
         """Set aside replays of task ids already trained on, groups sampled at another temperature than

@@ -23,9 +23,10 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgpack
 import redis as redis_py
 
-from searchr1.core.schemas import SchemaError, Task, TrajectoryGroup, decode
+from searchr1.core.schemas import TASK_ID_PATTERN, SchemaError, Task, TrajectoryGroup, decode
 from searchr1.core.streams import PAYLOAD_FIELD, TASKS_GROUP, TRAJECTORIES_GROUP, StreamKeys
 from searchr1.learner.algo.consumed import decode as decode_consumed
 from searchr1.learner.tools.audit import CheckpointRecord, DeadRecord, StreamRecord, TrainedRow
@@ -78,6 +79,25 @@ def _group_state(client: redis_py.Redis, key: str, group: str) -> tuple[set[str]
     return pending, last
 
 
+def dead_task_id(model: type[Task] | type[TrajectoryGroup], payload: bytes) -> str | None:
+    """The task id of a dead letter's payload: from the validated model, or, for a payload the schema
+    refused (a group whose token ids leave its task's vocabulary, say), from its envelope's data as
+    written; None when neither holds a task id."""
+    try:
+        value = decode(model, payload)
+        return value.task_id if isinstance(value, Task) else value.task.task_id
+    except SchemaError:
+        pass
+    try:
+        envelope = msgpack.unpackb(payload, raw=False, strict_map_key=True)
+        data = envelope["data"] if envelope.get("kind") == model.__name__ else None
+        tid = data.get("task_id") if model is Task else data.get("task", {}).get("task_id")
+    except Exception:  # msgpack raises several unrelated types on garbage; the shape may be anything
+        return None
+    ok = isinstance(tid, str) and len(tid) <= 256 and re.fullmatch(TASK_ID_PATTERN, tid) is not None
+    return tid if ok else None
+
+
 def _records(client: redis_py.Redis, key: str, group: str, model: type) -> list[StreamRecord]:
     pending, last = _group_state(client, key, group)
     out = []
@@ -110,11 +130,7 @@ def read_streams(url: str, run: str, *, timeout_s: float = REDIS_TIMEOUT_S,
         for _id, f in _entries(client, keys.dead):
             source = _sid(f.get(b"source", b""))
             model = Task if source == keys.tasks else TrajectoryGroup
-            try:
-                value = decode(model, f.get(b"payload", b""))
-                tid: str | None = value.task_id if isinstance(value, Task) else value.task.task_id
-            except SchemaError:
-                tid = None
+            tid = dead_task_id(model, f.get(b"payload", b""))
             dead.append(DeadRecord(source, tid, _sid(f.get(b"reason", b""))))
         announced = None
         with contextlib.suppress(ValueError, TypeError):  # the hash's plain `version` field (core.weights)
