@@ -75,6 +75,9 @@ class SoakSettings:
     sample_s: float = 5.0
     rss_warmup_s: float = 300.0
     rss_slope_bound_mib_per_h: float = 64.0
+    rss_min_fit_s: float = 600.0
+    """A process's RSS slope is judged against the bound only when fitted on this many seconds of samples
+    after warm-up: over a few minutes RSS moves by ±10 MiB with the allocator and caches alone."""
     settle_s: float = 900.0
     env: dict[str, str] = field(default_factory=dict)
     """Environment of `searchr1 up` (and so of every service): the run's sizing for a shared machine."""

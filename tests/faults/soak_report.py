@@ -37,6 +37,8 @@ def problems_of(s: Any, audit: dict, rss: dict[str, dict], died: str | None) -> 
     if not audit["ok"]:
         problems.append("the audit is not ok")
     for name, r in rss.items():
+        if r["fitted_s"] < s.rss_min_fit_s:
+            continue  # too short to tell a leak from the allocator's and caches' moves (judged: False)
         if r["slope_mib_per_h"] is not None and r["slope_mib_per_h"] > s.rss_slope_bound_mib_per_h:
             problems.append(f"RSS of {name} grows {r['slope_mib_per_h']:.1f} MiB/h "
                             f"(bound {s.rss_slope_bound_mib_per_h:g})")
@@ -50,6 +52,8 @@ def build(s: Any, sm: Any, faults: list[dict], run: FaultRun, audit: dict, died:
     by_kind = recoveries(faults, sm.step_times)
     healthy = _healthy_after(run, faults)
     rss = curves.rss_slopes(sm.rss, s.rss_warmup_s)
+    for r in rss.values():
+        r["judged"] = r["fitted_s"] >= s.rss_min_fit_s
     problems = problems_of(s, audit, rss, died)
     counts: dict[str, int] = {}
     for f in faults:
@@ -129,7 +133,8 @@ def summary_text(r: dict) -> str:
                  f"{f(red['slope_mib_per_h'])} MiB/h; disk: last {f(disk['last_mib'])} MiB, slope "
                  f"{f(disk['slope_mib_per_h'])} MiB/h")
     for name, v in r["rss"].items():
-        lines.append(f"  RSS {name}: slope {f(v['slope_mib_per_h'])} MiB/h over {v['fitted_s'] / 60:.0f} min, "
+        lines.append(f"  RSS {name}: slope {f(v['slope_mib_per_h'])} MiB/h over {v['fitted_s'] / 60:.0f} min"
+                     f"{'' if v.get('judged', True) else ' (too short to judge)'}, "
                      f"{v['incarnations']} incarnation(s), peak {v['peak_mib']:.0f} MiB")
     lines.append("PASS" if r["ok"] else "FAIL: " + "; ".join(r["problems"]))
     return "\n".join(lines)
@@ -166,7 +171,8 @@ def markdown(r: dict) -> str:
             f"{f(red['slope_mib_per_h'], ' MiB/h')} |",
             f"| disk under the run directory | {f(disk['last_mib'], ' MiB')} | | {f(disk['slope_mib_per_h'], ' MiB/h')} |"]
     for name, v in r["rss"].items():
-        out.append(f"| RSS {name} ({v['incarnations']} incarnation(s), fitted on {v['fitted_s'] / 60:.0f} min) | "
+        out.append(f"| RSS {name} ({v['incarnations']} incarnation(s), fitted on {v['fitted_s'] / 60:.0f} min"
+                   f"{'' if v.get('judged', True) else ', too short to judge'}) | "
                    f"{v['last_mib']:.0f} MiB | {v['peak_mib']:.0f} MiB | {f(v['slope_mib_per_h'], ' MiB/h')} |")
     out += ["", f"Audit: {a['dispatched']} tasks dispatched, {a['trained_once']} trained once, **{a['lost']} lost, "
             f"{a['trained_twice']} trained twice**, {a['dropped']} dropped {a['dropped_reasons'] or ''}, "

@@ -65,3 +65,17 @@ def test_pooled_slope_sees_growth_within_incarnations_and_skips_warmup():
 def test_an_incarnation_shorter_than_its_warmup_does_not_count():
     samples = [RssSample(t, "r", 1, (100 + t) * MIB) for t in range(0, 30, 10)]
     assert pooled_slope(samples, warmup_s=60) == (None, 0.0)
+
+
+def test_an_rss_slope_is_judged_only_when_fitted_long_enough():
+    from tests.faults.soak import SoakSettings
+    from tests.faults.soak_report import problems_of
+
+    settings = SoakSettings(rss_slope_bound_mib_per_h=64.0, rss_min_fit_s=600.0)
+    audit = {"lost": 0, "trained_twice": 0, "ok": True}
+    short = {"learner": {"slope_mib_per_h": 267.9, "fitted_s": 120.0}}
+    long = {"learner": {"slope_mib_per_h": 267.9, "fitted_s": 600.0}}
+    within = {"learner": {"slope_mib_per_h": 63.9, "fitted_s": 3000.0}}
+    assert problems_of(settings, audit, short, None) == []  # two minutes: reported, not judged
+    assert problems_of(settings, audit, long, None) == ["RSS of learner grows 267.9 MiB/h (bound 64)"]
+    assert problems_of(settings, audit, within, None) == []
