@@ -235,8 +235,9 @@ def encode(model: BaseModel) -> bytes:
     )
 
 
-def decode(cls: type[M], raw: bytes | bytearray | memoryview) -> M:
-    """Parse and validate a payload written by `encode`; raise `SchemaError` on anything else."""
+def read_envelope(cls: type[BaseModel], raw: bytes | bytearray | memoryview) -> Any:
+    """The `data` of a payload written by `encode` for a `cls`, not validated (what `decode` validates;
+    the audit reads a refused payload's task id from it); raise `SchemaError` on anything else."""
     try:
         envelope: Any = msgpack.unpackb(bytes(raw), raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated types on garbage
@@ -247,7 +248,13 @@ def decode(cls: type[M], raw: bytes | bytearray | memoryview) -> M:
         raise SchemaError(f"schema version {envelope['v']!r} is not supported (expected {SCHEMA_VERSION})")
     if envelope["kind"] != cls.__name__:
         raise SchemaError(f"expected a {cls.__name__}, got {envelope['kind']!r}")
+    return envelope["data"]
+
+
+def decode(cls: type[M], raw: bytes | bytearray | memoryview) -> M:
+    """Parse and validate a payload written by `encode`; raise `SchemaError` on anything else."""
+    data = read_envelope(cls, raw)
     try:
-        return cls.model_validate(envelope["data"])
+        return cls.model_validate(data)
     except ValidationError as exc:
         raise SchemaError(f"invalid {cls.__name__}: {exc}") from exc

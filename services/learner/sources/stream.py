@@ -187,21 +187,21 @@ class StreamSource:
                 self.s.consumer, count=want - len(got.entries), block_ms=self.s.read_block_ms))
             if len(got.entries) < want and await self.data_exhausted():
                 break  # the last, partial step of the run
-            self.replace_buried(buried)
-            buried = self.trajectories.buried
+            buried = self.replace_buried(buried)
         self.holding.update(e.id for e in got.entries)
         self.replace_buried(buried)
         return got
 
-    def replace_buried(self, before: int) -> None:
+    def replace_buried(self, before: int) -> int:
         """Grant a replacement task for each group the stream dead-lettered on its own since its count
         was `before` (malformed, or delivered `max_deliveries` times): its task is never trained on, and
-        a step waiting for it would wait for good."""
-        lost = self.trajectories.buried - before
-        if lost > 0:
+        a step waiting for it would wait for good. Returns the count now."""
+        now = self.trajectories.buried
+        if now > before:
             log.warning("%d group(s) dead-lettered by the trajectories stream (malformed, or delivered "
-                        "max_deliveries times): their tasks are replaced", lost)
-            self.grant(lost, self._state.version)
+                        "max_deliveries times): their tasks are replaced", now - before)
+            self.grant(now - before, self._state.version)
+        return now
 
     def filter_groups(self, got: StepInput) -> StepInput:
         """Set aside replays of task ids already trained on, groups sampled at another temperature than

@@ -23,10 +23,9 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-import msgpack
 import redis as redis_py
 
-from searchr1.core.schemas import TASK_ID_PATTERN, SchemaError, Task, TrajectoryGroup, decode
+from searchr1.core.schemas import TASK_ID_PATTERN, SchemaError, Task, TrajectoryGroup, decode, read_envelope
 from searchr1.core.streams import PAYLOAD_FIELD, TASKS_GROUP, TRAJECTORIES_GROUP, StreamKeys
 from searchr1.learner.algo.consumed import decode as decode_consumed
 from searchr1.learner.tools.audit import CheckpointRecord, DeadRecord, StreamRecord, TrainedRow
@@ -89,11 +88,12 @@ def dead_task_id(model: type[Task] | type[TrajectoryGroup], payload: bytes) -> s
     except SchemaError:
         pass
     try:
-        envelope = msgpack.unpackb(payload, raw=False, strict_map_key=True)
-        data = envelope["data"] if envelope.get("kind") == model.__name__ else None
-        tid = data.get("task_id") if model is Task else data.get("task", {}).get("task_id")
-    except Exception:  # msgpack raises several unrelated types on garbage; the shape may be anything
+        data = read_envelope(model, payload)
+    except SchemaError:
         return None
+    if model is TrajectoryGroup:
+        data = data.get("task") if isinstance(data, dict) else None
+    tid = data.get("task_id") if isinstance(data, dict) else None
     ok = isinstance(tid, str) and len(tid) <= 256 and re.fullmatch(TASK_ID_PATTERN, tid) is not None
     return tid if ok else None
 
