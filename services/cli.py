@@ -4,6 +4,10 @@ Each service owns `searchr1.<service>.commands`, a light module (Typer, its sett
 `searchr1.core.commandline` at import time) of module-level commands and a `register(groups)` that adds
 them; heavy imports (torch, vLLM, FAISS) happen inside the run functions the commands call, so `--help` is
 instant. A group with no commands is not shown.
+
+No command ends in a traceback: the app's group (`GuardedGroup`) turns an exception no command handled
+into one `error:` line on stderr and an exit code (`core.commandline.describe_unexpected`; the codes are
+`core.commandline.EXIT_CODES`, docs/cli.md); `SEARCHR1_TRACEBACK=1` lets it through instead.
 """
 
 from __future__ import annotations
@@ -11,11 +15,22 @@ from __future__ import annotations
 import asyncio
 import importlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated
 
 import typer
+from typer.core import TyperGroup
 
-from searchr1.core.commandline import fail
+from searchr1.core.commandline import (
+    DEFAULT_REDIS_URL,
+    EXIT_INTERRUPTED,
+    RUN_DIR_HELP,
+    describe_unexpected,
+    error,
+    fail,
+    redis_failure,
+    redis_target,
+)
 
 SERVICE_COMMAND_MODULES = (
     "searchr1.retriever.commands",
@@ -27,6 +42,50 @@ SERVICE_COMMAND_MODULES = (
     "searchr1.launcher.commands",
     "searchr1.viewer.commands",
 )
+
+
+_CLICK_EXITS: tuple[type[BaseException], ...] = (
+    typer.Exit, typer.Abort, *(k for k in typer.BadParameter.__mro__ if k.__name__ == "ClickException"))
+"""How Typer (and the click it carries) ends a command on purpose: an exit code, an abort, a usage error."""
+
+
+class GuardedGroup(TyperGroup):
+    """The root command group: an exception a command let escape, and a usage error (a bad flag value, a
+    missing argument), become one line on stderr and an exit code; no traceback, no usage panel."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True,  # type: ignore[no-untyped-def]
+             **extra):
+        import sys
+
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except _CLICK_EXITS[2:] as exc:  # usage errors
+            if type(exc).__name__ == "NoArgsIsHelpError":  # a group given no command: its help, as before
+                exc.show()  # type: ignore[attr-defined]
+                sys.exit(exc.exit_code)  # type: ignore[attr-defined]
+            ctx = getattr(exc, "ctx", None)
+            where = f" ({ctx.command_path} -h shows the options)" if ctx is not None else ""
+            sys.exit(error(exc.format_message() + where, exc.exit_code))  # type: ignore[attr-defined]
+        except typer.Abort:
+            sys.exit(error("interrupted", EXIT_INTERRUPTED))
+        sys.exit(code if isinstance(code, int) else 0)
+
+    def invoke(self, ctx):  # type: ignore[no-untyped-def]
+        import os
+
+        try:
+            return super().invoke(ctx)
+        except _CLICK_EXITS:
+            raise
+        except KeyboardInterrupt:
+            raise typer.Exit(error("interrupted", EXIT_INTERRUPTED)) from None
+        except Exception as exc:
+            if os.environ.get("SEARCHR1_TRACEBACK"):
+                raise
+            message, code = describe_unexpected(exc)
+            raise typer.Exit(error(message, code)) from None
 
 
 @dataclass
@@ -62,62 +121,74 @@ class Groups:
                 "rollout": self.rollout, "models": self.models, "streams": self.streams, "archive": self.archive}
 
 
-RedisOption = Annotated[str, typer.Option("--redis", help="Redis URL.")]
+RedisOption = Annotated[str | None, typer.Option(
+    "--redis", help=f"Redis URL (default: RUN_DIR's, else {DEFAULT_REDIS_URL}).")]
+RunOption = Annotated[str | None, typer.Option(
+    "--run", help="Run name: keys are searchr1:{run}:… (default: RUN_DIR's, else default).")]
+RunDirOption = Annotated[Path | None, typer.Option("--run-dir", help=RUN_DIR_HELP)]
 
 
-async def _stream_rows(redis_url: str, run: str) -> list[tuple[str, int, str, str]]:
-    from searchr1.core.streams import StreamKeys, connect
+def _redis_call(redis_url: str, call):  # type: ignore[no-untyped-def]
+    """Run `call(redis)` on a fresh client of `redis_url` and close it; Redis that cannot be reached or
+    refuses the password exits 1 with one line."""
+    from redis.exceptions import RedisError
 
-    redis = connect(redis_url)
+    from searchr1.core.streams import connect
+
+    async def run():  # type: ignore[no-untyped-def]
+        redis = connect(redis_url)
+        try:
+            return await call(redis)
+        finally:
+            await redis.aclose()
+
+    try:
+        return asyncio.run(run())
+    except (RedisError, OSError) as exc:
+        redis_failure(redis_url, exc)
+
+
+async def _stream_rows(redis, run: str) -> list[tuple[str, int, str, str]]:  # type: ignore[no-untyped-def]
+    from searchr1.core.streams import StreamKeys
+
     keys = StreamKeys(run)
     rows = []
-    try:
-        for name, key in (("tasks", keys.tasks), ("trajectories", keys.trajectories), ("dead", keys.dead)):
-            length = int(await redis.xlen(key))
-            groups = await redis.xinfo_groups(key) if length or await redis.exists(key) else []
-            for g in groups or [{}]:
-                rows.append((name, length, str(g.get("lag", "-")), str(g.get("pending", "-"))))
-    finally:
-        await redis.aclose()
+    for name, key in (("tasks", keys.tasks), ("trajectories", keys.trajectories), ("dead", keys.dead)):
+        length = int(await redis.xlen(key))
+        groups = await redis.xinfo_groups(key) if length or await redis.exists(key) else []
+        for g in groups or [{}]:
+            rows.append((name, length, str(g.get("lag", "-")), str(g.get("pending", "-"))))
     return rows
 
 
-def streams_status(
-    redis_url: RedisOption = "redis://127.0.0.1:6379/0",
-    run: Annotated[str, typer.Option(help="Run name (keys are searchr1:{run}:…).")] = "default",
-) -> None:
+def streams_status(redis_url: RedisOption = None, run: RunOption = None, run_dir: RunDirOption = None) -> None:
     """Show length, undelivered and pending counts of the tasks, trajectories and dead streams."""
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"searchr1 streams (run {run})")
+    url, run_name = redis_target(redis_url, run, run_dir)
+    table = Table(title=f"searchr1 streams (run {run_name})")
     for col in ("stream", "length", "undelivered", "pending"):
         table.add_column(col)
-    for row in asyncio.run(_stream_rows(redis_url, run)):
+    for row in _redis_call(url, lambda redis: _stream_rows(redis, run_name)):
         table.add_row(*(str(c) for c in row))
     Console().print(table)
 
 
-async def _dead_letters(redis_url: str, run: str, count: int):
-    from searchr1.core.streams import StreamKeys, connect, read_dead
-
-    redis = connect(redis_url)
-    try:
-        return await read_dead(redis, StreamKeys(run).dead, count)
-    finally:
-        await redis.aclose()
-
-
 def streams_dead(
-    redis_url: RedisOption = "redis://127.0.0.1:6379/0",
-    run: Annotated[str, typer.Option(help="Run name.")] = "default",
+    redis_url: RedisOption = None,
+    run: RunOption = None,
+    run_dir: RunDirOption = None,
     count: Annotated[int, typer.Option(min=1, max=10_000, help="How many to show.")] = 20,
 ) -> None:
     """List the oldest dead-lettered entries with the reason each was buried."""
     from rich.console import Console
 
+    from searchr1.core.streams import StreamKeys, read_dead
+
+    url, run_name = redis_target(redis_url, run, run_dir)
     console = Console()
-    letters = asyncio.run(_dead_letters(redis_url, run, count))
+    letters = _redis_call(url, lambda redis: read_dead(redis, StreamKeys(run_name).dead, count))
     if not letters:
         console.print("no dead letters")
     for d in letters:
@@ -126,32 +197,26 @@ def streams_dead(
                       markup=False, highlight=False)
 
 
-async def _redrive(redis_url: str, run: str, source: str | None, reason: str, count: int, dry_run: bool):
-    from searchr1.core.dead_letters import redrive
-    from searchr1.core.streams import StreamKeys, connect
-
-    keys = StreamKeys(run)
-    source_key = {"tasks": keys.tasks, "trajectories": keys.trajectories}.get(source or "")
-    redis = connect(redis_url)
-    try:
-        return await redrive(redis, keys.dead, source=source_key, reason_contains=reason, count=count,
-                             dry_run=dry_run)
-    finally:
-        await redis.aclose()
-
-
 def streams_redrive(
-    redis_url: RedisOption = "redis://127.0.0.1:6379/0",
-    run: Annotated[str, typer.Option(help="Run name.")] = "default",
+    redis_url: RedisOption = None,
+    run: RunOption = None,
+    run_dir: RunDirOption = None,
     source: Annotated[str | None, typer.Option(help="Only dead letters from this stream: tasks or trajectories.")] = None,
     reason: Annotated[str, typer.Option(help="Only dead letters whose reason contains this text.")] = "",
     count: Annotated[int, typer.Option(min=1, max=100_000, help="At most this many, oldest first.")] = 100,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List what would be requeued; change nothing.")] = False,
 ) -> None:
     """Requeue dead letters on the stream they came from (after a fix), selected by stream and reason."""
+    from searchr1.core.dead_letters import redrive
+    from searchr1.core.streams import StreamKeys
+
     if source not in (None, "tasks", "trajectories"):
         fail("--source must be tasks or trajectories")
-    moved = asyncio.run(_redrive(redis_url, run, source, reason, count, dry_run))
+    url, run_name = redis_target(redis_url, run, run_dir)
+    keys = StreamKeys(run_name)
+    source_key = {"tasks": keys.tasks, "trajectories": keys.trajectories}.get(source or "")
+    moved = _redis_call(url, lambda redis: redrive(redis, keys.dead, source=source_key, reason_contains=reason,
+                                                   count=count, dry_run=dry_run))
     for d in moved:
         typer.echo(f"{d.id} -> {d.source}: {d.reason}")
     typer.echo(f"{len(moved)} dead letter(s) {'would be ' if dry_run else ''}requeued")
@@ -167,6 +232,7 @@ def version() -> None:
 def build_app() -> typer.Typer:
     app = typer.Typer(
         name="searchr1",
+        cls=GuardedGroup,
         help="Train LLMs with RL to reason and call a search engine (Search-R1), as decoupled services.",
         no_args_is_help=True,
         pretty_exceptions_show_locals=False,

@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from searchr1.core.redis_server import RedisNotFound, find_redis_server
+from searchr1.core.run_connection import RunConnection
 from searchr1.core.servers import free_port, port_is_free
 from searchr1.core.settings import ConfigError, load_settings, read_config_file
 from searchr1.launcher.health import Gate, GrpcHealthGate, HttpGate, RedisPingGate
@@ -263,4 +264,7 @@ def build_plan(settings: LauncherSettings, config: str | Path, run_dir: str | Pa
         learner_metrics_url=f"http://{host}:{lport}/metrics", metrics_jsonl=jsonl.resolve(),
         problems=plan.problems, preflight_gates=plan.preflight, values=common, base_command=plan.default_base,
         placement=plan.placed,
+        connection=RunConnection(run=settings.run, redis_url=redis_url, token=common["token"],
+                                 retriever=common["retriever_grpc"], retriever_http=common["retriever_http"],
+                                 reward=common["reward_url"]),
     )

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from searchr1.core.redaction import redact_config
+from searchr1.core.run_connection import RunConnection
 from searchr1.core.settings import ConfigError, read_config_file
 from searchr1.launcher.health import Gate
 from searchr1.launcher.placement import Placement
@@ -157,6 +158,8 @@ class LaunchPlan:
     starts."""
     placement: Placement | None = None
     """The GPU placement the plan follows (None: the config has no `[placement]` table)."""
+    connection: RunConnection | None = None
+    """How commands reach this run (`RUN_DIR/connection.json`, mode 0600, written before anything starts)."""
 
     @property
     def log_dir(self) -> Path:

@@ -42,6 +42,7 @@ from itertools import groupby
 
 from rich.console import Console
 
+from searchr1.core.run_connection import write_connection
 from searchr1.launcher.health import check_all
 from searchr1.launcher.logs import LogMux, tail
 from searchr1.launcher.processes import (
@@ -115,6 +116,8 @@ class Supervisor:
             return EXIT_REFUSED
         self.plan.run_dir.mkdir(parents=True, exist_ok=True)
         self.plan.log_dir.mkdir(parents=True, exist_ok=True)
+        if self.plan.connection is not None:  # before anything starts: ops commands find the run by it
+            write_connection(self.plan.run_dir, self.plan.connection)
         self._install_signals()
         code = EXIT_FAILED
         if not self.verbose:

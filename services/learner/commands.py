@@ -15,7 +15,21 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from searchr1.core.commandline import INSECURE_HELP, error, fail, field_help, settings_or_exit, token_or_exit
+from searchr1.core.commandline import (
+    EXIT_FAILED,
+    EXIT_HELD,
+    EXIT_USAGE,
+    INSECURE_HELP,
+    RUN_DIR_HELP,
+    error,
+    fail,
+    field_help,
+    model_dir_or_exit,
+    redis_failure,
+    redis_target,
+    settings_or_exit,
+    token_or_exit,
+)
 
 if TYPE_CHECKING:
     from searchr1.cli import Groups
@@ -45,13 +59,17 @@ def run_train(settings: LearnerSettings, max_steps: int | None) -> int:
     from searchr1.learner.process import run_learner
     from searchr1.learner.redis_budget import RedisBudgetError
 
+    from redis.exceptions import RedisError
+
     stop = asyncio.Event()  # set by SIGTERM/SIGINT (run_learner installs the handlers)
     try:
         state = asyncio.run(run_learner(settings, stop, max_steps=max_steps))
+    except RedisError as exc:  # Redis never answered at start (a lost connection later is ridden out)
+        redis_failure(settings.redis.url, exc, "is Redis running, and is [learner.redis] url (--redis) its URL?")
     except (LeaseHeld, LeaseLost) as exc:  # another learner runs this run: nothing was written
-        return error(str(exc), 3)
+        return error(str(exc), EXIT_HELD)
     except RedisBudgetError as exc:  # the run's settings, not a fault: nothing was written
-        return error(str(exc), 2)
+        return error(str(exc), EXIT_USAGE)
     typer.echo(f"stopped at step {state.step} (policy version {state.version})")
     last = max_steps if max_steps is not None else settings.optim.total_steps
     if stop.is_set() and state.step < last:
@@ -81,9 +99,9 @@ def run_check(settings: LearnerSettings) -> int:
     try:
         budget = asyncio.run(check())
     except RedisBudgetError as exc:
-        return error(str(exc), 2)
+        return error(str(exc), EXIT_USAGE)
     except (OSError, RedisError) as exc:
-        return error(f"cannot read Redis' maxmemory: {exc}", 1)
+        return error(f"cannot read Redis' maxmemory: {exc}", EXIT_FAILED)
     limit = f"{budget.maxmemory / 2**30:.2f} GiB" if budget.maxmemory else "no limit"
     typer.echo(f"Redis holds what this run keeps unacked: {budget.held_groups} groups × "
                f"{budget.bytes_per_group / 2**20:.2f} MiB = {budget.need_bytes / 2**30:.2f} GiB, maxmemory {limit}")
@@ -119,6 +137,7 @@ def train(
         auth__insecure_no_auth=insecure_no_auth)
     if check:
         raise typer.Exit(run_check(settings))
+    model_dir_or_exit(settings.model.path, "learner.model.path")
     if settings.weights.http:
         token_or_exit(settings.weights.token, settings.auth, server="the learner's snapshot server",
                       setting="LEARNER_WEIGHTS__TOKEN ([learner.weights] token)")
@@ -186,18 +205,26 @@ async def _rollback(redis_url: str, run: str, version: int):
 
 def weights_rollback(
     version: Annotated[int, typer.Argument(min=0, help="A version the learner announced.")],
-    redis_url: Annotated[str, typer.Option("--redis", help="Redis URL.")] = "redis://127.0.0.1:6379/0",
-    run: Annotated[str, typer.Option(help="Run name (keys are searchr1:{run}:…).")] = "default",
+    redis_url: Annotated[str | None, typer.Option("--redis", help="Redis URL (default: RUN_DIR's, else "
+                                                  "redis://127.0.0.1:6379/0).")] = None,
+    run: Annotated[str | None, typer.Option(help="Run name: keys are searchr1:{run}:… (default: RUN_DIR's, else "
+                                            "default).")] = None,
+    run_dir: Annotated[Path | None, typer.Option("--run-dir", help=RUN_DIR_HELP)] = None,
 ) -> None:
     """Announce again the learner's own announcement of VERSION (same uri and digest), so rollout workers
     reload it. Only versions the learner announced can be chosen, and the snapshot must still exist
     (weights.keep). A running learner announces its next version over it: stop it first."""
     import asyncio
 
+    from redis.exceptions import RedisError
+
+    url, run_name = redis_target(redis_url, run, run_dir)
     try:
-        wv = asyncio.run(_rollback(redis_url, run, version))
+        wv = asyncio.run(_rollback(url, run_name, version))
     except LookupError as exc:
         fail(str(exc), 1)
+    except (RedisError, OSError) as exc:
+        redis_failure(url, exc)
     typer.echo(f"announced version {wv.version} again: {wv.uri} (sha256 {wv.sha256})")
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from searchr1.core.commandline import fail, field_help, settings_or_exit
+from searchr1.core.commandline import fail, field_help, model_dir_or_exit, settings_or_exit
 
 if TYPE_CHECKING:
     from searchr1.cli import Groups
@@ -49,6 +49,7 @@ def serve_rollout(
     settings = settings_or_exit(
         RolloutSettings, config, model=model, metrics_port=metrics_port, worker_id=worker_id,
         redis__url=redis_url, redis__run=run, retriever__addresses=retriever or None, reward__url=reward)
+    model_dir_or_exit(settings.model, "rollout.model (--model)")
     from searchr1.rollout.service import run as run_worker
 
     raise typer.Exit(run_worker(settings))
@@ -85,6 +86,7 @@ def once(
         agent__temperature=temperature)
     if not settings.model:
         fail("give --model (or model in the run config's rollout table)")
+    model_dir_or_exit(settings.model)
     raise typer.Exit(run_once(OnceRequest(question=question, settings=settings, seed=seed, steer=steer)))
 
 
@@ -133,6 +135,8 @@ def eval_(
         raise typer.Exit(run_table(list(table), out, metric))
     if not model or data is None:
         fail("give --model and --data (or --table with eval.json files)")
+    for m in model:
+        model_dir_or_exit(m)
     from searchr1.rollout.settings import RolloutSettings
 
     settings = settings_or_exit(

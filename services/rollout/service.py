@@ -28,6 +28,7 @@ from searchr1.core.broadcast import WEIGHTS_KEY_ENV
 from searchr1.core.clients.retriever import RetrieverClient
 from searchr1.core.clients.reward import RewardClient
 from searchr1.core.commandline import EXIT_FAILED, error
+from searchr1.core.models import require_model_dir
 from searchr1.core.metrics import MetricsServer, start_metrics_server
 from searchr1.core.redis_link import RedisLink
 from searchr1.core.servers import install_shutdown_signals
@@ -53,9 +54,11 @@ def default_worker_id() -> str:
 
 
 async def start_generator(model: str, engine: EngineSettings) -> Generator:
-    """Start the configured engine on `model`."""
+    """Start the configured engine on `model` (a local model directory: `ModelDirError`, a ValueError,
+    names a missing one at once)."""
     if not model:
         raise ValueError("no model configured: pass --model DIR (or ROLLOUT_MODEL)")
+    require_model_dir(model)
     if engine.kind == "hf":
         return HfGenerator(model, threads=engine.hf_threads)
     return await VllmGenerator.start(VllmEngineConfig(
