@@ -55,11 +55,11 @@ def run_train(settings: LearnerSettings, max_steps: int | None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     waits = set_openmp_waits(settings.openmp_wait_policy())  # before torch loads
     logging.getLogger("searchr1.learner").info("OpenMP waits: %s", waits)
+    from redis.exceptions import RedisError
+
     from searchr1.core.lease import LeaseHeld, LeaseLost
     from searchr1.learner.process import run_learner
     from searchr1.learner.redis_budget import RedisBudgetError
-
-    from redis.exceptions import RedisError
 
     stop = asyncio.Event()  # set by SIGTERM/SIGINT (run_learner installs the handlers)
     try:

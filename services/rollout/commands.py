@@ -31,6 +31,25 @@ RetrieverOption = Annotated[list[str] | None, typer.Option(
 RewardOption = Annotated[str | None, typer.Option("--reward", help=field_help(ROLLOUT_SETTINGS, "reward.url"))]
 
 
+RUN_SERVICES_HELP = ("A live `searchr1 up` run directory: its retriever, reward service and token come from "
+                     "RUN_DIR/connection.json (--retriever and --reward win).")
+
+
+def run_services(run_dir: Path | None) -> dict:
+    """The retriever address, reward URL and token of the `up` run at `run_dir` as settings overrides
+    (empty without one); a run directory without a usable connection file exits 2."""
+    if run_dir is None:
+        return {}
+    from searchr1.core.run_connection import RunConnectionError, read_connection
+
+    try:
+        conn = read_connection(run_dir)
+    except RunConnectionError as exc:
+        fail(str(exc))
+    return {"retriever": [conn.retriever] if conn.retriever else None, "reward": conn.reward or None,
+            "token": conn.token or None}
+
+
 def serve_rollout(
     config: ConfigOption = None,
     redis_url: Annotated[str | None, typer.Option("--redis", help=field_help(ROLLOUT_SETTINGS, "redis.url"))] = None,
@@ -117,16 +136,23 @@ def eval_(
         "--table", help="Evaluate nothing: print Search-R1's Table 3 layout of these eval.json files (or "
                         "directories holding one; repeat), one row each, and write it to OUT/table.md.")]
     = None,
-    metric: Annotated[str, typer.Option(help="Score the table shows: searchr1_em (Search-R1's), em or f1.")]
+    metric: Annotated[str, typer.Option(help="Score the table shows first: searchr1_em (Search-R1's), em, cover_em "
+                                             "or f1 (table.md holds all four).")]
     = "searchr1_em",
+    run_dir: Annotated[Path | None, typer.Option("--run-dir", help=RUN_SERVICES_HELP)] = None,
+    max_failure_rate: Annotated[float | None, typer.Option(
+        min=0.0, max=1.0, help=field_help(ROLLOUT_SETTINGS, "eval.max_failure_rate"))] = None,
 ) -> None:
     """Evaluate policies on a test set, then print Search-R1's Table 3 layout.
 
-    Every test question goes through the agent loop (greedy + K sampled) with the real retriever,
-    scored by the reward service; EM/F1/format/search behaviour overall and per group (data_source and
-    the configured metadata keys) is written to OUT/eval.json and OUT/eval.md (OUT/<model>/ for several
-    --model). Then the table (a row per model, a column per test set, the average; greedy) is printed
-    and written to OUT/table.md. With --table, only that table, from earlier eval.json files."""
+    The retriever and the reward service are checked first (each answers, accepts the token and serves one
+    real call); then every test question goes through the agent loop (greedy + K sampled) with the real
+    retriever, scored by the reward service. Search-R1 EM, EM, cover EM, F1, format and search behaviour,
+    overall and per group, failed searches and unscored trajectories, and the setting fingerprint go to
+    OUT/eval.json and OUT/eval.md (OUT/<model>/ for several --model). Then the table (a row per model, a
+    column per test set, the average, the failures, the fingerprint; greedy) is printed and written to
+    OUT/table.md. Exit 1 when failures pass eval.max_failure_rate. With --table, only that table, from
+    earlier eval.json files."""
     from searchr1.rollout.evaluation.run import EvalRequest, run_eval, run_table
 
     if table:
@@ -139,9 +165,11 @@ def eval_(
         model_dir_or_exit(m)
     from searchr1.rollout.settings import RolloutSettings
 
+    live = run_services(run_dir)
     settings = settings_or_exit(
-        RolloutSettings, config, model=model[0], retriever__addresses=retriever or None, reward__url=reward,
-        agent__max_turns=max_turns, eval__group_by=group_by or None)
+        RolloutSettings, config, model=model[0], retriever__addresses=retriever or live.get("retriever"),
+        reward__url=reward or live.get("reward"), retriever__token=live.get("token"), reward__token=live.get("token"),
+        agent__max_turns=max_turns, eval__group_by=group_by or None, eval__max_failure_rate=max_failure_rate)
     raise typer.Exit(run_eval(settings, EvalRequest(
         models=list(model), data=data, out=out, limit=limit, metric=metric, samples=samples,
         temperature=temperature, greedy=greedy, seed=seed, concurrency=concurrency)))

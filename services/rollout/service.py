@@ -28,8 +28,8 @@ from searchr1.core.broadcast import WEIGHTS_KEY_ENV
 from searchr1.core.clients.retriever import RetrieverClient
 from searchr1.core.clients.reward import RewardClient
 from searchr1.core.commandline import EXIT_FAILED, error
-from searchr1.core.models import require_model_dir
 from searchr1.core.metrics import MetricsServer, start_metrics_server
+from searchr1.core.models import require_model_dir
 from searchr1.core.redis_link import RedisLink
 from searchr1.core.servers import install_shutdown_signals
 from searchr1.core.streams import StreamKeys, connect, tasks_stream, trajectories_stream

@@ -169,6 +169,10 @@ class EvalSettings(Section):
     group_by: list[str] = Field(default_factory=lambda: ["data_source"], min_length=1, max_length=16)
     """Keys the eval report breaks metrics down by: `data_source` or any key of a question's
     `metadata`/`extra_info` (a key no question has is left out of the report)."""
+    max_failure_rate: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Share of trajectories with a failed search (retriever unreachable, query refused) or no score
+    (reward service failed) above which `searchr1 eval` exits 1, after writing its reports and printing the
+    table. 0: any failure fails the evaluation."""
 
 
 class RolloutSettings(ServiceSettings):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from searchr1.core.commandline import EXIT_FAILED, error
 from searchr1.core.protocol import tag_segments
 from searchr1.rollout.agent import AgentLimits, Sampling, TrajectoryResult
 
@@ -89,5 +90,7 @@ def run_once(req: OnceRequest) -> int:
     console.rule()
     console.print(f"finish: [bold]{res.finish_reason}[/]  turns: {res.num_turns}  searches: {res.num_searches}  "
                   f"sampled tokens: {res.generated_tokens}  environment tokens: {res.env_tokens}  "
-                  f"answer: [bold magenta]{res.answer!r}[/]")
+                  f"answer: [bold magenta]{res.answer!r}[/]", highlight=False)
+    if res.error is not None:  # the environment failed the trajectory: say why, and fail
+        return error(res.error, EXIT_FAILED)
     return 0
