@@ -41,6 +41,7 @@ SERVICE_COMMAND_MODULES = (
     "searchr1.models.commands",
     "searchr1.launcher.commands",
     "searchr1.viewer.commands",
+    "searchr1.api.commands",
 )
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from searchr1.core.aio import stop_task
 from searchr1.core.broadcast import WEIGHTS_KEY_ENV
-from searchr1.core.clients.retriever import RetrieverClient
+from searchr1.core.clients.http_retriever import retriever_client
 from searchr1.core.clients.reward import RewardClient
 from searchr1.core.commandline import EXIT_FAILED, error
 from searchr1.core.metrics import MetricsServer, start_metrics_server
@@ -133,8 +133,8 @@ async def build_service(settings: RolloutSettings, *, generator: Generator | Non
         if tokenizer is None:
             tokenizer = generator.tokenizer()  # type: ignore[attr-defined]
         r = settings.retriever
-        retriever = RetrieverClient(r.addresses, token=r.token, retry=r.retry_policy(),
-                                    **_counted(metrics, "retriever"))
+        retriever = retriever_client(r.addresses, token=r.token, retry=r.retry_policy(),
+                                     **_counted(metrics, "retriever"))
         closers.append(retriever.close)
 
         def on_batch(n: int, seconds: float) -> None:

@@ -81,7 +81,8 @@ class RetrieverClientSettings(RetrySettings):
     `retriever_unavailable`."""
 
     addresses: list[str] = Field(default_factory=lambda: ["127.0.0.1:50051"])
-    """gRPC addresses (host:port) of retriever replicas."""
+    """gRPC addresses (host:port) of retriever replicas, or http(s) URLs of servers speaking Search-R1's
+    `POST /retrieve` (Search-R1's own retrieval_server.py, or ours on its HTTP port)."""
     token: str | None = None
     """Bearer token, if the retriever requires one."""
     top_k: int = Field(default=3, ge=1, le=100)
@@ -99,7 +100,7 @@ class RewardClientSettings(RewardRetrySettings):
     retry knobs are those of `RewardRetrySettings`. When `deadline_s` runs out the task stays unacked and is redelivered
     after the visibility timeout."""
 
-    url: str = "http://127.0.0.1:8002"
+    url: str = "http://127.0.0.1:8300"
     """Base URL of the reward service."""
     token: str | None = None
     """Bearer token, if the reward service requires one."""

@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 
-from searchr1.core.clients.retriever import RetrieverClient, RetrieverError
+from searchr1.core.clients.retriever import RetrieverError
 from searchr1.core.clients.reward import RewardClient, RewardError
 
 RETRIEVER_TOKEN_HINT = ("set ROLLOUT_RETRIEVER__TOKEN (the token the retriever was started with, RETRIEVER_TOKEN), "
@@ -29,9 +29,10 @@ class PreflightError(RuntimeError):
     """A service the evaluation needs cannot serve it; the message names the service and what to do."""
 
 
-async def check_retriever(client: RetrieverClient, top_k: int) -> dict[str, Any]:
+async def check_retriever(client: Any, top_k: int) -> dict[str, Any]:
     """The retriever's `Info` (what it serves: the fingerprint's index, corpus and encoder), after one real
-    search of `top_k` passages; `PreflightError` when either is refused or unanswered."""
+    search of `top_k` passages; `PreflightError` when either is refused or unanswered. `client`: the gRPC
+    `RetrieverClient` or the `/retrieve` `HttpRetrieverClient`."""
     where = ", ".join(client.addresses)
     info: dict[str, Any] = {}
     try:

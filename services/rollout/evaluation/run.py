@@ -97,7 +97,7 @@ async def _evaluate_one(settings: RolloutSettings, config: EvalConfig, req: Eval
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from searchr1.core.clients.retriever import RetrieverClient
+    from searchr1.core.clients.http_retriever import retriever_client
     from searchr1.core.clients.reward import RewardClient
     from searchr1.rollout.batcher import SearchBatcher
     from searchr1.rollout.engine import HfCodec
@@ -108,7 +108,7 @@ async def _evaluate_one(settings: RolloutSettings, config: EvalConfig, req: Eval
 
     console = Console()
     r, w = settings.retriever, settings.reward
-    client = RetrieverClient(r.addresses, token=r.token, retry=r.retry_policy())
+    client = retriever_client(r.addresses, token=r.token, retry=r.retry_policy())
     scorer = RewardClient(w.url, token=w.token, retry=w.retry_policy())
     generator = None
     try:
