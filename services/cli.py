@@ -89,6 +89,21 @@ class GuardedGroup(TyperGroup):
             raise typer.Exit(error(message, code)) from None
 
 
+def _open_asker(model, **options):  # type: ignore[no-untyped-def]
+    """`searchr1.api.open_asker`, imported when called (it loads the engine's modules)."""
+    from searchr1.api.asking import open_asker
+
+    return open_asker(model, **options)
+
+
+@dataclass(frozen=True)
+class CliDeps:
+    """What the composition root hands to commands through the Typer context (`ctx.find_root().obj`):
+    pieces a service's command uses but its package may not import (the viewer's ask page needs an engine)."""
+
+    open_asker: object = _open_asker
+
+
 @dataclass
 class Groups:
     """Command groups handed to each service's `register`. Top-level commands go on `app`."""
@@ -237,7 +252,7 @@ def build_app() -> typer.Typer:
         help="Train LLMs with RL to reason and call a search engine (Search-R1), as decoupled services.",
         no_args_is_help=True,
         pretty_exceptions_show_locals=False,
-        context_settings={"help_option_names": ["-h", "--help"]},
+        context_settings={"help_option_names": ["-h", "--help"], "obj": CliDeps()},
     )
     groups = Groups(app)
     groups.streams.command("status")(streams_status)

@@ -75,12 +75,12 @@ def render(console: Any, result: AskResult, golds: list[str], where: str = "") -
         from searchr1.api.scoring import score
 
         correct = result.answer is not None and score(f"<answer>{result.answer}</answer>", golds) == 1.0
-        verdict = (" · [bold green]correct[/]" if correct else " · [bold red]wrong[/]") + f" (gold: {', '.join(golds)})"
+        verdict = f" · [{'green' if correct else 'magenta'}]{'correct' if correct else 'wrong'}[/] (gold: {', '.join(golds)})"
     console.print(f"answer: [bold magenta]{result.answer!r}[/] · finish: {result.finish_reason} · "
                   f"{result.num_searches} search(es) · {result.num_turns} turn(s) · "
                   f"{result.generated_tokens} sampled tokens{verdict}", highlight=False)
     if result.error:
-        console.print(f"[bold red]search failed[/]: {result.error}", markup=True, highlight=False)
+        console.print(f"search failed: {result.error}", style="bold red", markup=False, highlight=False)
 
 
 def ask_command(

@@ -143,11 +143,13 @@ def summary_table(summary: Mapping[str, Any]):
     return table
 
 
-def _cell(key: str, value: Any) -> str:
+def _cell(key: str, value: Any) -> Any:
+    from rich.text import Text
+
     if value is None:
         return "–"
     if key in ("failed_searches", "failed_scores"):
-        return f"[bold red]{int(value)}[/]" if value else "0"
+        return Text(str(int(value)), style="bold red" if value else "")
     return f"{value:.1f}" if key in ("searches", "turns") else f"{value:.2f}"
 
 
@@ -215,10 +217,10 @@ def paper_table_rich(table: PaperTable):
     out.add_column("Avg.", justify="right", no_wrap=True, style="bold")
     out.add_column("Failed", justify="right", no_wrap=True)
     out.add_column("Setting", no_wrap=True)
+    from rich.text import Text
+
     for cells in _cells(table):
-        if cells[-2] != "0":
-            cells[-2] = f"[bold red]{cells[-2]}[/]"
-        out.add_row(*cells)
+        out.add_row(*cells[:-2], Text(cells[-2], style="" if cells[-2] == "0" else "bold red"), cells[-1])
     return out
 
 

@@ -121,13 +121,13 @@ async def _evaluate_one(settings: RolloutSettings, config: EvalConfig, req: Eval
         batcher = SearchBatcher(client, top_k=r.top_k, max_batch=r.max_batch,
                                 max_wait_s=r.max_wait_ms / 1000.0, max_query_chars=r.max_query_chars)
         with Progress(TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      TextColumn("{task.fields[failed]}"), console=console) as progress:
+                      TextColumn("{task.fields[failed]}", style="bold red"), console=console) as progress:
             bar = progress.add_task("questions", total=n_questions, failed="")
             seen = {"failed": 0}
 
             def advance(recs) -> None:  # type: ignore[no-untyped-def]
                 seen["failed"] += sum(1 for x in recs if x.error is not None or x.score_error is not None)
-                progress.update(bar, advance=1, failed=f"[bold red]{seen['failed']} failed[/]" if seen["failed"] else "")
+                progress.update(bar, advance=1, failed=f"{seen['failed']} failed" if seen["failed"] else "")
 
             return await evaluate(
                 req.data, out_dir, generator, HfCodec(tokenizer), tokenizer, batcher.search, scorer,
@@ -197,9 +197,9 @@ def run_eval(settings: RolloutSettings, req: EvalRequest) -> int:
         console.print(summary_table(summary))
         searches, scores, total, rate = failures(summary)
         if searches or scores:
-            console.print(f"[bold red]{searches} of {total} trajectories had a failed search and {scores} could not "
-                          f"be scored ({rate:.1%}; eval.max_failure_rate {limit:.1%})[/]: see error and score_error "
-                          f"in {result.out_dir / 'eval.json'}")
+            console.print(f"{searches} of {total} trajectories had a failed search and {scores} could not be scored "
+                          f"({rate:.1%}; eval.max_failure_rate {limit:.1%}): see error and score_error in "
+                          f"{result.out_dir / 'eval.json'}", style="bold red", markup=False)
         if rate > limit:
             over.append(f"{policy}: {rate:.1%} of trajectories failed")
         console.print(f"wrote {result.out_dir / 'eval.json'} and {result.out_dir / 'eval.md'} "
