@@ -42,6 +42,9 @@ class RunConnection:
     """http://host:port of the retriever's Search-R1 `/retrieve` endpoint."""
     reward: str = ""
     """http://host:port of the reward service."""
+    config: str = ""
+    """Absolute path of the run config the run was started with (`searchr1 weights export` reads its base
+    model from it)."""
 
 
 def connection_path(run_dir: str | Path) -> Path:

@@ -266,5 +266,5 @@ def build_plan(settings: LauncherSettings, config: str | Path, run_dir: str | Pa
         placement=plan.placed,
         connection=RunConnection(run=settings.run, redis_url=redis_url, token=common["token"],
                                  retriever=common["retriever_grpc"], retriever_http=common["retriever_http"],
-                                 reward=common["reward_url"]),
+                                 reward=common["reward_url"], config=str(config_path)),
     )

@@ -228,11 +228,78 @@ def weights_rollback(
     typer.echo(f"announced version {wv.version} again: {wv.uri} (sha256 {wv.sha256})")
 
 
+def weights_export(
+    run: Annotated[Path, typer.Argument(help="Run directory (its weights/ holds the learner's snapshots) or a "
+                                             "snapshot root.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write (must be new or empty; --force).")],
+    version: Annotated[int | None, typer.Option(min=0, help="Policy version to export (default: the newest).")]
+    = None,
+    dtype: Annotated[str, typer.Option(help="Weights dtype: auto (as published), float32, bfloat16 or float16.")]
+    = "auto",
+    base: Annotated[Path | None, typer.Option(
+        help="Base model directory whose tokenizer and chat template go into the folder (default: [learner.model] "
+             "path of the run config).")] = None,
+    config: Annotated[Path | None, typer.Option(
+        "--config", "-c", help="The run's config (default: the one RUN_DIR/connection.json names); gives the base "
+                               "model and the training settings of the model card.")] = None,
+    push_to_hub: Annotated[str | None, typer.Option(
+        "--push-to-hub", help="Also upload the folder to this Hub repository (owner/name; created when missing; "
+                              "HF_TOKEN authenticates).")] = None,
+    hub_endpoint: Annotated[str | None, typer.Option(help="Hub URL (default: HF_ENDPOINT, else huggingface.co).")]
+    = None,
+    private: Annotated[bool, typer.Option("--private", help="Create the Hub repository private.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace a non-empty --out folder.")] = False,
+) -> None:
+    """Export a run's snapshot as a Hugging Face model folder (transformers and vLLM load it as is):
+    weights in the chosen dtype, the base model's tokenizer and chat template, generation config, and a
+    model card with the run's figures and setting fingerprint; optionally push it to the Hub."""
+    from rich.console import Console
+
+    from searchr1.learner.tools.export import DTYPES, ExportError, base_model_of, export_snapshot, push_folder
+
+    if dtype not in DTYPES:
+        fail(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if not run.is_dir():
+        fail(f"run directory {run} not found")
+    if config is None and (run / "connection.json").is_file():
+        from searchr1.core.run_connection import RunConnectionError, read_connection
+
+        try:
+            named = read_connection(run).config
+        except RunConnectionError as exc:
+            fail(str(exc))
+        config = Path(named) if named and Path(named).is_file() else None
+    if config is not None and not config.is_file():
+        fail(f"run config {config} not found")
+    console = Console(stderr=True, highlight=False)
+    try:
+        if base is None:
+            if config is None:
+                fail("give --base DIR (the base model: tokenizer and chat template) or --config (the run config)")
+            base = base_model_of(config)
+        with console.status(f"verifying and exporting {run} …"):
+            result = export_snapshot(run, out, base=base, version=version, dtype=dtype, config=config, force=force)
+    except ExportError as exc:
+        fail(str(exc))
+    except OSError as exc:
+        fail(f"cannot write {out}: {exc}", EXIT_FAILED)
+    typer.echo(f"exported version {result.version} ({result.dtype}) to {out}: {', '.join(result.files)}")
+    if push_to_hub:
+        with console.status(f"uploading {out} to {push_to_hub} …"):
+            try:
+                url = push_folder(out, push_to_hub, endpoint=hub_endpoint, private=private)
+            except Exception as exc:  # noqa: BLE001 - huggingface_hub raises many kinds; each is one line here
+                fail(f"push to {push_to_hub} failed: {type(exc).__name__}: {exc}", EXIT_FAILED)
+        typer.echo(f"pushed to {push_to_hub}: {url}")
+
+
 def weights_app() -> typer.Typer:
     """The `searchr1 weights` group."""
-    app = typer.Typer(help="A run's announced policy weights: roll workers back to a version the learner "
-                           "published.", no_args_is_help=True)
+    app = typer.Typer(help="A run's policy weights: roll workers back to a version the learner published, or "
+                           "export a version as a Hugging Face model folder (and push it to the Hub).",
+                      no_args_is_help=True)
     app.command("rollback")(weights_rollback)
+    app.command("export")(weights_export)
     return app
 
 
