@@ -45,6 +45,8 @@ class RunConnection:
     config: str = ""
     """Absolute path of the run config the run was started with (`searchr1 weights export` reads its base
     model from it)."""
+    validation_metrics: str = ""
+    """http://host:port/metrics of the launcher's validation gauges ("" when validation is off)."""
 
 
 def connection_path(run_dir: str | Path) -> Path:

@@ -45,11 +45,13 @@ def up(
 
     from searchr1.core.commandline import fail
     from searchr1.core.settings import ConfigError, load_settings
+    from searchr1.core.tracking import TrackerUnavailable
     from searchr1.launcher.planner import build_plan
     from searchr1.launcher.settings import LauncherSettings
     from searchr1.launcher.specs import dry_run_lines, total_steps
     from searchr1.launcher.status import StatusCollector
     from searchr1.launcher.supervisor import EXIT_REFUSED, Supervisor
+    from searchr1.launcher.validation import make_validator
 
     console = Console(highlight=False)
     try:
@@ -69,6 +71,10 @@ def up(
         prometheus_names=settings.status.prometheus_names)
     supervisor = Supervisor(plan, settings, console=console, collector=collector, verbose=verbose,
                             total_steps=total_steps(config))
+    try:
+        supervisor.validator = make_validator(settings, plan, supervisor.mux.say)
+    except TrackerUnavailable as exc:
+        fail(str(exc), EXIT_REFUSED)
     raise typer.Exit(asyncio.run(supervisor.run()))
 
 

@@ -39,6 +39,7 @@ from searchr1.launcher.specs import (
     render_env,
     render_template,
 )
+from searchr1.launcher.validation import validation_problems
 
 
 class _Ports:
@@ -259,6 +260,12 @@ def build_plan(settings: LauncherSettings, config: str | Path, run_dir: str | Pa
     plan.specs[-1].env.setdefault("LEARNER_WEIGHTS__BROADCAST__RECEIVERS", str(workers))
     jsonl = Path(render_template("metrics_jsonl", [le.metrics_jsonl], {"run": settings.run,
                                                                         "run_dir": str(run_root)})[0])
+    v = settings.validation
+    vport = None
+    if v.enabled:
+        plan.problems += validation_problems(v, config_path)
+        if v.metrics_port is not None:
+            vport = plan.ports.get(v.metrics_port, "validation metrics")
     return LaunchPlan(
         specs=plan.specs, run_dir=run_root, redis_url=redis_url, run=settings.run,
         learner_metrics_url=f"http://{host}:{lport}/metrics", metrics_jsonl=jsonl.resolve(),
@@ -266,5 +273,7 @@ def build_plan(settings: LauncherSettings, config: str | Path, run_dir: str | Pa
         placement=plan.placed,
         connection=RunConnection(run=settings.run, redis_url=redis_url, token=common["token"],
                                  retriever=common["retriever_grpc"], retriever_http=common["retriever_http"],
-                                 reward=common["reward_url"], config=str(config_path)),
+                                 reward=common["reward_url"], config=str(config_path),
+                                 validation_metrics=f"http://{host}:{vport}/metrics" if vport else ""),
+        validation_metrics_port=vport,
     )

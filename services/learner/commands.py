@@ -58,6 +58,7 @@ def run_train(settings: LearnerSettings, max_steps: int | None) -> int:
     from redis.exceptions import RedisError
 
     from searchr1.core.lease import LeaseHeld, LeaseLost
+    from searchr1.core.tracking import TrackerUnavailable
     from searchr1.learner.process import run_learner
     from searchr1.learner.redis_budget import RedisBudgetError
 
@@ -69,6 +70,8 @@ def run_train(settings: LearnerSettings, max_steps: int | None) -> int:
     except (LeaseHeld, LeaseLost) as exc:  # another learner runs this run: nothing was written
         return error(str(exc), EXIT_HELD)
     except RedisBudgetError as exc:  # the run's settings, not a fault: nothing was written
+        return error(str(exc), EXIT_USAGE)
+    except TrackerUnavailable as exc:  # a tracker the config asks for is not installed
         return error(str(exc), EXIT_USAGE)
     typer.echo(f"stopped at step {state.step} (policy version {state.version})")
     last = max_steps if max_steps is not None else settings.optim.total_steps

@@ -190,13 +190,15 @@ async def _run(settings: LearnerSettings, info: DistInfo, stop: asyncio.Event, m
     step_log = http = metrics_server = archive = dispatch_log = base_url = None
     specs: list[Question] = []
     if info.is_main:
-        wandb_run = None
-        if settings.wandb_project:
-            import wandb  # optional
+        from searchr1.core.tracking import TensorBoardLog, WandbLog
 
-            wandb_run = wandb.init(project=settings.wandb_project, name=settings.redis.run,
-                                   config=redact_config(settings.model_dump(mode="json")))
-        step_log = StepLog(settings.log_dir / f"{settings.redis.run}.jsonl", wandb_run)
+        sinks: list = []
+        if settings.tensorboard_dir is not None:
+            sinks.append(TensorBoardLog(settings.tensorboard_dir))
+        if settings.wandb_project:
+            sinks.append(WandbLog(settings.wandb_project, name=settings.redis.run, mode=settings.wandb_mode,
+                                  dir=settings.log_dir, config=redact_config(settings.model_dump(mode="json"))))
+        step_log = StepLog(settings.log_dir / f"{settings.redis.run}.jsonl", *sinks)
         if settings.weights.http:  # serves what the publisher writes under weights.dir
             served = WeightPublisher(settings.weights.dir, keep=settings.weights.keep)
             http = HttpServer(weights_app(served, token=settings.weights.token), settings.weights.host,

@@ -87,6 +87,7 @@ class Viewer:
         self.store = ArchiveStore(find_archive(run_dir), settings.cache_dir) if run_dir is not None else None
         self.other = ArchiveStore(find_archive(settings.compare), settings.cache_dir) if settings.compare else None
         self.log_path = step_log or (S.find_step_log(run_dir) if run_dir is not None else None)
+        self.run_dir = run_dir
         self.tokenizer = load_tokenizer(settings.tokenizer)
         self.asker = asker
         self.ask_info = ask_info or {}
@@ -148,6 +149,10 @@ class Viewer:
                    if (q.min_step is None or r.get("step", 0) >= q.min_step)
                    and (q.max_step is None or r.get("step", 0) <= q.max_step)]
         series.update(S.log_series(records))
+        validated = [r for r in S.read_step_log(S.find_validation(self.run_dir) if self.run_dir else None)
+                     if (q.min_step is None or r.get("step", 0) >= q.min_step)
+                     and (q.max_step is None or r.get("step", 0) <= q.max_step)]
+        series.update(S.validation_series(validated))
         marks = S.alarm_steps(series)
         size = self.s.page_size
         keep = {k: v for k, v in params.items() if k != "page" and v != ""}

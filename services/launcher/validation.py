@@ -1,0 +1,383 @@
+"""Validation during training for `searchr1 up` (`[launcher.validation]`, Search-R1's `trainer.test_freq` and
+`trainer.val_before_train`): the learner's snapshots evaluated on a held-out set while it trains, against the
+run's own retriever and reward service, and the curve recorded.
+
+One loop, beside the supervisor's watch: look at the learner's snapshot directory every `poll_interval_s`;
+stage every due version at once (the snapshot's files hard-linked, the base model's tokenizer and config
+copied, into `RUN_DIR/validation/v########/model`, so the learner pruning old snapshots loses nothing) and
+queue it; evaluate the queue in order, one `searchr1 eval` subprocess at a time (greedy, `--out
+RUN_DIR/validation/v########`, its output appended to RUN_DIR/logs/validation.log), with the rollout workers'
+environment (tokens, engine settings) less their Redis URL. Each result goes to `RUN_DIR/validation.jsonl`
+(one JSON object per validation: step, version, the greedy scores, failures, the fingerprint id, the
+outcome), to the Prometheus gauges (`metrics.ValidationMetrics`), to TensorBoard and W&B when asked, and to
+the console. When the learner ends, `finish` validates its last version (`eval_after_train`) and waits for
+the queue within `drain_timeout_s`; the services stop after that.
+
+Departures from Search-R1: validation runs beside the training instead of pausing it (the learner never
+waits for it), and in a process of its own (its own engine), so a validation that fails is recorded, not
+fatal to the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from searchr1.launcher.metrics import SCORE_METRICS, ValidationMetrics
+from searchr1.launcher.settings import LauncherSettings, ValidationSettings
+
+if TYPE_CHECKING:
+    from searchr1.launcher.specs import LaunchPlan
+
+SNAPSHOT = re.compile(r"^v(\d{8})$")
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+SKIP_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json", "snapshot.manifest.json")
+
+
+def published_versions(weights_dir: Path) -> list[int]:
+    """Versions with a complete snapshot (the publisher renames a finished one into place)."""
+    if not weights_dir.is_dir():
+        return []
+    out = []
+    for p in weights_dir.iterdir():
+        m = SNAPSHOT.match(p.name)
+        if m and p.is_dir() and (p / "model.safetensors").is_file():
+            out.append(int(m.group(1)))
+    return sorted(out)
+
+
+def _link(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # another file system, or links refused: a copy
+        shutil.copy2(src, dst)
+
+
+def stage_model(base: Path, snapshot: Path | None, out: Path) -> Path:
+    """A loadable model directory at `out`: the base model's files except its weights (tokenizer, chat
+    template, config), with the snapshot's files (config, weights) over them; `snapshot` None stages the
+    base model itself (its weights linked too)."""
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for f in base.iterdir():
+        if not f.is_file() or f.name in SKIP_FILES:
+            continue
+        if f.suffix in WEIGHT_SUFFIXES:
+            if snapshot is None:
+                _link(f, tmp / f.name)
+            continue
+        shutil.copy2(f, tmp / f.name)
+    if snapshot is not None:
+        for f in snapshot.iterdir():
+            if f.is_file() and f.name not in SKIP_FILES:
+                (tmp / f.name).unlink(missing_ok=True)
+                _link(f, tmp / f.name)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+def record_of(step: int, doc: dict[str, Any], wall_s: float, outcome: str) -> dict[str, Any]:
+    """The validation.jsonl record of one evaluation (eval.json's greedy summary)."""
+    g = doc.get("summary", {}).get("greedy", {}).get("overall", {})
+    failed = int(g.get("failed_searches") or 0) + int(g.get("failed_scores") or 0)
+    fp = (doc.get("meta", {}).get("fingerprint") or {}).get("id")
+    return {"step": step, "version": step, "time": time.time(), "outcome": outcome, "questions": g.get("questions"),
+            **{k: g.get(k) for k in SCORE_METRICS}, "searches": g.get("searches"), "failed": failed,
+            "failure_rate": g.get("failure_rate"), "fingerprint": fp, "wall_s": round(wall_s, 1)}
+
+
+class Validator:
+    """Runs the validations of one `searchr1 up` run (module docstring)."""
+
+    def __init__(self, settings: ValidationSettings, *, run_dir: Path, weights_dir: Path, base_model: Path,
+                 command: Callable[[Path, Path], list[str]], env: dict[str, str],
+                 say: Callable[[str, str], None], metrics: ValidationMetrics | None = None,
+                 trackers: list[Any] | None = None, metrics_host: str = "127.0.0.1",
+                 metrics_port: int | None = None) -> None:
+        """`command(model_dir, out_dir)`: the eval argv; `env`: what the eval process adds to the
+        launcher's environment; `say(message, style)`: the console; `metrics` are served on
+        `metrics_host:metrics_port` while the loop runs (None: not served)."""
+        self.s = settings
+        self.run_dir = run_dir
+        self.weights_dir = weights_dir
+        self.base = base_model
+        self.command = command
+        self.env = env
+        self.say = say
+        self.metrics = metrics
+        self.trackers = trackers or []
+        self.root = run_dir / "validation"
+        self.jsonl = run_dir / "validation.jsonl"
+        self.queue: deque[tuple[int, Path]] = deque()
+        self.seen = 0 if not settings.eval_before_train else -1
+        self.done: set[int] = set()
+        self.busy = False
+        self.finishing = False
+        self._proc: asyncio.subprocess.Process | None = None
+        self._task: asyncio.Task | None = None
+        self.metrics_host = metrics_host
+        self.metrics_port = metrics_port
+        self._server: Any = None
+
+    # ------------------------------------------------------------------ discovery
+    def due(self, version: int) -> bool:
+        every = self.s.eval_every
+        return every > 0 and version > 0 and version % every == 0
+
+    def discover(self, final: bool = False) -> None:
+        """Stage and queue every new due version (and, with `final`, the newest if it is not validated)."""
+        if self.seen < 0:  # eval_before_train: the initial policy, as step 0
+            self.seen = 0
+            self.queue.append((0, stage_model(self.base, None, self.root / "v00000000" / "model")))
+        versions = published_versions(self.weights_dir)
+        fresh = [v for v in versions if v > self.seen]
+        for v in fresh:
+            if self.due(v):
+                self._enqueue(v)
+        if final and versions and self.s.eval_every > 0 and self.s.eval_after_train:
+            last = versions[-1]
+            if last not in self.done and all(v != last for v, _ in self.queue):
+                self._enqueue(last)
+        if fresh:
+            self.seen = fresh[-1]
+
+    def _enqueue(self, v: int) -> None:
+        snap = self.weights_dir / f"v{v:08d}"
+        try:
+            model = stage_model(self.base, snap, self.root / f"v{v:08d}" / "model")
+        except OSError as exc:  # pruned between listing and linking: nothing to validate
+            self.say(f"validation: snapshot v{v:08d} is gone before it could be staged ({exc})", "yellow")
+            return
+        self.queue.append((v, model))
+
+    # ------------------------------------------------------------------ the loop
+    def start(self) -> None:
+        """Serve the gauges, and start the loop (`run`) as a task of the running event loop."""
+        if self.metrics is not None and self.metrics_port is not None:
+            from searchr1.core.metrics import start_metrics_server
+
+            self._server = start_metrics_server(self.metrics.registry, self.metrics_host, self.metrics_port)
+        self._task = asyncio.create_task(self.run(), name="validation")
+
+    async def run(self) -> None:
+        """Discover, then evaluate the queue in order, until `finish` (after the evaluation in progress)."""
+        while not self.finishing:
+            await asyncio.to_thread(self.discover)
+            if self.queue:
+                await self._next()
+            else:
+                await asyncio.sleep(self.s.poll_interval_s)
+
+    async def finish(self) -> None:
+        """The learner ended: let the evaluation in progress end, validate the last version if it is due
+        (`eval_after_train`), then empty the queue within `drain_timeout_s` (what is left is said, not run)."""
+        deadline = time.monotonic() + self.s.drain_timeout_s
+        self.finishing = True
+        if self.busy:
+            self.say("training ended; finishing the validation in progress …", "bold")
+        if self._task is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._task), max(0.0, deadline - time.monotonic()))
+        await asyncio.to_thread(self.discover, True)
+        if self.queue:
+            self.say(f"training ended; validating {len(self.queue)} more version(s) …", "bold")
+        while self.queue and time.monotonic() < deadline:
+            try:
+                await asyncio.wait_for(self._next(), max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                break
+        if self.queue:
+            self.say(f"validation: {len(self.queue)} version(s) not validated within drain_timeout_s "
+                     f"({', '.join(str(v) for v, _ in self.queue)})", "yellow")
+
+    async def _next(self) -> None:
+        step, model = self.queue.popleft()
+        self.busy = True
+        try:
+            await self._evaluate(step, model)
+        finally:
+            self.busy = False
+            self.done.add(step)
+
+    async def _evaluate(self, step: int, model: Path) -> None:
+        out = model.parent
+        argv = self.command(model, out)
+        log = self.run_dir / "logs" / "validation.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self.say(f"validating step {step} …", "")
+        t0 = time.monotonic()
+        with log.open("ab") as f:
+            f.write(f"\n==> step {step}: {' '.join(argv)}\n".encode())
+            f.flush()
+            self._proc = await asyncio.create_subprocess_exec(
+                *argv, stdout=f, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
+                env={**os.environ, **self.env}, start_new_session=True)
+            try:
+                rc = await asyncio.wait_for(self._proc.wait(), self.s.timeout_s)
+            except TimeoutError:
+                await self._kill()
+                rc = -1
+            except asyncio.CancelledError:
+                await self._kill()
+                raise
+            finally:
+                self._proc = None
+        wall = time.monotonic() - t0
+        doc = None
+        with contextlib.suppress(OSError, ValueError):
+            doc = json.loads((out / "eval.json").read_text(encoding="utf-8"))
+        # exit 1 with eval.json: the evaluation ran but its failures passed eval.max_failure_rate
+        outcome = "ok" if rc == 0 else "failures" if doc is not None and rc == 1 else "failed"
+        record = record_of(step, doc or {}, wall, outcome) if doc is not None else {
+            "step": step, "version": step, "time": time.time(), "outcome": outcome, "exit_code": rc,
+            "wall_s": round(wall, 1)}
+        await asyncio.to_thread(self._record, record)
+        if doc is None:
+            self.say(f"validation of step {step} failed (exit {rc}; see {log})", "bold red")
+            return
+        failed = f", {record['failed']} failed" if record["failed"] else ""
+        self.say(f"validation, step {step}: Search-R1 EM {_f(record['searchr1_em'])}, EM {_f(record['em'])}, "
+                 f"cover EM {_f(record['cover_em'])}, F1 {_f(record['f1'])} on {record['questions']} questions"
+                 f"{failed} ({wall:.0f} s)", "bold green" if outcome == "ok" else "bold yellow")
+
+    def _record(self, record: dict[str, Any]) -> None:
+        """Append to validation.jsonl, set the gauges, hand the scores to the trackers (blocking)."""
+        with self.jsonl.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+        scores = {k: record[k] for k in SCORE_METRICS if isinstance(record.get(k), int | float)}
+        if self.metrics is not None:
+            self.metrics.runs.labels("ok" if record["outcome"] == "ok" else "failed").inc()
+            self.metrics.seconds.set(record["wall_s"])
+            if scores:
+                self.metrics.step.set(record["step"])
+                self.metrics.failed.set(record.get("failed") or 0)
+                for k, v in scores.items():
+                    self.metrics.score.labels(k).set(v)
+        if scores:
+            for tracker in self.trackers:
+                tracker.log({f"validation/{k}": v for k, v in scores.items()}, step=record["step"])
+
+    async def _kill(self) -> None:
+        proc = self._proc
+        if proc is None or proc.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), 10)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+
+    async def stop(self) -> None:
+        """Cancel the loop (an evaluation in progress is stopped with its process group) and close the
+        trackers."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        await self._kill()
+        self.close()
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for tracker in self.trackers:
+            with contextlib.suppress(Exception):
+                tracker.close()
+        self.trackers = []
+
+
+def _f(v: Any) -> str:
+    return f"{v:.3f}" if isinstance(v, int | float) else "–"
+
+
+# ---------------------------------------------------------------------------------------------- set-up
+
+
+def base_model_of(settings: ValidationSettings, config: Path) -> Path | None:
+    """The model step 0 validates and whose tokenizer every snapshot uses: `base_model`, else
+    ROLLOUT_MODEL, else `[rollout] model` of the run config."""
+    from searchr1.core.settings import ConfigError, read_config_file
+
+    if settings.base_model:
+        return Path(settings.base_model).resolve()
+    model = os.environ.get("ROLLOUT_MODEL")
+    if not model:
+        try:
+            table = read_config_file(config).get("rollout") or {}
+        except (OSError, ConfigError):
+            table = {}
+        model = table.get("model") if isinstance(table, dict) else None
+    return Path(model).resolve() if model else None
+
+
+def validation_problems(settings: ValidationSettings, config: Path) -> list[str]:
+    """What stops validation before anything starts: a missing held-out set or base model."""
+    problems = []
+    if settings.data and not Path(settings.data).is_file():
+        problems.append(f"validation: held-out set {Path(settings.data).resolve()} not found ([launcher.validation] "
+                        "data)")
+    base = base_model_of(settings, config)
+    if base is None:
+        problems.append("validation: no base model (tokenizer and step 0): set [rollout] model or "
+                        "[launcher.validation] base_model")
+    elif not (base / "config.json").is_file():
+        problems.append(f"validation: base model directory {base} not found or has no config.json")
+    return problems
+
+
+def trackers_for(settings: ValidationSettings, run: str, run_dir: Path) -> list[Any]:
+    """The TensorBoard and W&B trackers the settings ask for (`TrackerUnavailable` when one's package is
+    not installed)."""
+    from searchr1.core.tracking import TensorBoardLog, WandbLog
+
+    out: list[Any] = []
+    if settings.tensorboard_dir:
+        out.append(TensorBoardLog(settings.tensorboard_dir.replace("{run_dir}", str(run_dir))))
+    if settings.wandb_project:
+        out.append(WandbLog(settings.wandb_project, name=f"{run}-validation", group=run, mode=settings.wandb_mode,
+                            dir=run_dir, config={"eval_every": settings.eval_every, "data": settings.data}))
+    return out
+
+
+def make_validator(settings: LauncherSettings, plan: LaunchPlan, say: Callable[[str, str], None]) -> Validator | None:
+    """The validator of a `searchr1 up` plan (None when validation is off): `searchr1 eval` of the plan's
+    command and template against its retriever and reward service, with the rollout workers' environment
+    (`specs.eval_env`); trackers opened here (`TrackerUnavailable` when one is not installed)."""
+    from searchr1.launcher.specs import DEFAULT_TEMPLATES, eval_env, render_template
+
+    v = settings.validation
+    if not v.enabled or plan.problems:  # a refused plan starts nothing
+        return None
+    config = Path(plan.values["config"])
+    base = base_model_of(v, config)
+    assert base is not None  # validation_problems refused the plan otherwise
+    learner = next((spec for spec in plan.specs if spec.name == "learner"), None)
+    weights = Path(learner.env.get("LEARNER_WEIGHTS__DIR", "") if learner else "") or plan.run_dir / "weights"
+    template = {**DEFAULT_TEMPLATES, **settings.templates}["eval"]
+    data = Path(str(v.data)).resolve()
+
+    def command(model: Path, out: Path) -> list[str]:
+        return [*plan.base_command, *render_template("eval", template, plan.values), "--model", str(model),
+                "--data", str(data), "--out", str(out), "--samples", str(v.samples),
+                *(["--limit", str(v.limit)] if v.limit else []), *v.args]
+
+    return Validator(v, run_dir=plan.run_dir, weights_dir=weights.resolve(), base_model=base, command=command,
+                     env=eval_env(plan), say=say, metrics=ValidationMetrics.create(),
+                     trackers=trackers_for(v, plan.run, plan.run_dir), metrics_host=settings.host,
+                     metrics_port=plan.validation_metrics_port)
