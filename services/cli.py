@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from typer.core import TyperGroup
@@ -54,14 +55,14 @@ class GuardedGroup(TyperGroup):
     """The root command group: an exception a command let escape, and a usage error (a bad flag value, a
     missing argument), become one line on stderr and an exit code; no traceback, no usage panel."""
 
-    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True,  # type: ignore[no-untyped-def]
-             **extra):
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, windows_expand_args: bool = True, **extra: Any) -> Any:
         import sys
 
         if not standalone_mode:
-            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            return super().main(args, prog_name, complete_var, False, windows_expand_args, **extra)
         try:
-            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            code = super().main(args, prog_name, complete_var, False, windows_expand_args, **extra)
         except _CLICK_EXITS[2:] as exc:  # usage errors
             if type(exc).__name__ == "NoArgsIsHelpError":  # a group given no command: its help, as before
                 exc.show()  # type: ignore[attr-defined]
@@ -73,7 +74,7 @@ class GuardedGroup(TyperGroup):
             sys.exit(error("interrupted", EXIT_INTERRUPTED))
         sys.exit(code if isinstance(code, int) else 0)
 
-    def invoke(self, ctx):  # type: ignore[no-untyped-def]
+    def invoke(self, ctx: Any) -> Any:
         import os
 
         try:
@@ -89,11 +90,10 @@ class GuardedGroup(TyperGroup):
             raise typer.Exit(error(message, code)) from None
 
 
-def _open_asker(model, **options):  # type: ignore[no-untyped-def]
-    """`searchr1.api.open_asker`, imported when called (it loads the engine's modules)."""
-    from searchr1.api.asking import open_asker
-
-    return open_asker(model, **options)
+def _open_asker(model: Any, **options: Any) -> Any:
+    """`searchr1.api.open_asker`, imported by name when called (it loads the engine's modules), as the
+    service commands are."""
+    return importlib.import_module("searchr1.api.asking").open_asker(model, **options)
 
 
 @dataclass(frozen=True)
@@ -144,14 +144,14 @@ RunOption = Annotated[str | None, typer.Option(
 RunDirOption = Annotated[Path | None, typer.Option("--run-dir", help=RUN_DIR_HELP)]
 
 
-def _redis_call(redis_url: str, call):  # type: ignore[no-untyped-def]
+def _redis_call(redis_url: str, call: Any) -> Any:
     """Run `call(redis)` on a fresh client of `redis_url` and close it; Redis that cannot be reached or
     refuses the password exits 1 with one line."""
     from redis.exceptions import RedisError
 
     from searchr1.core.streams import connect
 
-    async def run():  # type: ignore[no-untyped-def]
+    async def run() -> Any:
         redis = connect(redis_url)
         try:
             return await call(redis)
@@ -164,7 +164,7 @@ def _redis_call(redis_url: str, call):  # type: ignore[no-untyped-def]
         redis_failure(redis_url, exc)
 
 
-async def _stream_rows(redis, run: str) -> list[tuple[str, int, str, str]]:  # type: ignore[no-untyped-def]
+async def _stream_rows(redis: Any, run: str) -> list[tuple[str, int, str, str]]:
     from searchr1.core.streams import StreamKeys
 
     keys = StreamKeys(run)

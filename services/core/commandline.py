@@ -128,8 +128,9 @@ def _names(annotation: ast.expr | None) -> list[str]:
     return [] if annotation is None else [n.id for n in ast.walk(annotation) if isinstance(n, ast.Name)]
 
 
-def _field(module: str, name: str, field: str) -> tuple[str, str, str | None, list[str]]:
-    """(module, class, docstring, annotation names) of `field` on class `name`, its bases included."""
+def _field(module: str, name: str, field: str) -> tuple[str, str, str | None, list[str], ast.expr | None]:
+    """(module, class, docstring, annotation names, default expression) of `field` on class `name`, its bases
+    included."""
     where, node = _class(module, name)
     body = node.body
     for stmt, after in zip(body, [*body[1:], None], strict=True):
@@ -138,7 +139,7 @@ def _field(module: str, name: str, field: str) -> tuple[str, str, str | None, li
             if (isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
                     and isinstance(after.value.value, str)):
                 doc = " ".join(after.value.value.split())
-            return where, name, doc, _names(stmt.annotation)
+            return where, name, doc, _names(stmt.annotation), stmt.value
     for base in node.bases:
         if isinstance(base, ast.Name):
             try:
@@ -160,14 +161,50 @@ def field_help(settings: str | type, path: str, extra: str = "") -> str:
     else:
         module, name = settings.__module__, settings.__name__
     doc: str | None = None
+    value: ast.expr | None = None
     for field in path.split("."):
-        module, name, doc, annotation = _field(module, name, field)
+        module, name, doc, annotation, value = _field(module, name, field)
         nested = [n for n in annotation if n[:1].isupper() and n not in _NOT_MODELS]
         if nested:
             name = nested[0]
     if not doc:
         raise KeyError(f"{settings}.{path} has no docstring")
-    return help_text(f"{doc} {extra}".strip())
+    shown = default_text(value)
+    return help_text(f"{doc} {extra}".strip() + (f" [default: {shown}]" if shown is not None else ""))
+
+
+def default_text(value: ast.expr | None) -> str | None:
+    """A settings field's default as `--help` shows it (the setting's own default: a run config or its
+    environment variable may set another), read from its declaration: a literal, `Field(default=…)`, a
+    `default_factory` lambda's literal, `Path("…")`. None when there is none to show (None, a computed one)."""
+    node = value
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Field":
+        keywords = {k.arg: k.value for k in node.keywords}
+        if "default" in keywords:
+            node = keywords["default"]
+        elif node.args:
+            node = node.args[0]
+        else:
+            factory = keywords.get("default_factory")
+            if not isinstance(factory, ast.Lambda):
+                return None
+            node = factory.body
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Path" and node.args
+            and isinstance(node.args[0], ast.Constant)):
+        return str(node.args[0].value)
+    if node is None:
+        return None
+    try:
+        literal = ast.literal_eval(node)
+    except (ValueError, SyntaxError, TypeError):
+        return None
+    if literal is None or literal in ({}, []):
+        return None
+    if isinstance(literal, bool):
+        return "true" if literal else "false"
+    if isinstance(literal, list | tuple):
+        return ", ".join(str(x) for x in literal)
+    return str(literal)
 
 
 def help_text(text: str) -> str:

@@ -58,8 +58,8 @@ class WandbLog:
             raise TrackerUnavailable("W&B logging needs the wandb package: pip install 'searchr1[wandb]'") from None
         if dir is not None:
             Path(dir).mkdir(parents=True, exist_ok=True)
-        self.run = wandb.init(project=project, name=name, group=group, mode=mode, dir=str(dir) if dir else None,
-                              config=dict(config or {}), reinit="create_new")
+        self.run = wandb.init(project=project, name=name, group=group, mode=mode,  # type: ignore[arg-type]
+                              dir=str(dir) if dir else None, config=dict(config or {}), reinit="create_new")
 
     def log(self, figures: Mapping[str, Any], step: int) -> None:
         self.run.log(numeric(figures), step=int(step))

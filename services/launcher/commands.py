@@ -23,7 +23,7 @@ def register(groups: Groups) -> None:
 
 def up(
     config: Annotated[Path, typer.Option(
-        "--config", help="Run config (TOML/YAML); its launcher table configures this command and "
+        "--config", "-c", help="Run config (TOML/YAML); its launcher table configures this command and "
                          "every service gets it with --config.")],
     run_dir: Annotated[Path | None, typer.Option(
         "--run-dir", help="Run directory (logs in RUN_DIR/logs); default: run_dir of the launcher table.")] = None,
@@ -59,6 +59,8 @@ def up(
         plan = build_plan(settings, config, run_dir)
     except (ConfigError, ValueError) as exc:
         fail(str(exc), EXIT_REFUSED)
+    for note in plan.notes:
+        console.print(f"note: {note}", style="yellow", soft_wrap=True, markup=False)
     if dry_run:
         for line in dry_run_lines(plan):
             console.print(line, soft_wrap=True, markup=False)
@@ -80,7 +82,7 @@ def up(
 
 def demo(
     config: Annotated[Path, typer.Option(
-        "--config", help="Run config (TOML/YAML): its launcher and launcher.demo tables plus every service's table.")]
+        "--config", "-c", help="Run config (TOML/YAML): its launcher and launcher.demo tables plus every service's table.")]
         = Path("configs/tiny-cpu.toml"),
     run_dir: Annotated[Path | None, typer.Option(
         "--run-dir", help="Run directory (must be new); default: run_dir of the launcher table.")] = None,

@@ -5,8 +5,8 @@ there says what a plan holds).
 The order is the dependency order: Redis → index build if the index is missing → retriever → reward →
 rollout workers → learner. Ports configured as 0 are resolved here to free ones, so every process's
 address is known before the first one starts; what is wrong (a port taken, `redis-server` not found, a
-corpus missing, a `[launcher.*]` entry or a service-table value that contradicts the placement) is collected in
-`plan.problems`.
+corpus missing, a service table its settings class refuses (`tables.py`), a `[launcher.*]` entry or a
+service-table value that contradicts the placement) is collected in `plan.problems`.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from searchr1.launcher.specs import (
     render_env,
     render_template,
 )
+from searchr1.launcher.tables import table_problems
 from searchr1.launcher.validation import validation_problems
 
 
@@ -228,10 +229,14 @@ def build_plan(settings: LauncherSettings, config: str | Path, run_dir: str | Pa
         placement = load_placement(config_path)
     run_root = Path(run_dir if run_dir is not None else settings.run_dir).resolve()
     plan = _Planner(settings, config_path, run_root, plan_placement(placement) if placement is not None else None)
+    notes: list[str] = []
     if not config_found:
         plan.problems.append(f"run config not found: {config_path}")
-    elif plan.placed is not None:  # a service table saying otherwise than the placement
-        plan.problems += placement_conflicts(read_config_file(config_path), plan.placed)
+    else:
+        table_issues, notes = table_problems(config_path)  # every service's table, as the service loads it
+        plan.problems += table_issues
+        if plan.placed is not None:  # a service table saying otherwise than the placement
+            plan.problems += placement_conflicts(read_config_file(config_path), plan.placed)
     redis_url = plan.redis()
     host, r = settings.host, settings.retriever
     index_dir = Path(r.index_dir).resolve() if r.index_dir else run_root / "index"
@@ -275,5 +280,5 @@ def build_plan(settings: LauncherSettings, config: str | Path, run_dir: str | Pa
                                  retriever=common["retriever_grpc"], retriever_http=common["retriever_http"],
                                  reward=common["reward_url"], config=str(config_path),
                                  validation_metrics=f"http://{host}:{vport}/metrics" if vport else ""),
-        validation_metrics_port=vport,
+        validation_metrics_port=vport, notes=notes,
     )

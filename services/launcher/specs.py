@@ -162,6 +162,8 @@ class LaunchPlan:
     """How commands reach this run (`RUN_DIR/connection.json`, mode 0600, written before anything starts)."""
     validation_metrics_port: int | None = None
     """Port of the launcher's validation gauges (None: validation off, or not served)."""
+    notes: list[str] = field(default_factory=list)
+    """What is worth saying but stops nothing (a config table no service reads)."""
 
     @property
     def log_dir(self) -> Path:

@@ -240,7 +240,7 @@ def weights_export(
     dtype: Annotated[str, typer.Option(help="Weights dtype: auto (as published), float32, bfloat16 or float16.")]
     = "auto",
     base: Annotated[Path | None, typer.Option(
-        help="Base model directory whose tokenizer and chat template go into the folder (default: [learner.model] "
+        help="Base model directory whose tokenizer and chat template go into the folder (default: \\[learner.model] "
              "path of the run config).")] = None,
     config: Annotated[Path | None, typer.Option(
         "--config", "-c", help="The run's config (default: the one RUN_DIR/connection.json names); gives the base "

@@ -244,7 +244,7 @@ def run(settings: RetrieverSettings) -> int:
     both servers accept requests; returns the exit code (2: an index or corpus it cannot serve)."""
     import sys
 
-    from searchr1.core.commandline import error
+    from searchr1.core.commandline import EXIT_FAILED, EXIT_USAGE, error
     from searchr1.retriever.corpus import CorpusError
 
     logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
@@ -264,7 +264,9 @@ def run(settings: RetrieverSettings) -> int:
     try:
         with asyncio.Runner(loop_factory=event_loop_factory(settings.event_loop)) as runner:
             runner.run(serve(settings, on_ready=ready))
-    except (IndexMismatchError, CorpusError, FileNotFoundError, OSError, ValueError) as exc:
+    except (IndexMismatchError, CorpusError, FileNotFoundError, ValueError) as exc:
         return error(str(exc))
+    except OSError as exc:  # a port it cannot bind (in use), a file it cannot read
+        return error(str(exc), EXIT_FAILED if "bind" in str(exc) else EXIT_USAGE)
     log.info("retriever stopped")
     return 0

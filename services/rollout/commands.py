@@ -126,7 +126,7 @@ def eval_(
     = 1.0,
     greedy: Annotated[bool, typer.Option(help="Also run one greedy (temperature 0) trajectory.")] = True,
     max_turns: Annotated[int | None, typer.Option(
-        min=0, max=64, help=field_help(AGENT_SETTINGS, "max_turns", "(default: the config's)"))] = None,
+        min=0, max=64, help=field_help(AGENT_SETTINGS, "max_turns", "(the run config's when not given)"))] = None,
     config: ConfigOption = None,
     seed: Annotated[int, typer.Option(help="Base seed of the sampled trajectories.")] = 0,
     concurrency: Annotated[int, typer.Option(min=1, max=4096, help="Questions in flight at once.")] = 16,
