@@ -224,9 +224,12 @@ _KNOWN_ERRORS: tuple[tuple[str, str, str, int], ...] = (
     ("ArrowInvalid", "pyarrow", "not a readable Parquet/Arrow file", EXIT_USAGE),
     ("SafetensorError", "safetensors", "not a readable safetensors file", EXIT_USAGE),
     ("FileNotFoundError", "builtins", "not found", EXIT_USAGE),
+    ("FileExistsError", "builtins", "already exists", EXIT_USAGE),
     ("IsADirectoryError", "builtins", "a directory, not a file", EXIT_USAGE),
     ("NotADirectoryError", "builtins", "not a directory", EXIT_USAGE),
     ("PermissionError", "builtins", "permission denied", EXIT_USAGE),
+    ("ConnectionError", "builtins", "cannot reach a service or the network", EXIT_FAILED),
+    ("TimeoutError", "builtins", "timed out", EXIT_FAILED),
 )
 
 
