@@ -82,6 +82,8 @@ class RetrieverSearch:
         addresses = [address] if isinstance(address, str) else list(address)
         self.client = retriever_client(addresses, token=token, retry=retry)
         self.top_k = top_k
+        self.http_url: str | None = None
+        """With `serve_index(..., http=True)`: the Search-R1 `/retrieve` URL of the served index."""
 
     async def __call__(self, query: str) -> list[Passage]:
         (hits,) = await self.client.search([query], self.top_k)
@@ -100,17 +102,19 @@ def retriever_search(address: str | Sequence[str], *, top_k: int = 3, token: str
 
 
 @contextlib.asynccontextmanager
-async def serve_index(index_dir: str | Path, *, top_k: int = 3) -> AsyncIterator[RetrieverSearch]:
+async def serve_index(index_dir: str | Path, *, top_k: int = 3, http: bool = False) -> AsyncIterator[RetrieverSearch]:
     """Serve the index at `index_dir` in this process (gRPC on a free loopback port, no token: only this
-    process knows the port) and yield a search function over it; stopped on exit."""
+    process knows the port; with `http`, Search-R1's `POST /retrieve` too, at `.http_url`) and yield a search
+    function over it; stopped on exit."""
     from searchr1.retriever.server import open_index, start_retriever
     from searchr1.retriever.settings import RetrieverSettings
 
-    settings = RetrieverSettings(index=Path(index_dir), host="127.0.0.1", grpc_port=0, http_port=None,
+    settings = RetrieverSettings(index=Path(index_dir), host="127.0.0.1", grpc_port=0, http_port=0 if http else None,
                                  metrics_port=None)
     loaded = await asyncio.to_thread(open_index, settings)
     running = await start_retriever(settings, loaded)
     search = RetrieverSearch(running.grpc_address, top_k=top_k)
+    search.http_url = running.http.url if running.http is not None else None
     try:
         yield search
     finally:
