@@ -166,7 +166,7 @@ def test_a_port_in_use(files):
                      ["serve", "reward", "--port", port, "--insecure-no-auth"],
                      ["view", str(files / "run"), "--port", port, "--insecure-no-auth"]):
             result = CliRunner().invoke(build_app(), args, env={"COLUMNS": "300"})
-            _check(result, Case(args[1], lambda d: args, 1, "in use"), files)
+            _check(result, Case(args[1], lambda d, a=args: a, 1, "in use"), files)
 
 
 def test_no_case_may_hide_a_traceback_behind_the_guard():
