@@ -268,7 +268,7 @@ def build_plan(settings: LauncherSettings, config: str | Path, run_dir: str | Pa
     v = settings.validation
     vport = None
     if v.enabled:
-        plan.problems += validation_problems(v, config_path)
+        plan.problems += validation_problems(v, config_path, placed=plan.placed is not None)
         if v.metrics_port is not None:
             vport = plan.ports.get(v.metrics_port, "validation metrics")
     return LaunchPlan(

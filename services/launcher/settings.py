@@ -170,6 +170,10 @@ class ValidationSettings(Section):
     """Sampled trajectories per question besides the greedy one (the curve is the greedy score)."""
     args: list[str] = Field(default_factory=list)
     """Extra arguments for `searchr1 eval` (e.g. ["--concurrency", "32"])."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Environment of the validation process over the rollout workers' (its engine's settings): with a
+    `[placement]`, the GPU it evaluates on, e.g. {CUDA_VISIBLE_DEVICES = "7",
+    ROLLOUT_ENGINE__GPU_MEMORY_UTILIZATION = "0.3"}."""
     base_model: str | None = None
     """Where the tokenizer and chat template of the snapshots come from, and the model of step 0 (default:
     `[rollout] model` of the run config)."""

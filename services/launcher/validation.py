@@ -326,9 +326,13 @@ def base_model_of(settings: ValidationSettings, config: Path) -> Path | None:
     return Path(model).resolve() if model else None
 
 
-def validation_problems(settings: ValidationSettings, config: Path) -> list[str]:
-    """What stops validation before anything starts: a missing held-out set or base model."""
+def validation_problems(settings: ValidationSettings, config: Path, placed: bool = False) -> list[str]:
+    """What stops validation before anything starts: a missing held-out set or base model; on a placed run
+    (`[placement]`), no GPU named for it (it would start its engine on a worker's)."""
     problems = []
+    if placed and "CUDA_VISIBLE_DEVICES" not in settings.env:
+        problems.append("validation: with [placement], name the GPU(s) it evaluates on in [launcher.validation] env "
+                        "(CUDA_VISIBLE_DEVICES, and ROLLOUT_ENGINE__GPU_MEMORY_UTILIZATION when it shares one)")
     if settings.data and not Path(settings.data).is_file():
         problems.append(f"validation: held-out set {Path(settings.data).resolve()} not found ([launcher.validation] "
                         "data)")
@@ -377,7 +381,8 @@ def make_validator(settings: LauncherSettings, plan: LaunchPlan, say: Callable[[
                 "--data", str(data), "--out", str(out), "--samples", str(v.samples),
                 *(["--limit", str(v.limit)] if v.limit else []), *v.args]
 
+    env = {k: val for k, val in eval_env(plan).items() if k != "CUDA_VISIBLE_DEVICES"}  # a worker's GPUs are its own
     return Validator(v, run_dir=plan.run_dir, weights_dir=weights.resolve(), base_model=base, command=command,
-                     env=eval_env(plan), say=say, metrics=ValidationMetrics.create(),
+                     env={**env, **v.env}, say=say, metrics=ValidationMetrics.create(),
                      trackers=trackers_for(v, plan.run, plan.run_dir), metrics_host=settings.host,
                      metrics_port=plan.validation_metrics_port)
