@@ -51,7 +51,7 @@ def up(
     from searchr1.launcher.specs import dry_run_lines, total_steps
     from searchr1.launcher.status import StatusCollector
     from searchr1.launcher.supervisor import EXIT_REFUSED, Supervisor
-    from searchr1.launcher.validation import make_validator
+    from searchr1.launcher.validation_setup import make_validator
 
     console = Console(highlight=False)
     try:

@@ -40,7 +40,7 @@ from searchr1.launcher.specs import (
     render_template,
 )
 from searchr1.launcher.tables import table_problems
-from searchr1.launcher.validation import validation_problems
+from searchr1.launcher.validation_setup import validation_problems
 
 
 class _Ports:

@@ -16,9 +16,8 @@ line. A process that dies before it was ever healthy (a configuration error, not
 a restarted process that does not become healthy within its health timeout, or more than `max_restarts`
 deaths within `window_s` still end the run. The main process exiting 0 ends the run as before.
 
-Validation (`validation.py`, `[launcher.validation]`): once everything is up the validator evaluates the
-learner's snapshots beside the training; when the learner exits 0 the supervisor lets it finish (the last
-version, the queue, within `drain_timeout_s`) before stopping the services it needs.
+Validation (`validation.py`): once everything is up the validator evaluates snapshots beside the training;
+when the learner exits 0 it finishes (`Validator.finish`) before the services it needs are stopped.
 
 Exit codes: the main process's (the learner's; `128+n` if it died of signal n) when it ends the run;
 `128+n` on SIGINT/SIGTERM (130/143); 1 when any other process dies without a restart left, fails its
@@ -185,24 +184,12 @@ class Supervisor:
                 self._check_exits(started=True)
             except Stop as stop:
                 if stop.code == 0 and self.validator is not None:  # the learner is done: the last validations
-                    await self._finish_validation()
+                    self.view.phase("validating")
+                    await self.validator.finish_unless(lambda: self._signal is not None, POLL_S)
                 raise
             # polled, not only woken by a process's exit: asyncio's `wait()` returns once the process's pipes are
             # closed too, and a killed process's own children (vLLM's engine process) can hold them open
             await self._sleep_until_woken(POLL_S)
-
-    async def _finish_validation(self) -> None:
-        """`validator.finish()` with the services still up; a signal cuts it short."""
-        assert self.validator is not None
-        self.view.phase("validating")
-        task = asyncio.create_task(self.validator.finish())
-        while not task.done():
-            if self._signal is not None:
-                task.cancel()
-                break
-            await asyncio.wait({task}, timeout=POLL_S)
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
     # ---------------------------------------------------------------- start
     async def _spawn(self, spec: ProcessSpec) -> Running:

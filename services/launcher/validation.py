@@ -11,7 +11,8 @@ environment (tokens, engine settings) less their Redis URL. Each result goes to 
 (one JSON object per validation: step, version, the greedy scores, failures, the fingerprint id, the
 outcome), to the Prometheus gauges (`metrics.ValidationMetrics`), to TensorBoard and W&B when asked, and to
 the console. When the learner ends, `finish` validates its last version (`eval_after_train`) and waits for
-the queue within `drain_timeout_s`; the services stop after that.
+the queue within `drain_timeout_s`; the services stop after that. How a `searchr1 up` plan becomes a
+`Validator` (its eval command, environment, base model, trackers) is `validation_setup.py`.
 
 Departures from Search-R1: validation runs beside the training instead of pausing it (the learner never
 waits for it), and in a process of its own (its own engine), so a validation that fails is recorded, not
@@ -31,13 +32,10 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from searchr1.launcher.metrics import SCORE_METRICS, ValidationMetrics
-from searchr1.launcher.settings import LauncherSettings, ValidationSettings
-
-if TYPE_CHECKING:
-    from searchr1.launcher.specs import LaunchPlan
+from searchr1.launcher.settings import ValidationSettings
 
 SNAPSHOT = re.compile(r"^v(\d{8})$")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
@@ -202,6 +200,17 @@ class Validator:
             self.say(f"validation: {len(self.queue)} version(s) not validated within drain_timeout_s "
                      f"({', '.join(str(v) for v, _ in self.queue)})", "yellow")
 
+    async def finish_unless(self, stopped: Callable[[], bool], poll_s: float) -> None:
+        """`finish`, cut short (its evaluation stopped) as soon as `stopped()` (a signal to the launcher)."""
+        task = asyncio.create_task(self.finish())
+        while not task.done():
+            if stopped():
+                task.cancel()
+                break
+            await asyncio.wait({task}, timeout=poll_s)
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
     async def _next(self) -> None:
         step, model = self.queue.popleft()
         self.busy = True
@@ -304,85 +313,3 @@ class Validator:
 
 def _f(v: Any) -> str:
     return f"{v:.3f}" if isinstance(v, int | float) else "–"
-
-
-# ---------------------------------------------------------------------------------------------- set-up
-
-
-def base_model_of(settings: ValidationSettings, config: Path) -> Path | None:
-    """The model step 0 validates and whose tokenizer every snapshot uses: `base_model`, else
-    ROLLOUT_MODEL, else `[rollout] model` of the run config."""
-    from searchr1.core.settings import ConfigError, read_config_file
-
-    if settings.base_model:
-        return Path(settings.base_model).resolve()
-    model = os.environ.get("ROLLOUT_MODEL")
-    if not model:
-        try:
-            table = read_config_file(config).get("rollout") or {}
-        except (OSError, ConfigError):
-            table = {}
-        model = table.get("model") if isinstance(table, dict) else None
-    return Path(model).resolve() if model else None
-
-
-def validation_problems(settings: ValidationSettings, config: Path, placed: bool = False) -> list[str]:
-    """What stops validation before anything starts: a missing held-out set or base model; on a placed run
-    (`[placement]`), no GPU named for it (it would start its engine on a worker's)."""
-    problems = []
-    if placed and "CUDA_VISIBLE_DEVICES" not in settings.env:
-        problems.append("validation: with [placement], name the GPU(s) it evaluates on in [launcher.validation] env "
-                        "(CUDA_VISIBLE_DEVICES, and ROLLOUT_ENGINE__GPU_MEMORY_UTILIZATION when it shares one)")
-    if settings.data and not Path(settings.data).is_file():
-        problems.append(f"validation: held-out set {Path(settings.data).resolve()} not found ([launcher.validation] "
-                        "data)")
-    base = base_model_of(settings, config)
-    if base is None:
-        problems.append("validation: no base model (tokenizer and step 0): set [rollout] model or "
-                        "[launcher.validation] base_model")
-    elif not (base / "config.json").is_file():
-        problems.append(f"validation: base model directory {base} not found or has no config.json")
-    return problems
-
-
-def trackers_for(settings: ValidationSettings, run: str, run_dir: Path) -> list[Any]:
-    """The TensorBoard and W&B trackers the settings ask for (`TrackerUnavailable` when one's package is
-    not installed)."""
-    from searchr1.core.tracking import TensorBoardLog, WandbLog
-
-    out: list[Any] = []
-    if settings.tensorboard_dir:
-        out.append(TensorBoardLog(settings.tensorboard_dir.replace("{run_dir}", str(run_dir))))
-    if settings.wandb_project:
-        out.append(WandbLog(settings.wandb_project, name=f"{run}-validation", group=run, mode=settings.wandb_mode,
-                            dir=run_dir, config={"eval_every": settings.eval_every, "data": settings.data}))
-    return out
-
-
-def make_validator(settings: LauncherSettings, plan: LaunchPlan, say: Callable[[str, str], None]) -> Validator | None:
-    """The validator of a `searchr1 up` plan (None when validation is off): `searchr1 eval` of the plan's
-    command and template against its retriever and reward service, with the rollout workers' environment
-    (`specs.eval_env`); trackers opened here (`TrackerUnavailable` when one is not installed)."""
-    from searchr1.launcher.specs import DEFAULT_TEMPLATES, eval_env, render_template
-
-    v = settings.validation
-    if not v.enabled or plan.problems:  # a refused plan starts nothing
-        return None
-    config = Path(plan.values["config"])
-    base = base_model_of(v, config)
-    assert base is not None  # validation_problems refused the plan otherwise
-    learner = next((spec for spec in plan.specs if spec.name == "learner"), None)
-    weights = Path(learner.env.get("LEARNER_WEIGHTS__DIR", "") if learner else "") or plan.run_dir / "weights"
-    template = {**DEFAULT_TEMPLATES, **settings.templates}["eval"]
-    data = Path(str(v.data)).resolve()
-
-    def command(model: Path, out: Path) -> list[str]:
-        return [*plan.base_command, *render_template("eval", template, plan.values), "--model", str(model),
-                "--data", str(data), "--out", str(out), "--samples", str(v.samples),
-                *(["--limit", str(v.limit)] if v.limit else []), *v.args]
-
-    env = {k: val for k, val in eval_env(plan).items() if k != "CUDA_VISIBLE_DEVICES"}  # a worker's GPUs are its own
-    return Validator(v, run_dir=plan.run_dir, weights_dir=weights.resolve(), base_model=base, command=command,
-                     env={**env, **v.env}, say=say, metrics=ValidationMetrics.create(),
-                     trackers=trackers_for(v, plan.run, plan.run_dir), metrics_host=settings.host,
-                     metrics_port=plan.validation_metrics_port)

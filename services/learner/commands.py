@@ -140,10 +140,10 @@ def train(
         auth__insecure_no_auth=insecure_no_auth)
     if check:
         raise typer.Exit(run_check(settings))
-    model_dir_or_exit(settings.model.path, "learner.model.path")
     if settings.weights.http:
         token_or_exit(settings.weights.token, settings.auth, server="the learner's snapshot server",
                       setting="LEARNER_WEIGHTS__TOKEN ([learner.weights] token)")
+    model_dir_or_exit(settings.model.path, "learner.model.path")
     raise typer.Exit(run_train(settings, max_steps))
 
 

@@ -10,7 +10,7 @@ no engine.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -70,9 +70,7 @@ def view(
     every trajectory turn by turn with its loss mask, every question across steps. Works on a live run.
     With --model, the ask page puts your questions to that policy (greedy, through the agent loop)."""
     import asyncio
-    import contextlib
 
-    from searchr1.core.servers import HttpServer, install_shutdown_signals
     from searchr1.viewer.app import TokenizerError, create_app
     from searchr1.viewer.settings import ViewerSettings
     from searchr1.viewer.store import ArchiveNotFound
@@ -82,49 +80,68 @@ def view(
     settings, generated = _session_token(settings)
     if run_dir is None and model is None:
         fail("give a run directory (RUN_DIR), or --model to ask a policy")
-    if model is not None:
-        model_dir_or_exit(model)
-        if (index is None) == (not retriever):
-            fail("with --model give where it searches: --index DIR or --retriever ADDRESS (one of them)")
-        if index is not None and not (index / "manifest.json").is_file():
-            fail(f"{index} is not an index directory (no manifest.json)")
-    elif index is not None or retriever:
-        fail("--index and --retriever are for the ask page: give --model too")
-    open_asker = getattr(ctx.find_root().obj, "open_asker", None)
-    if model is not None and open_asker is None:
-        fail("this build of the viewer cannot ask a policy (no asker)")
+    ask = _ask_options(ctx, model, index, retriever, config, engine)
     try:
         if run_dir is not None:
             create_app(run_dir, settings, step_log)  # refuse a bad run directory before any engine starts
     except (ArchiveNotFound, TokenizerError) as exc:
         fail(str(exc))
-
-    async def _serve() -> None:
-        async with contextlib.AsyncExitStack() as stack:
-            asker, info = None, None
-            if model is not None:
-                typer.echo(f"starting a policy to ask: {model} …")
-                source = {"index": index} if index is not None else {"retriever": retriever}
-                asker = await stack.enter_async_context(open_asker(model, config=config, engine=engine, **source))
-                info = {"model": str(model), "source": str(index) if index is not None else ", ".join(retriever or []),
-                        "decoding": f"greedy, max_turns {asker.settings.agent.max_turns}, {asker.settings.engine.kind}"}
-            app = create_app(run_dir, settings, step_log, asker=asker, ask_info=info)
-            server = HttpServer(app, settings.host, settings.port)
-            await server.start()
-            page = "/" if run_dir is not None else "/ask"
-            typer.echo(f"searchr1 viewer of {run_dir or model} on {server.url}{page}" + (
-                f"?token={settings.token}" if generated else "?token=…" if settings.token else ""))
-            stop = asyncio.Event()
-            install_shutdown_signals(stop)
-            await stop.wait()
-            await server.stop()
-
     try:
-        asyncio.run(_serve())
+        asyncio.run(_serve(settings, generated, run_dir, step_log, ask))
     except OSError as exc:  # the port is taken, the address cannot be bound
         fail(f"cannot serve on {settings.host}:{settings.port}: {exc}", 1)
     except ValueError as exc:  # the policy or its search cannot start
         fail(f"cannot start the policy: {exc}", 1)
+
+
+def _ask_options(ctx: typer.Context, model: Path | None, index: Path | None, retriever: list[str] | None,
+                 config: Path | None, engine: str | None) -> dict[str, Any] | None:
+    """What the ask page needs (the asker factory from the CLI's context and its arguments), or None without
+    --model; bad combinations exit 2."""
+    if model is None:
+        if index is not None or retriever:
+            fail("--index and --retriever are for the ask page: give --model too")
+        return None
+    model_dir_or_exit(model)
+    if (index is None) == (not retriever):
+        fail("with --model give where it searches: --index DIR or --retriever ADDRESS (one of them)")
+    if index is not None and not (index / "manifest.json").is_file():
+        fail(f"{index} is not an index directory (no manifest.json)")
+    open_asker = getattr(ctx.find_root().obj, "open_asker", None)
+    if open_asker is None:
+        fail("this build of the viewer cannot ask a policy (no asker)")
+    source = {"index": index} if index is not None else {"retriever": retriever}
+    return {"open": open_asker, "model": model, "config": config, "engine": engine, "source": source,
+            "where": str(index) if index is not None else ", ".join(retriever or [])}
+
+
+async def _serve(settings: ViewerSettings, generated: bool, run_dir: Path | None, step_log: Path | None,
+                 ask: dict[str, Any] | None) -> None:
+    """Start the policy to ask (when there is one), serve the pages until SIGTERM/SIGINT, stop both."""
+    import asyncio
+    import contextlib
+
+    from searchr1.core.servers import HttpServer, install_shutdown_signals
+    from searchr1.viewer.app import create_app
+
+    async with contextlib.AsyncExitStack() as stack:
+        asker, info = None, None
+        if ask is not None:
+            typer.echo(f"starting a policy to ask: {ask['model']} …")
+            asker = await stack.enter_async_context(ask["open"](ask["model"], config=ask["config"],
+                                                                engine=ask["engine"], **ask["source"]))
+            info = {"model": str(ask["model"]), "source": ask["where"],
+                    "decoding": f"greedy, max_turns {asker.settings.agent.max_turns}, {asker.settings.engine.kind}"}
+        app = create_app(run_dir, settings, step_log, asker=asker, ask_info=info)
+        server = HttpServer(app, settings.host, settings.port)
+        await server.start()
+        page = "/" if run_dir is not None else "/ask"
+        typer.echo(f"searchr1 viewer of {run_dir or ask and ask['model']} on {server.url}{page}" + (
+            f"?token={settings.token}" if generated else "?token=…" if settings.token else ""))
+        stop = asyncio.Event()
+        install_shutdown_signals(stop)
+        await stop.wait()
+        await server.stop()
 
 
 def register(groups: Groups) -> None:

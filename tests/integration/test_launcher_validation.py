@@ -67,7 +67,7 @@ async def test_due_versions_the_curve_gauges_tensorboard_and_wandb(tmp_path, mon
     from tensorboard.util import tensor_util
 
     from searchr1.launcher.metrics import ValidationMetrics
-    from searchr1.launcher.validation import trackers_for
+    from searchr1.launcher.validation_setup import trackers_for
 
     monkeypatch.setenv("WANDB_SILENT", "true")
     script = tmp_path / "fake_eval.py"
