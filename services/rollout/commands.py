@@ -161,6 +161,8 @@ def eval_(
         raise typer.Exit(run_table(list(table), out, metric))
     if not model or data is None:
         fail("give --model and --data (or --table with eval.json files)")
+    if not data.is_file():
+        fail(f"test set not found: {data}")
     for m in model:
         model_dir_or_exit(m)
     from searchr1.rollout.settings import RolloutSettings
