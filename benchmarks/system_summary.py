@@ -140,7 +140,8 @@ def why(base: Figures, best: Figures, achieved: float | None, cores: int, rollou
         "--set rollout.agent.max_tokens_per_turn=192 --set rollout.agent.max_response_tokens=1024",
         f"- a larger policy (SmolLM2-135M, after `make demo-real` wrote its warm start): {command} "
         "--config configs/smollm2-cpu.toml",
-        f"- the other split of the cores: {command} --rollout-cores "
-        f"{max(1, rollout_cores - 1) if slower == 'learner' else min(cores - 1, rollout_cores + 1)}",
     ]
+    other = max(1, rollout_cores - 1) if slower == "learner" else min(cores - 1, rollout_cores + 1)
+    if other != rollout_cores:
+        lines.append(f"- a core more for the slower side ({slower}): {command} --rollout-cores {other}")
     return lines
