@@ -214,8 +214,12 @@ def plan_placement(s: PlacementSettings, workers: int = 1, cores_here: set[int] 
                            ProcessPlacement("learner", ()), ProcessPlacement("retriever", ()))
     if not places_cores(s):
         return placed
-    exists = set(range(s.cpus)) if s.cpus is not None else (cores_here if cores_here is not None
-                                                            else os.sched_getaffinity(0))
+    if s.cpus is not None:
+        exists = set(range(s.cpus))
+    elif cores_here is not None:
+        exists = cores_here
+    else:
+        exists = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
     if gpu_part and s.rollout.workers is not None and s.rollout.workers != len(placed.rollout):
         raise PlacementError(f"rollout.workers = {s.rollout.workers} but rollout.gpus make {len(placed.rollout)} "
                              "vLLM worker(s); drop rollout.workers")

@@ -21,6 +21,7 @@ from urllib.parse import urlparse
 from searchr1.core.redis_server import RedisNotFound, find_redis_server
 from searchr1.core.servers import free_port, port_is_free
 from searchr1.core.settings import ConfigError, load_settings, read_config_file
+from searchr1.launcher.cpu_placement import core_list
 from searchr1.launcher.health import Gate, GrpcHealthGate, HttpGate, RedisPingGate
 from searchr1.launcher.placement import (
     Placement,
@@ -260,6 +261,12 @@ def build_plan(settings: LauncherSettings, config: str | Path, run_dir: str | Pa
     lport = plan.ports.get(le.metrics_port, "learner metrics")
     plan.service("learner", "learner", le, {**common, "metrics_port": str(lport)},
                  [HttpGate(f"http://{host}:{lport}/readyz")], main=True)
+    here = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    for spec in plan.specs:
+        missing = sorted(set(spec.cores) - here) if here is not None else []
+        if missing:
+            plan.problems.append(f"{spec.name}: [placement] gives it cores {missing}, which this machine does not "
+                                 f"let the launcher use (it may run on {core_list(here)})")
     # a `broadcast` weight transport's group is the learner and every worker (unless the env says otherwise)
     plan.specs[-1].env.setdefault("LEARNER_WEIGHTS__BROADCAST__RECEIVERS", str(workers))
     jsonl = Path(render_template("metrics_jsonl", [le.metrics_jsonl], {"run": settings.run,

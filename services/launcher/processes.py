@@ -11,6 +11,7 @@ import json
 import os
 import shlex
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -186,7 +187,7 @@ async def spawn(spec: ProcessSpec, mux: LogMux, *, die_with_launcher: bool,
         proc = await asyncio.create_subprocess_exec(
             *spec.argv, stdin=stdin, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
             start_new_session=True, preexec_fn=child_preexec(die_with_launcher, spec.cores))
-    except OSError as exc:
+    except (OSError, subprocess.SubprocessError) as exc:  # the latter: its preexec_fn failed (affinity)
         raise Stop(EXIT_FAILED, f"cannot start {spec.name}: {exc}") from exc
     if proc.stdin is not None and spec.stdin is not None:  # a secret config (Redis's password), not argv
         proc.stdin.write(spec.stdin)

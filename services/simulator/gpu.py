@@ -8,11 +8,12 @@ Sources (docs/performance.md, "Sizing a GPU run", lists them with the figures):
   https://www.nvidia.com/en-us/data-center/h200/).
 - Models: Qwen2.5-3B's and Qwen2.5-7B's config.json on the Hugging Face Hub (layers, widths, heads,
   vocabulary).
-- The learner: measured with this repository's `benchmarks/learner.py --device cuda` (bf16, FSDP2 on one
-  GPU, gradient checkpointing, the top-32 KL term's reference forward, AdamW) on an H100 80GB HBM3: the
-  Qwen2.5-3B shape trained 12,621 and 12,640 tokens/s (two runs), 34.6% of the BF16 peak in model FLOPs
-  (8·N per token plus attention); on an H200 13,415 tokens/s (36.8%). The 7B shape did not fit one GPU
-  in that benchmark; it is modelled at the 3B shape's measured utilisation.
+- The learner: measured with this repository's `benchmarks/learner.py --device cuda` (FSDP2 on one GPU,
+  gradient checkpointing, the top-32 KL term's reference forward, AdamW) on an H100 80GB HBM3 at the
+  Qwen2.5-3B shape, in the recipe's precision (fp32 master weights and AdamW state, bf16 compute): 10,413
+  tokens/s on 4 × 2,048-token sequences, 28.5% of the BF16 peak in model FLOPs (8·N per token plus
+  attention); 8 × 2,048 did not fit beside its 53 GB of resident state. With bf16 parameters updated in
+  place the same GPU reached 34.6% on 8 × 2,048. The 7B shape is modelled at the 3B shape's utilisation.
 - Decoding: a memory-bound roofline — one iteration over n sequences reads the weights once and each
   sequence's KV cache, and does 2·N FLOPs per token — at `decode_bw_share` of the datasheet bandwidth and
   `decode_flops_share` of its compute; prefill at `prefill_flops_share` of the compute. These three are
@@ -92,8 +93,8 @@ SHAPES = {s.name.lower(): s for s in (QWEN25_3B, QWEN25_7B, LLAMA31_8B)}
 
 @dataclass(frozen=True)
 class Efficiency:
-    learner_mfu: float = 0.346
-    """Model FLOPs utilisation of a learner step (measured: Qwen2.5-3B shape, one H100)."""
+    learner_mfu: float = 0.285
+    """Model FLOPs utilisation of a learner step (measured: Qwen2.5-3B shape, one H100, fp32 masters)."""
     fsdp_scaling: float = 0.9
     """Share of per-GPU throughput kept when the learner shards over several GPUs (assumed)."""
     decode_bw_share: float = 0.6

@@ -209,3 +209,27 @@ def test_compose_project_gives_each_placed_service_its_cpuset(tmp_path):
     assert cpusets["rollout-gpu-0"] == "0-7" and cpusets["rollout-gpu-2"] == "16-23"
     assert cpusets["learner-gpus"] == "24-47" and cpusets["retriever"] == "48-63"
     assert cpusets["reward"] == "0-23" and cpusets["redis"] == "24-47" and cpusets["prometheus"] is None
+
+
+def test_up_refuses_cores_this_machine_does_not_have(tmp_path):
+    far = 4095
+    cfg = tmp_path / "run.toml"
+    cfg.write_text(f"""
+[launcher.retriever]
+corpus = "corpus.jsonl"
+[placement]
+cpus = 4096
+cpu_colocate = true
+[placement.rollout]
+cores = [{far}]
+[placement.learner]
+cores = [{far}]
+[placement.retriever]
+cores_with = "rollout"
+[placement.reward]
+cores_with = "rollout"
+[placement.redis]
+cores_with = "rollout"
+""")
+    plan = build_plan(load_settings(LauncherSettings, cfg), cfg, tmp_path / "run")
+    assert any(f"gives it cores [{far}], which this machine does not let the launcher use" in p for p in plan.problems)

@@ -44,9 +44,9 @@ def test_decode_and_learner_rates_by_hand():
     assert it.base_s == pytest.approx(2 * 3_085_697_024 / bw)
     assert it.per_seq_s == pytest.approx(1000 * 36_864 / bw + (2 * 3_085_697_024 + 4 * 36 * 2048 * 1000) / flops)
     one = learner_s_per_token(QWEN25_3B, H100, eff, 1, context=0, old_logprobs=False)
-    assert one == pytest.approx(8 * 3_085_697_024 / (989e12 * 0.346))
+    assert one == pytest.approx(8 * 3_085_697_024 / (989e12 * 0.285))
     four = learner_s_per_token(QWEN25_3B, H100, eff, 4, context=0, old_logprobs=True)
-    assert four == pytest.approx(10 * 3_085_697_024 / (989e12 * 0.346 * 4 * 0.9))
+    assert four == pytest.approx(10 * 3_085_697_024 / (989e12 * 0.285 * 4 * 0.9))
 
 
 def test_layouts_leave_the_learner_its_gpus_and_best_prefers_less_staleness():
