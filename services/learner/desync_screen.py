@@ -53,9 +53,8 @@ class DesyncScreen:
     def score_workers(self, groups: list[TrajectoryGroup]):
         """Per worker, the mismatch of its groups against the weights this step starts from (every rank)."""
         b, trainer = self.batch, self.training.trainer
-        with trainer.autocast():
-            return worker_mismatch(trainer.policy, groups, pad_id=self.training.pad_id, max_seq_len=b.max_seq_len,
-                                   micro_batch_size=b.micro_batch_size, device=trainer.device, info=self.info)
+        return worker_mismatch(trainer.policy, groups, pad_id=self.training.pad_id, max_seq_len=b.max_seq_len,
+                               micro_batch_size=b.micro_batch_size, device=trainer.device, info=self.info)
 
     async def screen(self, step: StepGroups) -> StepGroups:
         """Judge each worker's groups and carry out the decision. Returns the step's remaining groups,

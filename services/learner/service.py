@@ -70,6 +70,7 @@ from searchr1.learner.train.build import Training
 from searchr1.learner.train.checkpoint import Checkpointer, TrainState
 from searchr1.learner.train.distributed import broadcast_groups
 from searchr1.learner.train.model import DistInfo, export_weights
+from searchr1.learner.train.published import PublishedChange
 from searchr1.learner.train.rollback import roll_back
 from searchr1.streams import Lease, RedisLink
 from searchr1.weightsync import WeightPublisher, WeightTransport
@@ -149,6 +150,8 @@ class Learner:
         self.stages: deque[str] = deque(maxlen=64)
         """The last stages run, in order (`archive`, `checkpoint`, `ack`, …): the loop's record of itself."""
         self.state = TrainState()
+        self.published = PublishedChange()
+        """The previous published version, to count the values each publication changes (rank 0)."""
         self.watchdog = watchdog
         """Beaten at each stage of a step and each pass of a read: on rank 0 a loop that stops making progress
         stops renewing the lease and fails `/healthz`; on another node it fails that node's `/healthz`
@@ -240,15 +243,19 @@ class Learner:
         self.stages.append("ack")
 
     @in_stage("weight_publish", _stages)
-    async def publish_weights(self) -> None:
-        """Gather the weights (a collective) and hand them to the transport (rank 0), which delivers and
-        announces them."""
+    async def publish_weights(self) -> dict[str, float]:
+        """Gather the weights (a collective), cast to the published dtype, and hand them to the transport
+        (rank 0), which delivers and announces them. Returns the share of published values that changed
+        since the previous version (`train/published.py`; {} on other ranks and at the first version)."""
         await self.hold_lease()
-        model, state = await asyncio.to_thread(export_weights, self.training.trainer.policy, self.info)
-        if self.info.is_main:
-            wv = await self.transport.publish(self.state.version, model, state)
-            if wv is not None:
-                self.metrics.version.set(wv.version)
+        model, state = await asyncio.to_thread(
+            export_weights, self.training.trainer.policy, self.info, self.training.publish_dtype)
+        if not self.info.is_main:
+            return {}
+        wv = await self.transport.publish(self.state.version, model, state)
+        if wv is not None:
+            self.metrics.version.set(wv.version)
+        return await asyncio.to_thread(self.published.observe, state)
 
     # ------------------------------------------------------------------ loop
 
@@ -302,7 +309,7 @@ class Learner:
             await asyncio.to_thread(self.checkpoint)
             self.beat()
             await self.ack()
-        await self.publish_weights()
+        figures.update(await self.publish_weights())
         if self.source is not None:  # the next tasks are sampled with the weights just announced
             self.source.grant(len(groups), self.state.version)
         if self.info.is_main:

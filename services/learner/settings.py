@@ -40,8 +40,9 @@ class ModelSettings(Section):
     path: str = Field(min_length=1, default="model")
     """Local directory (or hub name, when the hub is reachable) of the HF causal LM to train."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    """Training precision (`train/precision.py`): float32; bfloat16 (parameters and forward); float16 (fp32
-    master weights, fp16 autocast forward, dynamic loss scaling: pair it with an fp16 engine); auto =
+    """Training precision (`train/precision.py`): the forward and backward's dtype over fp32 master weights
+    and optimizer state. float32; bfloat16 (bf16 compute through FSDP2's mixed-precision policy, on one rank
+    too); float16 (the same in fp16, with dynamic loss scaling: pair it with an fp16 engine); auto =
     bfloat16 on GPU, float32 on CPU."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (saves memory, costs ~30% time)."""

@@ -47,6 +47,10 @@ class PublishSettings(Section):
     over a process group (`broadcast`), with snapshots kept for recovery."""
     broadcast: BroadcastSettings = Field(default_factory=BroadcastSettings)
     """The broadcast transport (used when `transport = "broadcast"`)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """The dtype versions are published in, cast from the fp32 master weights: auto = the learner's compute
+    dtype (`model.dtype`), which is the engine's `engine.dtype` in every shipped config. Publishing fp32 to
+    a bf16 engine doubles the bytes and the engine rounds them itself."""
     dir: Path = Path("weights")
     """Where snapshots `v{version:08d}/` are written (a shared volume for dir-mode workers)."""
     keep: int = Field(default=3, ge=1)

@@ -32,7 +32,7 @@ from searchr1.core.faults import NO_FAULTS, Faults
 from searchr1.learner.algo import consumed as consumed_ids
 from searchr1.learner.train.durable import problem, restore_old_copies, seal
 from searchr1.learner.train.fences import newest, read_takeovers, record_takeover, stale
-from searchr1.learner.train.model import DistInfo, full_state_dict, load_full_state_dict
+from searchr1.learner.train.model import DistInfo, full_state_dict, is_sharded, load_full_state_dict
 from searchr1.streams import Lease, LeaseLost
 
 _PREFIX = "step"
@@ -81,7 +81,7 @@ def _unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict[str, Any])
 
 
 def _optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, info: DistInfo) -> dict[str, Any]:
-    if info.enabled:
+    if is_sharded(model):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
         return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(
@@ -90,7 +90,7 @@ def _optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, info: D
 
 
 def _load_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, sd: dict[str, Any], info: DistInfo) -> None:
-    if info.enabled:
+    if is_sharded(model):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         set_optimizer_state_dict(model, optimizer, sd, options=StateDictOptions(
