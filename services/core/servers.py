@@ -23,9 +23,9 @@ import uvicorn
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from searchr1.core._body_limit import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, BodyLimit
 from searchr1.core.aio import stop_task
 from searchr1.core.auth import BearerAuthInterceptor
-from searchr1.core.body_limit import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, BodyLimit
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_CONCURRENT_RPCS = 1024
@@ -136,7 +136,7 @@ class GrpcServer:
 class HttpServer:
     """uvicorn serving an ASGI app inside the current event loop, on a socket bound up front so port 0
     works and the real port is known before the first request; request bodies over `max_body_bytes` are
-    answered 413 and bodies slower than `body_timeout_s` 408 (`searchr1.core.body_limit`)."""
+    answered 413 and bodies slower than `body_timeout_s` 408 (`searchr1.core._body_limit`)."""
 
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning",
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S) -> None:
