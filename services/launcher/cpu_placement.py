@@ -25,6 +25,7 @@ turns (asynchronous training).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -35,6 +36,7 @@ from searchr1.core.settings import Section
 
 MAIN_ROLES = ("rollout", "learner")
 SMALL_ROLES = ("retriever", "reward", "redis")
+ROLES = (*MAIN_ROLES, *SMALL_ROLES)
 
 
 class CorePlacementError(ValueError):
@@ -161,6 +163,26 @@ def plan_cores(own: Mapping[str, list[int]], shared: Mapping[str, str | None], w
     return out
 
 
+def lists_cores(s: Any) -> bool:
+    """Whether any role of a `PlacementSettings` lists cores (or shares another's)."""
+    return any(getattr(s, r).cores for r in ROLES) or any(getattr(s, r).cores_with for r in SMALL_ROLES)
+
+
+def node_cores(cpus: int | None, cores_here: set[int] | None = None) -> set[int]:
+    """The cores that exist: 0 … cpus-1, else `cores_here`, else the cores this process may run on."""
+    if cpus is not None:
+        return set(range(cpus))
+    if cores_here is not None:
+        return set(cores_here)
+    return os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+
+
+def shares_for(s: Any, workers: int, cores_here: set[int] | None = None) -> dict[str, CoreShare]:
+    """`plan_cores` for a `PlacementSettings`: its roles' `cores` and `cores_with`, `cpus`, `cpu_colocate`."""
+    return plan_cores({r: getattr(s, r).cores for r in ROLES}, {r: getattr(s, r).cores_with for r in SMALL_ROLES},
+                      workers, node_cores(s.cpus, cores_here), colocate=s.cpu_colocate)
+
+
 def core_env(name: str, share: CoreShare, learner_ranks: int = 1) -> dict[str, str]:
     """The settings a process's cores decide (environment overrides of its service settings)."""
     if name.startswith("rollout-"):
@@ -236,3 +258,25 @@ def k8s_pin(container: dict[str, Any], pod: dict[str, Any], share: CoreShare | N
     if init:
         pod["initContainers"] = [{"name": K8S_INIT_CONTAINER, "resources": {
             "requests": {"cpu": "10m", "memory": None}, "limits": {"cpu": "10m"}}}]
+
+
+def k8s_with_cores(docs: list[dict[str, Any]], placed: Any) -> list[dict[str, Any]]:
+    """The Kubernetes placement patch's workloads (`rollout`, `learner-k8s`, `retriever`) with their
+    processes' cores as whole CPUs (`k8s_pin`), less the node-local variables (`K8S_NODE_LOCAL_ENV`), plus
+    the reward service's and Redis's Deployments when they have cores; `docs` unchanged without cores."""
+    procs = {"rollout": placed.rollout[0], "learner-k8s": placed.learner, "retriever": placed.retriever}
+    for doc in docs:
+        proc = procs.get(doc["metadata"]["name"])
+        if proc is None or proc.cores is None:
+            continue
+        pod = doc["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        container["env"] = [e for e in container.get("env", []) if e["name"] not in K8S_NODE_LOCAL_ENV]
+        k8s_pin(container, pod, proc.cores)
+    for small in (placed.reward, placed.redis):
+        if small is not None and small.cores is not None:
+            container: dict[str, Any] = {"name": small.name}
+            k8s_pin(container, {}, small.cores, init=False)
+            docs.append({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": small.name},
+                         "spec": {"template": {"spec": {"containers": [container]}}}})
+    return docs

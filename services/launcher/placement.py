@@ -1,7 +1,5 @@
-"""Placement of one run on one node: from a `[placement]` table, which GPUs and CPU cores each process
-uses and the arguments that follow from it. Pure: it computes, it starts nothing. Cores (`cores` in
-each role's table) are planned by `searchr1.launcher.cpu_placement`; a placement may list GPUs, cores or
-both.
+"""Placement of one run on one node: from a `[placement]` table, which GPUs and CPU cores (planned by
+`cpu_placement`) each process uses and the arguments that follow. Pure: it computes, it starts nothing.
 
 For each process it gives `CUDA_VISIBLE_DEVICES` and the environment overrides of that service's
 settings (vLLM's `tensor_parallel_size` and `gpu_memory_utilization` for each rollout worker, the
@@ -35,7 +33,6 @@ to nodes whose device plugin offers GPUs; they tolerate the `nvidia.com/gpu` tai
 from __future__ import annotations
 
 import json
-import os
 import sys
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Literal
@@ -45,14 +42,14 @@ from pydantic import Field, model_validator
 
 from searchr1.core.settings import ServiceSettings
 from searchr1.launcher.cpu_placement import (
-    K8S_NODE_LOCAL_ENV,
     CorePlacementError,
     CoreShare,
     CoresMixin,
     SmallServicePlacement,
     core_env,
-    k8s_pin,
-    plan_cores,
+    k8s_with_cores,
+    lists_cores,
+    shares_for,
     thread_overflows,
 )
 
@@ -66,8 +63,7 @@ class PlacementError(ValueError):
 
 class RolloutPlacement(CoresMixin):
     workers: int | None = Field(default=None, ge=1, le=64)
-    """Rollout workers when the placement lists no GPUs (cores only): the rollout cores are cut into this
-    many equal groups (None: `[launcher.rollout] workers`). With GPUs, one worker per vLLM group."""
+    """Workers of a placement without GPUs, the rollout cores cut evenly (None: `[launcher.rollout] workers`)."""
     gpus: list[int] = Field(default_factory=list)
     """GPU indices the vLLM workers use, cut in this order into groups of `tensor_parallel_size`."""
     tensor_parallel_size: int = Field(default=1, ge=1, le=64)
@@ -149,7 +145,7 @@ class ProcessPlacement:
     command_prefix: tuple[str, ...] = ()
     """Program and arguments before `-m searchr1.cli …` (torchrun for the learner; empty: the interpreter)."""
     cores: CoreShare | None = None
-    """Its CPU cores (None: the placement lists no cores; the process runs wherever the OS puts it)."""
+    """Its CPU cores (None: no core placement; the OS decides)."""
 
     @property
     def cuda_visible_devices(self) -> str:
@@ -162,9 +158,8 @@ class Placement:
     learner: ProcessPlacement
     retriever: ProcessPlacement
     reward: ProcessPlacement | None = None
-    """Only with cores (the reward service uses no GPU)."""
+    """Only with cores (the reward service and Redis use no GPU)."""
     redis: ProcessPlacement | None = None
-    """Only with cores."""
 
     @property
     def places_gpus(self) -> bool:
@@ -192,48 +187,30 @@ def _check_gpus(role: str, gpus: list[int], n: int) -> None:
         raise PlacementError(f"{role} lists GPUs {dup} more than once")
 
 
-def places_cores(s: PlacementSettings) -> bool:
-    """Whether any role of `s` lists cores (or shares another's)."""
-    roles = (s.rollout, s.learner, s.retriever, s.reward, s.redis)
-    return any(r.cores for r in roles) or any(r.cores_with for r in (s.retriever, s.reward, s.redis))
-
-
 def plan_placement(s: PlacementSettings, workers: int = 1, cores_here: set[int] | None = None) -> Placement:
     """Each process's GPUs, cores, environment and (learner) torchrun prefix. `workers`: the rollout
-    workers of a placement without GPUs (`[launcher.rollout] workers`, unless `[placement.rollout]
-    workers` says); `cores_here`: the cores that exist when `[placement] cpus` is not set (default: this
-    process's affinity)."""
+    workers of a placement without GPUs (unless `[placement.rollout] workers` says); `cores_here`: the
+    cores that exist when `[placement] cpus` is not set (default: this process's affinity)."""
     gpu_part = bool(s.rollout.gpus or s.learner.gpus or s.retriever.device == "gpu")
-    if not gpu_part and not places_cores(s):
+    if not gpu_part and not lists_cores(s):
         raise PlacementError("[placement] places nothing: list GPUs (rollout.gpus, learner.gpus) or cores "
                              "(rollout.cores, learner.cores, …)")
-    if gpu_part:
-        placed = _plan_gpus(s)
-    else:
-        placed = Placement(tuple(ProcessPlacement(f"rollout-{i}", ()) for i in range(s.rollout.workers or workers)),
-                           ProcessPlacement("learner", ()), ProcessPlacement("retriever", ()))
-    if not places_cores(s):
+    placed = _plan_gpus(s) if gpu_part else Placement(
+        tuple(ProcessPlacement(f"rollout-{i}", ()) for i in range(s.rollout.workers or workers)),
+        ProcessPlacement("learner", ()), ProcessPlacement("retriever", ()))
+    if not lists_cores(s):
         return placed
-    if s.cpus is not None:
-        exists = set(range(s.cpus))
-    elif cores_here is not None:
-        exists = cores_here
-    else:
-        exists = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
     if gpu_part and s.rollout.workers is not None and s.rollout.workers != len(placed.rollout):
         raise PlacementError(f"rollout.workers = {s.rollout.workers} but rollout.gpus make {len(placed.rollout)} "
                              "vLLM worker(s); drop rollout.workers")
-    own = {role: getattr(s, role).cores for role in ("rollout", "learner", "retriever", "reward", "redis")}
-    shared = {role: getattr(s, role).cores_with for role in ("retriever", "reward", "redis")}
     try:
-        shares = plan_cores(own, shared, len(placed.rollout), exists, colocate=s.cpu_colocate)
+        shares = shares_for(s, len(placed.rollout), cores_here)
     except CorePlacementError as exc:
         raise PlacementError(str(exc)) from None
     ranks = max(1, len(placed.learner.gpus))
 
     def with_cores(p: ProcessPlacement) -> ProcessPlacement:
-        share = shares[p.name]
-        return replace(p, env={**p.env, **core_env(p.name, share, ranks)}, cores=share)
+        return replace(p, env={**p.env, **core_env(p.name, shares[p.name], ranks)}, cores=shares[p.name])
 
     return Placement(tuple(with_cores(w) for w in placed.rollout), with_cores(placed.learner),
                      with_cores(placed.retriever), with_cores(ProcessPlacement("reward", ())),
@@ -353,7 +330,7 @@ LEARNER_SHM = "8Gi"
 
 
 def _k8s_env(p: ProcessPlacement) -> list[dict[str, str]]:
-    return [{"name": k, "value": v} for k, v in p.env.items() if k not in K8S_NODE_LOCAL_ENV]
+    return [{"name": k, "value": v} for k, v in p.env.items() if k != "CUDA_VISIBLE_DEVICES"]
 
 
 def _k8s_workload(kind: str, name: str, replicas: int | None, container: dict[str, Any],
@@ -367,10 +344,9 @@ def _k8s_workload(kind: str, name: str, replicas: int | None, container: dict[st
 def k8s_placement_patch(s: PlacementSettings, source: str = "") -> str:
     """The kustomize strategic-merge patch (multi-document YAML) that places the rollout Deployment, the
     learner Job (`learner-k8s`, the base's name, which the overlay's run replaces after its patches) and
-    the retriever Deployment as `plan_placement(s)` does on one node; with cores, every placed pod gets
-    whole CPUs with requests equal to limits (and the reward service and Redis too). The autoscalers'
-    ceilings are the overlay's targeted patches (absent under components/hpa, so not in this patch).
-    `source`: the config named in the header comment."""
+    the retriever Deployment as `plan_placement(s)` does on one node. The autoscalers' ceilings are the
+    overlay's targeted patches (absent under components/hpa, so not in this patch). `source`: the config
+    named in the header comment."""
     p = plan_placement(s)
     if not p.places_gpus:
         raise PlacementError("the Kubernetes GPU patch needs GPUs in [placement] (rollout.gpus, learner.gpus)")
@@ -394,29 +370,19 @@ def k8s_placement_patch(s: PlacementSettings, source: str = "") -> str:
     if p.retriever.gpus:
         retriever["resources"] = {"limits": {"nvidia.com/gpu": 1}}
         retriever_pod = dict(_GPU_NODE)
-    rollout: dict[str, Any] = {"env": rollout_env, "resources": {"limits": {"nvidia.com/gpu": tp}}}
-    rollout_pod: dict[str, Any] = dict(_GPU_NODE)
-    k8s_pin(rollout, rollout_pod, first.cores)
-    k8s_pin(learner, learner_pod, p.learner.cores)
-    k8s_pin(retriever, retriever_pod, p.retriever.cores)
     docs = [
-        _k8s_workload("Deployment", "rollout", workers, rollout, rollout_pod),
+        _k8s_workload("Deployment", "rollout", workers,
+                      {"env": rollout_env, "resources": {"limits": {"nvidia.com/gpu": tp}}}, dict(_GPU_NODE)),
         _k8s_workload("Job", "learner-k8s", None, learner, learner_pod, container_name="learner"),
         _k8s_workload("Deployment", "retriever", 1, retriever, retriever_pod),
     ]
-    for small in (p.reward, p.redis):
-        if small is not None and small.cores is not None:
-            container: dict[str, Any] = {}
-            k8s_pin(container, {}, small.cores, init=False)
-            docs.append(_k8s_workload("Deployment", small.name, None, container, {}))
+    docs = k8s_with_cores(docs, p)  # with cores: whole CPUs, requests = limits
     rgpus = " | ".join(w.cuda_visible_devices for w in p.rollout)
-    cores = (" Cores: whole CPUs per pod, requests = limits (the kubelet's static CPU manager pins them;\n"
-             "# docs/launcher.md, \"CPU placement\").\n") if p.places_cores else "\n"
     head = (f"# Generated from the [placement] table of {source or 'a run config'} by\n"
             f"#   python -m searchr1.launcher.placement {source or '<config>'}\n"
             f"# {workers} vLLM worker(s) (GPUs {rgpus} under `searchr1 up`), {tp} GPU(s) each; the learner's "
             f"{ranks} FSDP rank(s) under torchrun;\n# the retriever on "
-            f"{'one GPU' if p.retriever.gpus else 'CPU'}. Edit the config and regenerate; do not edit by hand.{cores}")
+            f"{'one GPU' if p.retriever.gpus else 'CPU'}. Edit the config and regenerate; do not edit by hand.\n")
     body = "---\n".join(yaml.safe_dump(d, sort_keys=False, default_flow_style=None, width=110) for d in docs)
     return head + body
 

@@ -26,12 +26,14 @@ def register(groups: Groups) -> None:
 
 
 def _gpu_counts(text: str) -> list[int]:
+    from searchr1.core.commandline import fail
+
     try:
         counts = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         counts = []
     if not counts or any(n < 1 or n > 4096 for n in counts):
-        raise typer.BadParameter(f"want GPU counts like 8,16,64, got {text!r}")
+        fail(f"--gpus wants GPU counts like 8,16,64, got {text!r}")
     return counts
 
 
@@ -103,7 +105,7 @@ def check(
 ) -> None:
     """Predict each measured run's wall time from its own stage clocks and compare (exit 1 when a
     prediction is off by more than 15%)."""
-    from searchr1.core.commandline import fail
+    from searchr1.core.commandline import EXIT_FAILED, fail
     from searchr1.simulator.calibrate import TOLERANCE, CalibrationError, check_record, records
 
     try:
@@ -128,4 +130,4 @@ def check(
                    f"| {m.learner_busy:.0%}, {p.learner_busy_s / p.wall_s:.0%} "
                    f"| {'n/a' if m.load is None else f'{m.load:.1f}'} |")
     if bad:
-        raise typer.Exit(1)
+        fail(f"{bad} of {len(recs)} run(s) not predicted within {TOLERANCE:.0%}", EXIT_FAILED)

@@ -186,7 +186,6 @@ def test_k8s_patch_pins_whole_cpus_requests_equal_limits():
     assert learner["resources"]["limits"] == {"nvidia.com/gpu": 4, "cpu": "24"}
     assert {"name": "LEARNER_THREADS", "value": "6"} in learner["env"]
     assert docs["redis"]["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "24"
-    assert "requests = limits" in k8s_placement_patch(s, "x.toml").splitlines()[3]
 
 
 def test_compose_project_gives_each_placed_service_its_cpuset(tmp_path):
@@ -233,3 +232,32 @@ cores_with = "rollout"
 """)
     plan = build_plan(load_settings(LauncherSettings, cfg), cfg, tmp_path / "run")
     assert any(f"gives it cores [{far}], which this machine does not let the launcher use" in p for p in plan.problems)
+
+
+def test_k8s_patch_renders_guaranteed_pods_through_kustomize(tmp_path):
+    import shutil
+
+    from tests.support.kustomize import tool
+
+    kubectl = tool("kubectl")
+    s = load_settings(PlacementSettings, ROOT / "configs" / "searchr1-3b-grpo.toml")
+    s = s.model_copy(update={
+        "cpus": 64, "rollout": s.rollout.model_copy(update={"cores": list(range(24))}),
+        "learner": s.learner.model_copy(update={"cores": list(range(24, 48))}),
+        "retriever": s.retriever.model_copy(update={"cores": list(range(48, 64))}),
+        "reward": s.reward.model_copy(update={"cores_with": "rollout"}),
+        "redis": s.redis.model_copy(update={"cores_with": "learner"})})
+    k8s = tmp_path / "k8s"
+    shutil.copytree(ROOT / "deploy" / "k8s", k8s)
+    (k8s / "overlays" / "gpu" / "placement.yaml").write_text(k8s_placement_patch(s, "run.toml"))
+    out = subprocess.run([kubectl, "kustomize", str(k8s / "overlays" / "gpu")], capture_output=True, text=True,
+                         check=True).stdout
+    pods = {d["metadata"]["name"]: d["spec"]["template"]["spec"] for d in yaml.safe_load_all(out)
+            if d and d["kind"] in ("Deployment", "Job")}
+    learner = next(v for k, v in pods.items() if k.startswith("learner-"))
+    for pod in (pods["rollout"], learner, pods["retriever"], pods["reward"], pods["redis"]):
+        for c in [*pod["containers"], *pod.get("initContainers", [])]:
+            req, lim = c["resources"].get("requests", {}), c["resources"]["limits"]
+            assert req["cpu"] == lim["cpu"], c["name"]  # CPU requests = limits
+            assert "memory" not in req and "memory" in lim, c["name"]  # the request defaults to the limit
+    assert pods["rollout"]["containers"][0]["resources"]["limits"]["cpu"] == "8"
