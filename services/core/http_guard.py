@@ -97,8 +97,8 @@ class ConnectionGuard:
         """uvicorn's HTTP protocol class `base` (httptools' or h11's) under this guard."""
         guard = self
 
-        class Guarded(base):  # type: ignore[misc, valid-type]
-            def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        class Guarded(base):
+            def connection_made(self, transport: asyncio.Transport) -> None:
                 super().connection_made(transport)
                 guard.admit(self)
 

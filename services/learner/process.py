@@ -142,6 +142,7 @@ async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = No
     from searchr1.core.lease import default_holder
     from searchr1.core.servers import install_shutdown_signals
     from searchr1.core.streams import connect
+    from searchr1.learner.train.fences import highest_token
 
     if settings.archive.replay_from is not None:
         return await run_replay(settings, stop, max_steps)
@@ -162,7 +163,9 @@ async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = No
     done = asyncio.Event()
     keeper = None
     try:
-        await lease.acquire(wait_s=settings.lease_ttl_ms / 1000)
+        # a token above every one on disk: Redis losing its counter cannot hand a used one out again
+        floor = await asyncio.to_thread(highest_token, settings.checkpoint.dir)
+        await lease.acquire(wait_s=settings.lease_ttl_ms / 1000, floor=floor)
         await enforce_redis_budget(settings, redis)  # RedisBudgetError: Redis cannot hold what is kept unacked
         # renewed from here on, through the model's loading, while the loop makes progress
         keeper = asyncio.create_task(lease.keep(done, alive=watchdog.alive))
