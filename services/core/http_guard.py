@@ -134,7 +134,11 @@ class ConnectionGuard:
         self._arm(conn)
 
     def received(self, conn: Any) -> None:
-        """Bytes arrived: a completed head (the protocol made a new request cycle) ends the deadline."""
+        """Bytes arrived: a completed head (the protocol made a new request cycle) ends the deadline; a
+        connection upgraded to another protocol (a WebSocket) is no longer the guard's."""
+        if conn.transport.get_protocol() is not conn:
+            self.forget(conn)
+            return
         armed = self._waiting.get(conn)
         if armed is not None and conn.cycle is not armed[1]:
             self._disarm(conn)
