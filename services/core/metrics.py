@@ -71,7 +71,7 @@ class RedisMetrics:
                            "waited through.", ["kind"], registry=registry))
 
     def link_callbacks(self) -> dict[str, Any]:
-        """The `on_retry`, `on_reconnect` and `on_state` callbacks of a `searchr1.core.streams.RedisLink`."""
+        """The `on_retry`, `on_reconnect` and `on_state` callbacks of a `searchr1.streams.RedisLink`."""
         return {"on_retry": lambda exc: self.retries.inc(), "on_reconnect": self.reconnects.inc,
                 "on_state": lambda up: self.up.set(1 if up else 0), "on_memory": self._memory,
                 "on_refusal": lambda kind: self.errors.labels(kind).inc()}

@@ -231,7 +231,7 @@ class WeightVersion(_Wire):
     """Where the safetensors snapshot lives: a directory path or an http(s) URL."""
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     """The snapshot's digest: the sha256 of its manifest of per-chunk BLAKE3 digests, which authenticates
-    every byte loaded (`searchr1.core.snapshot_manifest`)."""
+    every byte loaded (`searchr1.weightsync`'s manifest)."""
     created_at: float = Field(default_factory=time.time)
     """Unix time of publication."""
 

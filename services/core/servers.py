@@ -1,7 +1,7 @@
 """Server plumbing shared by the services, so no service copies it: an asyncio gRPC server with the
 standard health service, reflection, optional bearer auth and a clear INVALID_ARGUMENT for request bytes
 that do not parse (bad wire format, non-UTF-8 string fields); a uvicorn HTTP server that can run on
-port 0 inside an existing event loop, behind the connection guard (`searchr1.core.http_guard`: request
+port 0 inside an existing event loop, behind the connection guard (`searchr1.core._http_guard`: request
 heads time out, open connections are bounded and idle ones give way); and graceful shutdown on
 SIGINT/SIGTERM.
 
@@ -26,16 +26,16 @@ import uvicorn
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from searchr1.core.aio import stop_task
-from searchr1.core.auth import BearerAuthInterceptor
-from searchr1.core.body_limit import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, BodyLimit
-from searchr1.core.http_guard import (
+from searchr1.core._body_limit import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, BodyLimit
+from searchr1.core._http_guard import (
     DEFAULT_HEAD_TIMEOUT_S,
     DEFAULT_MAX_CONNECTIONS,
     AcceptErrorThrottle,
     ConnectionGuard,
     connection_bound,
 )
+from searchr1.core.aio import stop_task
+from searchr1.core.auth import BearerAuthInterceptor
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_CONCURRENT_RPCS = 1024
@@ -156,9 +156,9 @@ take every descriptor of a 1,024 limit before the guard closed one)."""
 class HttpServer:
     """uvicorn serving an ASGI app inside the current event loop, on a socket bound up front so port 0
     works and the real port is known before the first request; request bodies over `max_body_bytes` are
-    answered 413 and bodies slower than `body_timeout_s` 408 (`searchr1.core.body_limit`); a connection
+    answered 413 and bodies slower than `body_timeout_s` 408 (`searchr1.core._body_limit`); a connection
     that sends no complete request head within `head_timeout_s` is closed, and at most `max_connections`
-    are open (lowered to half the descriptor limit), idle ones closed first (`searchr1.core.http_guard`;
+    are open (lowered to half the descriptor limit), idle ones closed first (`searchr1.core._http_guard`;
     `guard.counts` says what it closed)."""
 
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning",

@@ -1,8 +1,9 @@
 """A checkpoint save that fails for lack of room removes its partial copy at once, on a real full
 filesystem: a tmpfs mounted small enough for two checkpoints (needs root; skipped otherwise). A brief
 disk-full — a filler file taking the room during one save — costs that save only: the next one, once the
-room is back, succeeds. With the failed save's partial copy left in place (what a failed save used to
-leave until a later save succeeded), the same next save fails too, and so would every one after it."""
+room is back, succeeds. With the failed save's partial copy left in place (the baseline: a save that
+leaves its partial copy until a later save succeeds), the same next save fails too, and so would every
+one after it."""
 
 from __future__ import annotations
 
@@ -75,7 +76,7 @@ def test_a_brief_disk_full_costs_one_save_not_every_later_one(tmp_path, small_vo
     assert "checkpoint of step 2 failed (" in caplog.text and "was removed" in caplog.text
     filler.unlink()
 
-    # the baseline: step 2's partial copy left in place, as a failed save used to leave it
+    # the baseline: step 2's partial copy left in place
     partial = volume / "checkpoints" / ".tmp-step00000002"
     partial.mkdir()
     (partial / "policy.optimizer.safetensors").write_bytes(b"\0" * (room - 8192))

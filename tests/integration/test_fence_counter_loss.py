@@ -13,9 +13,9 @@ import pytest
 import torch
 from torch import nn
 
-from searchr1.core.lease import Lease, LeaseLost
 from searchr1.learner.train.checkpoint import Checkpointer, Component, TrainState
 from searchr1.learner.train.fences import highest_token
+from searchr1.streams import Lease, LeaseLost
 
 RUN = "counter-loss"
 
@@ -60,7 +60,7 @@ async def test_a_learner_after_redis_lost_its_counter_takes_a_token_above_the_di
     floor = highest_token(tmp_path)
     assert floor == 3
     restarted = Lease(redis, RUN, holder="restarted")
-    with caplog.at_level(logging.WARNING, logger="searchr1.lease"):
+    with caplog.at_level(logging.WARNING, logger="searchr1.streams.lease"):
         assert await restarted.acquire(floor=floor) == 4
     assert "not past token 3 already used (recorded on disk)" in caplog.text
     ck = Checkpointer(tmp_path, keep=3, lease=restarted)

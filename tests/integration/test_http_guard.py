@@ -1,4 +1,4 @@
-"""The HTTP servers' connection guard (`searchr1.core.http_guard`) over real sockets on loopback: request
+"""The HTTP servers' connection guard (`searchr1.core._http_guard`) over real sockets on loopback: request
 heads that never finish are closed at their deadline (dripped bytes do not extend it), idle connections
 give way to new ones past the bound, busy ones are never closed for a newcomer; and a real `searchr1 serve
 reward` at a 1,024-descriptor limit flooded with 1,500 idle request heads keeps answering `/healthz` with

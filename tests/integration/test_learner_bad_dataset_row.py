@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 
-from searchr1.core.streams import StreamKeys
+from searchr1.streams import StreamKeys
 from tests.support.synthetic import tiny_qwen2
 
 

@@ -9,12 +9,12 @@ import math
 import random
 
 from searchr1.core.schemas import TrajectoryGroup, decode
-from searchr1.core.streams import StreamKeys, tasks_stream, trajectories_stream
 from searchr1.learner.algo.staleness import StalenessPolicy
 from searchr1.learner.metrics import LearnerMetrics
 from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.sources.stream import StreamSource
 from searchr1.learner.train.checkpoint import TrainState
+from searchr1.streams import StreamKeys, tasks_stream, trajectories_stream
 from tests.support.synthetic import synthetic_group
 
 
@@ -102,8 +102,8 @@ async def test_a_reward_float32_cannot_hold_and_a_group_the_batch_builder_refuse
     """A reward of 3.5e38 (finite in float64, past float32) is refused by the schema when the group is read;
     a group with a token id past int64 and no vocabulary to check it against passes the schema and the
     screen and is refused by the trial build. Each is dead-lettered alone with its own reason, its task
-    replaced, and the lockstep step trains on its batch-mates and the replacements (before, `build_batch`
-    raised mid-step, and restarts dead-lettered the whole step's groups as past `max_deliveries`)."""
+    replaced, and the lockstep step trains on its batch-mates and the replacements (in a batch, `build_batch`
+    would raise mid-step, and restarts would dead-letter the whole step's groups as past `max_deliveries`)."""
     settings = LearnerSettings(algorithm={"max_staleness": 0}, batch={"groups_per_step": 3}, read_block_ms=50)
     keys = StreamKeys("t")
     traj = trajectories_stream(redis, keys)

@@ -10,7 +10,7 @@ import sys
 
 import uvicorn
 
-from searchr1.core.body_limit import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, BodyLimit
+from searchr1.core._body_limit import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, BodyLimit
 from searchr1.reward.app import build_service, create_app
 from searchr1.reward.settings import RewardSettings
 

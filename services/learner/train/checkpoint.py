@@ -6,7 +6,7 @@ Everything is safetensors + JSON (nothing is unpickled): optimizer state is flat
 plus a JSON description. A checkpoint is written to a dot-directory, fsynced with a manifest of digests
 and renamed when complete (`durable.py`), so a crash mid-write leaves the previous checkpoint as the
 latest, and a checkpoint whose files do not match its manifest is skipped for the newest older one that
-verifies. Each records the fencing token of the learner that wrote it (`core/lease.py`), which writes it
+verifies. Each records the fencing token of the learner that wrote it (`searchr1.streams.Lease`), which writes it
 into a temporary directory of its own token (`.tmp-t{token}-step…`); the loader prefers the highest token
 and never loads one a newer learner's takeover made stale, and a learner whose token is older than a
 recorded takeover (or than the checkpoint it would replace) refuses to write (`fences.py`). A save that
@@ -31,12 +31,12 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from searchr1.core.faults import fault_point
-from searchr1.core.lease import Lease, LeaseLost
+from searchr1.core.faults import NO_FAULTS, Faults
 from searchr1.learner.algo import consumed as consumed_ids
 from searchr1.learner.train.durable import problem, restore_old_copies, seal
 from searchr1.learner.train.fences import newest, read_takeovers, record_takeover, stale
-from searchr1.learner.train.model import DistInfo, full_state_dict, load_full_state_dict
+from searchr1.learner.train.model import DistInfo, full_state_dict, is_sharded, load_full_state_dict
+from searchr1.streams import Lease, LeaseLost
 
 _PREFIX = "step"
 log = logging.getLogger("searchr1.learner")
@@ -84,7 +84,7 @@ def _unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict[str, Any])
 
 
 def _optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, info: DistInfo) -> dict[str, Any]:
-    if info.enabled:
+    if is_sharded(model):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
         return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(
@@ -93,7 +93,7 @@ def _optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, info: D
 
 
 def _load_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, sd: dict[str, Any], info: DistInfo) -> None:
-    if info.enabled:
+    if is_sharded(model):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         set_optimizer_state_dict(model, optimizer, sd, options=StateDictOptions(
@@ -120,13 +120,16 @@ class Component:
 class Checkpointer:
     """Saves and restores `Component`s plus a `TrainState` under `root`."""
 
-    def __init__(self, root: Path, keep: int, info: DistInfo | None = None, *, lease: Lease | None = None) -> None:
+    def __init__(self, root: Path, keep: int, info: DistInfo | None = None, *, lease: Lease | None = None,
+                 faults: Faults = NO_FAULTS) -> None:
         self.root = Path(root)
         self.keep = keep
         self.info = info or DistInfo()
         self.lease = lease
         """The learner's lease (rank 0 on Redis): checked before each write; its token goes into each
         checkpoint and names the temporary directory it is written in."""
+        self.faults = faults
+        """The fault suite's hook (`checkpoint.before_seal`); never fires outside it."""
 
     @property
     def fence(self) -> int:
@@ -218,7 +221,7 @@ class Checkpointer:
             meta["components"][c.name] = {"optimizer": opt_meta, "scheduler": _jsonable(c.scheduler.state_dict())}
         save_file({"cpu": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
         (tmp / "state.json").write_text(json.dumps(meta))
-        fault_point("checkpoint.before_seal")  # test hook (core/faults.py): off unless its env var is set
+        self.faults.kill_at("checkpoint.before_seal")  # the fault suite's hook: a torn checkpoint
         self._check_fence(state.step)  # a takeover while this one was written: not sealed
         seal(tmp, final)
 

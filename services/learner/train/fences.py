@@ -1,4 +1,4 @@
-"""Checkpoints by fencing token (`searchr1.core.lease`): which ones a learner may load, and whether it may
+"""Checkpoints by fencing token (`searchr1.streams.Lease`): which ones a learner may load, and whether it may
 still write one.
 
 A learner that takes a run over records, in `fences.json` beside the checkpoints, its token and the step it

@@ -11,7 +11,7 @@ of log in 20 s). The guard wraps uvicorn's protocol class:
 - **Head deadline.** A connection must complete each request head within `head_timeout_s` of being
   accepted, or of its previous response; bytes dripped in do not extend it. Past it the connection is
   closed. A request being answered (its head complete) is not timed here: the body's own limit is
-  `searchr1.core.body_limit`'s.
+  `searchr1.core._body_limit`'s.
 - **Connection bound.** At most `max_connections` are open (by default 1,024, or half the descriptor
   limit when that is lower). A connection past the bound closes the one that has waited longest for a
   request head — an idle client's, never one whose request is being answered — so a client that sends its

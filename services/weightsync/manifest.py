@@ -17,7 +17,7 @@ collision resistant: a writer of the volume could forge a chunk with the same xx
 
 Chunks are independent, so they are hashed in parallel in a thread pool (BLAKE3 releases the GIL): by the
 writer while it writes (`ChunkHasher.feed` beside each write), by a reader while it receives or reads the
-bytes it then loads (`core.weights` downloads, `core.snapshot_read.read_verified`). Neither side makes a
+bytes it then loads (`fetch.py` downloads, `read.read_verified`). Neither side makes a
 pass over the bytes only to hash them.
 
 The digest is a function of the listed files alone: `snapshot_digest(dir)` computes it from the files of a
@@ -74,6 +74,12 @@ def snapshot_files(directory: str | Path) -> list[Path]:
         (p for p in root.rglob("*") if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)),
         key=lambda p: p.relative_to(root).as_posix(),
     )
+
+
+def snapshot_listing(directory: str | Path) -> list[str]:
+    """Relative file names of a snapshot (its manifest included), as served by `GET {uri}/files`."""
+    root = Path(directory)
+    return [p.relative_to(root).as_posix() for p in snapshot_files(root)]
 
 
 def content_names(directory: str | Path) -> list[str]:

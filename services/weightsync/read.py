@@ -1,6 +1,6 @@
 """Reading a weight snapshot for loading, verified as it is read (docs/architecture.md, "Weight sync").
 
-`read_verified(dir, digest)` reads every file the snapshot's manifest lists (`core/snapshot_manifest.py`)
+`read_verified(dir, digest)` reads every file the snapshot's manifest lists (`manifest.py`)
 into this process's memory and returns those bytes, after checking them against the announced `digest`:
 the manifest's sha256 first (a manifest that does not match the announcement is refused before any weight
 is read), then each chunk's BLAKE3 as it arrives. The chunks are read and hashed in parallel, one pool task
@@ -8,7 +8,7 @@ per chunk (`os.preadv` into its slice of the buffer, then its hash), so the read
 the verification: there is no separate pass. A mismatching chunk stops the read and raises
 `SnapshotError` naming the file and chunk; nothing has been handed to the engine by then.
 
-The caller builds its tensors over the returned buffers (`rollout/snapshot_load.py`), so the bytes loaded
+The caller builds its tensors over the returned buffers (`safetensors.py`), so the bytes loaded
 are the bytes verified, whatever is written to the files afterwards (hard links on a shared volume share
 their inode with the publisher's files). The cost is one copy of the snapshot in memory while it loads
 (anonymous memory, freed with the buffers).
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import blake3
 
-from searchr1.core.snapshot_manifest import (
+from searchr1.weightsync.manifest import (
     CHUNK_BYTES,
     MANIFEST,
     FileEntry,

@@ -12,31 +12,21 @@ it has read.
 `safe_min_id` is the pure rule and `group_views` reads what it needs (XINFO GROUPS, XPENDING per group).
 `trim_acked` applies the same rule inside one Lua script (`_TRIM`: the groups read, the bound computed and
 XTRIM run atomically), so a consumer group created while a trim is under way is either seen by it or
-created after it: never one whose entries a trim computed without it deletes. The streams layer
-(`searchr1.core.streams`) calls it every `trim_every` acks or publishes.
+created after it: never one whose entries a trim computed without it deletes. A stream
+(`searchr1.streams.delivery.StreamBase`) calls it every `trim_every` acks or publishes.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from redis import asyncio as aioredis
 from redis.exceptions import ResponseError
 
-Call = Callable[[Callable[[], Awaitable[Any]], str], Awaitable[Any]]
-
-
-def parse_id(entry_id: str) -> tuple[int, int]:
-    """`"<ms>-<seq>"` → (ms, seq)."""
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
-
-
-def format_id(key: tuple[int, int]) -> str:
-    return f"{key[0]}-{key[1]}"
+from searchr1.streams.keys import format_id, parse_id, text
+from searchr1.streams.link import Call, direct
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,15 +53,7 @@ def safe_min_id(groups: Sequence[GroupView]) -> str | None:
     return format_id(min(need))
 
 
-def _sid(raw: bytes | str) -> str:
-    return raw.decode() if isinstance(raw, bytes) else raw
-
-
-async def _direct(fn: Callable[[], Awaitable[Any]], what: str = "") -> Any:
-    return await fn()
-
-
-async def group_views(redis: aioredis.Redis, key: str, call: Call = _direct) -> list[GroupView]:
+async def group_views(redis: aioredis.Redis, key: str, call: Call = direct) -> list[GroupView]:
     """Every consumer group of `key` with its last-delivered and oldest pending id ([] if no stream)."""
     try:
         infos = await call(lambda: redis.xinfo_groups(key), "xinfo groups")
@@ -81,13 +63,13 @@ async def group_views(redis: aioredis.Redis, key: str, call: Call = _direct) -> 
         raise
     views = []
     for info in infos:
-        name = _sid(info["name"])
+        name = text(info["name"])
         oldest = None
         if int(info.get("pending", 0)):
             summary = await call(functools.partial(redis.xpending, key, name), "xpending")
             if summary.get("min") is not None:
-                oldest = _sid(summary["min"])
-        views.append(GroupView(name, _sid(info["last-delivered-id"]), oldest))
+                oldest = text(summary["min"])
+        views.append(GroupView(name, text(info["last-delivered-id"]), oldest))
     return views
 
 
@@ -117,7 +99,7 @@ return redis.call('XTRIM', KEYS[1], 'MINID', string.format('%.0f-%.0f', best_ms,
 """`safe_min_id` over the groups of KEYS[1] and the XTRIM MINID it allows, in one atomic step."""
 
 
-async def trim_acked(redis: aioredis.Redis, key: str, call: Call = _direct) -> int:
+async def trim_acked(redis: aioredis.Redis, key: str, call: Call = direct) -> int:
     """Delete the entries of `key` that every consumer group has acked (the rule of `safe_min_id`, applied
     atomically with reading the groups); returns how many went."""
     return int(await call(lambda: redis.eval(_TRIM, 1, key), "trim"))

@@ -1,4 +1,4 @@
-"""The bucket layout of a broadcast publication (`searchr1.core.broadcast`): which tensors share a bucket,
+"""The bucket layout of a broadcast publication (`broadcast.py`): which tensors share a bucket,
 how they are packed into one flat uint8 tensor and read back out of it.
 
 Tensors go into buckets of at most `bucket_bytes` in order (`plan_buckets`; a bigger tensor gets a bucket

@@ -1,22 +1,22 @@
-"""One Redis stream consumed by one consumer group, the surface a consumer reads, publishes and acks through
-(`StreamBase[T]`; `searchr1.core.streams.TypedStream` adds the paths that deliver an entry again). Each
-entry carries one pydantic wire model (field `m`, versioned msgpack):
+"""One stream of the run consumed by one consumer group, as its producer and its consumer first meet it:
+publish, read, ack, dead-letter, trim and the counts (`StreamBase[T]`; `searchr1.streams.redelivery.
+TypedStream` adds the paths that deliver an entry again). Each entry carries one pydantic wire model
+(field `m`, versioned msgpack):
 
 - `publish(item)` → XADD;
 - `read(consumer, count, block_ms)` → XREADGROUP of new entries; a malformed entry is moved to the
   dead stream with its reason and acked, never returned and never crashing the reader;
 - `ack(*ids)` → XACK (the caller acks only after the work the entry stands for is safe); with a `fence`
-  (the learner's lease, `searchr1.core.lease`), the XACK runs in one Lua script that first checks the
+  (the learner's lease, `searchr1.streams.lease`), the XACK runs in one Lua script that first checks the
   writer's fencing token against the run's lease in Redis and refuses a stale one (`LeaseLost`); every
-  dead letter, which acks too, is fenced the same way (`searchr1.core.stream_bury`);
+  dead letter, which acks too, is fenced the same way (`searchr1.streams.dead_letters.Burial`);
 - trimming (`trim_every`): every `trim_every` acks or publishes through this object, the entries every
-  consumer group of the stream has acked are deleted (`searchr1.core.stream_trim`, never a pending or
+  consumer group of the stream has acked are deleted (`searchr1.streams.trim`, never a pending or
   unread one); the dead stream is capped at about `dead_maxlen` entries (XADD MAXLEN ~, oldest first);
-- `dead_letter(id, reason)` → a valid entry the consumer refuses goes to the dead stream, acked (the
-  writes that bury an entry: `searchr1.core.stream_bury`);
+- `dead_letter(id, reason)` → a valid entry the consumer refuses goes to the dead stream, acked;
 - `length()`, `pending()`, `lag()` and `in_flight()` for backpressure and metrics.
 
-Redis going away: with a `RedisLink` (`searchr1.core.redis_link`), every command waits for Redis to come
+Redis going away: with a `RedisLink` (`searchr1.streams.link`), every command waits for Redis to come
 back (the retry policy of `searchr1.core.retry`, no bound on the attempts, backoff capped, each retry
 logged and counted) and the link reports whether Redis is up, for the service's readiness. Each Redis
 command is retried on its own, so no entry a read delivered is dropped by retrying the read around it;
@@ -28,7 +28,7 @@ caller as before.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence, Sized
+from collections.abc import Awaitable, Sequence, Sized
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -36,17 +36,17 @@ from pydantic import BaseModel
 from redis import asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from searchr1.core import stream_scripts as scripts
-from searchr1.core.lease import Lease
-from searchr1.core.redis_link import RedisLink
 from searchr1.core.schemas import SchemaError, decode, encode
-from searchr1.core.stream_bury import DEAD_MAXLEN, PAYLOAD_FIELD, Burial
-from searchr1.core.stream_trim import trim_acked
+from searchr1.streams.dead_letters import DEAD_MAXLEN, PAYLOAD_FIELD, Burial
+from searchr1.streams.keys import text
+from searchr1.streams.lease import Lease
+from searchr1.streams.link import RedisLink, direct
+from searchr1.streams.scripts import ACK_FENCED
+from searchr1.streams.trim import trim_acked
 
 T = TypeVar("T", bound=BaseModel)
-R = TypeVar("R")
 
-log = logging.getLogger("searchr1.core.streams")
+log = logging.getLogger("searchr1.streams")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,14 +56,6 @@ class Entry(Generic[T]):
     id: str
     value: T
     deliveries: int = 1
-
-
-def _sid(raw: bytes | str) -> str:
-    return raw.decode() if isinstance(raw, bytes) else raw
-
-
-async def _direct(fn: Callable[[], Awaitable[R]], what: str = "") -> R:
-    return await fn()
 
 
 class StreamBase(Generic[T]):
@@ -94,13 +86,13 @@ class StreamBase(Generic[T]):
         self.model = model
         self.group = group
         self.dead_key = dead_key
-        self.visibility_timeout_ms = visibility_timeout_ms  # the re-delivery paths' (`streams.TypedStream`)
+        self.visibility_timeout_ms = visibility_timeout_ms  # the re-delivery paths' (`redelivery.TypedStream`)
         self.max_deliveries = max_deliveries
         self.trim_every = trim_every
         self.dead_maxlen = dead_maxlen
         self._since_trim = 0
         self.link = link
-        self._call = link.call if link is not None else _direct
+        self._call = link.call if link is not None else direct
         self._reread_at = -1  # the link's reconnect count at the last `TypedStream.reread_own`
         self.buried = 0
         """Entries this object moved to the dead stream on its own: malformed ones, and ones delivered
@@ -123,7 +115,7 @@ class StreamBase(Generic[T]):
         if not isinstance(item, self.model):
             raise TypeError(f"{self.key} carries {self.model.__name__}, not {type(item).__name__}")
         fields = {PAYLOAD_FIELD: encode(item)}
-        mid = _sid(await self._call(lambda: self.redis.xadd(self.key, fields), "xadd"))
+        mid = text(await self._call(lambda: self.redis.xadd(self.key, fields), "xadd"))
         await self._count_towards_trim(1)
         return mid
 
@@ -135,7 +127,7 @@ class StreamBase(Generic[T]):
             async with self.redis.pipeline(transaction=False) as pipe:
                 for payload in payloads:
                     pipe.xadd(self.key, {PAYLOAD_FIELD: payload})
-                return [_sid(r) for r in await pipe.execute()]
+                return [text(r) for r in await pipe.execute()]
 
         ids = await self._call(send, "xadd")
         await self._count_towards_trim(len(ids))
@@ -149,7 +141,7 @@ class StreamBase(Generic[T]):
         out: list[Entry[T]] = []
         for _key, entries in resp or []:
             for raw_id, fields in entries:
-                entry = await self._decode_or_bury(_sid(raw_id), fields, deliveries=1)
+                entry = await self._decode_or_bury(text(raw_id), fields, deliveries=1)
                 if entry is not None:
                     out.append(entry)
         return out
@@ -163,7 +155,7 @@ class StreamBase(Generic[T]):
             acked = int(await self._call(lambda: self.redis.xack(self.key, self.group, *ids), "xack"))
         else:
             acked = int(await self._call(lambda: self.redis.eval(
-                scripts.ACK_FENCED, 3, self.key, *fence.fence_keys(), self.group, *fence.fence_args(), *ids), "xack"))
+                ACK_FENCED, 3, self.key, *fence.fence_keys(), self.group, *fence.fence_args(), *ids), "xack"))
             if acked < 0:
                 raise fence.fenced_error(f"ack of {len(ids)} entries of {self.key}")
         await self._count_towards_trim(len(ids))
@@ -199,11 +191,11 @@ class StreamBase(Generic[T]):
         servers this counts entries after the group's last-delivered id)."""
         groups = await self._call(lambda: self.redis.xinfo_groups(self.key), "xinfo groups")
         for g in groups:
-            if _sid(g["name"]) == self.group:
+            if text(g["name"]) == self.group:
                 lag = g.get("lag")
                 if lag is not None:
                     return int(lag)
-                after = f"({_sid(g['last-delivered-id'])}"
+                after = f"({text(g['last-delivered-id'])}"
 
                 def undelivered(a: str = after) -> Awaitable[Sized]:
                     return self.redis.xrange(self.key, min=a, max="+")
@@ -232,5 +224,5 @@ class StreamBase(Generic[T]):
         self.buried += 1
 
     def _burial(self) -> Burial:
-        """The dead-letter writes of this stream (`searchr1.core.stream_bury`), on its current settings."""
+        """The dead-letter writes of this stream (`dead_letters.Burial`), on its current settings."""
         return Burial(self.redis, self._call, self.key, self.group, self.dead_key, self.dead_maxlen, self.fence)

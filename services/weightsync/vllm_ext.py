@@ -1,21 +1,24 @@
-"""The receiving end of the `broadcast` weight transport, inside vLLM: a worker extension class (engine
-arg `worker_extension_cls="searchr1.rollout.broadcast_ext.BroadcastWeightReceiver"`), whose methods the
-rollout process calls with `collective_rpc` (vLLM's supported extension point for RL weight updates).
+"""The engine's reload protocol, both sides of vLLM's `collective_rpc`: a worker extension class that runs
+inside vLLM's worker process (engine arg `worker_extension_cls=WORKER_EXTENSION`, vLLM's supported
+extension point for RL weight updates), and the rollout process's calls into it (`reload_engine`,
+`receive_broadcast`). vLLM imports the class by its dotted path inside its own worker process, so this
+module stays importable on its own, with vLLM and torch imported inside the functions that run there.
+
+Inside the engine (`WeightReceiverExtension`):
 
 - `searchr1_weights_join(uri)`: join the group the announcement's URI names (its generation); returns
   the rank, or raises when the group is full (a late joiner catches up from a snapshot instead);
 - `searchr1_weights_receive(uri)`: receive the publication the URI names, bucket by bucket, straight
   into the model's `load_weights` through the runner's in-place `reload_weights` (no file, no second
   copy of the model); returns the digest of the received tensors, checked against the learner's and
-  its signature against the run's weight token (`SEARCHR1_WEIGHTS_KEY`, set by the rollout process). A
+  its signature against the run's weight token (`WEIGHTS_KEY_ENV`, set by the rollout process). A
   failure (timeout, the sender gone, a digest mismatch) leaves the group and raises: the worker then
   loads the latest snapshot, and joins the next generation when one is announced.
-
 - `searchr1_load_snapshot(path, digest)`: the snapshot transport's in-place reload: the snapshot read
   into memory with every chunk checked against the announced digest as it is read
-  (`core.snapshot_read.read_verified`), the model loaded from those same bytes (`snapshot_load.py`), the
+  (`read.read_verified`), the model loaded from those same bytes (`safetensors.snapshot_tensors`), the
   CPU GEMMs re-packed; a snapshot refused leaves the model as it was.
-- `searchr1_last_load_times()`: where the last load (snapshot or broadcast) spent its time.
+- `searchr1_last_load_times()`: where the last load (snapshot or broadcast) spent its time (`LoadTimes`).
 
 The engine is busy while it receives (the call runs in the engine's worker), so generation pauses for
 the duration of the transfer, as it does for a snapshot reload.
@@ -23,25 +26,52 @@ the duration of the transfer, as it does for a snapshot reload.
 
 from __future__ import annotations
 
+import asyncio
+import os
 import time
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
-from searchr1.core.broadcast import WEIGHTS_KEY_ENV, Receiver, parse_group_uri
-from searchr1.core.snapshot_manifest import SnapshotError
+from searchr1.weightsync.broadcast import WEIGHTS_KEY_ENV, Receiver, parse_group_uri
+from searchr1.weightsync.manifest import SnapshotError
+from searchr1.weightsync.read import read_verified
+from searchr1.weightsync.safetensors import snapshot_tensors
+
+WORKER_EXTENSION = "searchr1.weightsync.vllm_ext.WeightReceiverExtension"
+"""The engine arg `worker_extension_cls` that enables the searchr1 reload protocol (snapshots read
+verified, broadcast receipt, the CPU reload fix)."""
+TIMEOUT_ENV = "SEARCHR1_WEIGHTS_TIMEOUT_S"
+"""The environment variable that sets a receiver's collective timeout inside an engine's worker (seconds;
+default 60)."""
 
 
-class BroadcastWeightReceiver:
+@dataclass
+class LoadTimes:
+    """Where a verified snapshot load spent its time (seconds)."""
+
+    read_verify: float = 0.0
+    """Reading every byte into memory with its chunk digests checked (`read_verified`)."""
+    load_weights: float = 0.0
+    """The engine's own load from those bytes (vLLM's `load_weights` through `reload_weights`)."""
+    gemm_repack: float = 0.0
+    """vLLM CPU: re-packing the GEMM of the layers that keep their weight (`refresh_cpu_gemm`)."""
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, float]:
+        return {"read_verify_s": self.read_verify, "load_weights_s": self.load_weights,
+                "gemm_repack_s": self.gemm_repack, **self.extra}
+
+
+class WeightReceiverExtension:
     """Mixed into vLLM's worker class; state lives in one attribute so it never clashes with vLLM's."""
 
     def _searchr1_receiver(self) -> Receiver:
         rx = getattr(self, "_searchr1_rx", None)
         if rx is None:
-            import os
-
             device = "cpu" if self.device.type == "cpu" else str(self.device)  # type: ignore[attr-defined]
             rx = Receiver(backend="gloo" if device == "cpu" else "nccl",
-                          timeout_s=float(os.environ.get("SEARCHR1_WEIGHTS_TIMEOUT_S", "60")), device=device,
+                          timeout_s=float(os.environ.get(TIMEOUT_ENV, "60")), device=device,
                           key=os.environ.get(WEIGHTS_KEY_ENV, "").encode())  # the run's weight token
             self._searchr1_rx = rx
         return rx
@@ -73,11 +103,11 @@ class BroadcastWeightReceiver:
         """Reload the model in place from the snapshot at `path`, verified against the announced `digest`
         as it is read, then re-pack the CPU GEMMs. Returns the phase seconds (`LoadTimes.as_dict`), or
         {"error": why} when the snapshot is refused: nothing was loaded then."""
-        from searchr1.rollout.snapshot_load import LoadTimes, read_timed, snapshot_tensors
-
         times = LoadTimes()
         try:
-            files = read_timed(path, digest, times)
+            t0 = time.perf_counter()
+            files = read_verified(path, digest)
+            times.read_verify = time.perf_counter() - t0
             tensors = list(snapshot_tensors(files))  # views, parsed before anything is loaded
         except (SnapshotError, OSError) as exc:
             return {"error": str(exc)}
@@ -147,10 +177,6 @@ def refresh_cpu_gemm(model: Any) -> int:
     return n
 
 
-WORKER_EXTENSION = "searchr1.rollout.broadcast_ext.BroadcastWeightReceiver"
-"""The engine arg `worker_extension_cls` that enables broadcast weight updates."""
-
-
 async def receive_broadcast(generator: Any, uri: str) -> str:
     """Receive the publication `uri` names into a `VllmGenerator`'s engine (started with
     `worker_extension_cls=WORKER_EXTENSION`), then drop the prefix cache (its KV came from the old
@@ -159,3 +185,23 @@ async def receive_broadcast(generator: Any, uri: str) -> str:
     await generator.engine.collective_rpc("searchr1_refresh_cpu_gemm")
     await generator.engine.reset_prefix_cache()
     return str(digests[0])
+
+
+async def reload_engine(engine: Any, weights_path: str, digest: str | None, *, extension: bool) -> dict[str, float]:
+    """Swap the weights of vLLM `engine` in place from the snapshot at `weights_path`; returns the phase
+    seconds. With the announced `digest` and the extension, the engine reads the snapshot verified as it
+    reads it and loads those bytes (`searchr1_load_snapshot`); without the extension they are verified
+    here and vLLM reads the files again. A refused snapshot raises `SnapshotError` with the weights
+    unchanged. The caller resets the prefix cache afterwards (its KV came from the old weights)."""
+    if digest is not None and extension:
+        results = await engine.collective_rpc("searchr1_load_snapshot", kwargs={"path": weights_path, "digest": digest})
+        refused = next((r["error"] for r in results if "error" in r), None)
+        if refused is not None:
+            raise SnapshotError(refused)
+        return dict(results[0])
+    if digest is not None:  # no searchr1 extension in the engine: verify here, vLLM reads again
+        await asyncio.to_thread(read_verified, weights_path, digest)
+    await engine.collective_rpc("reload_weights", kwargs={"weights_path": weights_path})
+    if extension:  # vLLM CPU: the LM head's packed GEMM is not rebuilt by the reload
+        await engine.collective_rpc("searchr1_refresh_cpu_gemm")
+    return {}

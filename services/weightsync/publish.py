@@ -1,14 +1,14 @@
-"""Weight publishing (docs/architecture.md, "Weight sync"): after each update a snapshot `<dir>/v{version:08d}/` in the
-layout of an HF `save_pretrained(..., safe_serialization=True)` directory (config.json,
+"""The learner's end of the snapshot wire (docs/architecture.md, "Weight sync"): after each update a
+snapshot `<dir>/v{version:08d}/` in the layout of an HF `save_pretrained(..., safe_serialization=True)` directory (config.json,
 generation_config.json, model.safetensors; no optimizer state; LoRA merged so workers load full
 weights), its `snapshot_digest`, and a `WeightVersion` announcement on Redis. Snapshots are written to a
 dot-directory and renamed, so a reader never sees half of one; only the newest `keep` are kept. `write`
 and `prune` are blocking file work: from the event loop they run in a thread (`announce` does so for
 prune, and for the digest when it has to compute one).
 
-The tensors are streamed into model.safetensors one at a time (`write_safetensors`), and every chunk
-of every file is hashed (BLAKE3) in a pool of threads beside the write; the manifest of those chunk
-digests is written last (`core/snapshot_manifest.py`) and its sha256 is the snapshot's digest. No
+The tensors are streamed into model.safetensors one at a time (`safetensors.write_safetensors`), and every
+chunk of every file is hashed (BLAKE3) in a pool of threads beside the write; the manifest of those chunk
+digests is written last (`manifest.py`) and its sha256 is the snapshot's digest. No
 serialised copy of the whole state dict is built in memory (`save_pretrained` builds one) and the digest
 costs no second read of the snapshot. `announce` reuses that digest while the files are the ones written
 (same names, sizes, mtimes, inodes) and otherwise writes the manifest again from the files. One file at
@@ -23,90 +23,39 @@ sync") for a durability nothing needs.
 
 The URI is the snapshot's absolute path (shared volume), or `{base_url}/weights/{version}` when the
 learner serves snapshots over HTTP with `weights_app` (`GET /weights/{v}/files`,
-`GET /weights/{v}/files/{name}` — the protocol `core.snapshot_fetch.fetch_snapshot` consumes).
+`GET /weights/{v}/files/{name}` — the protocol `fetch.fetch_snapshot` consumes). How a version reaches
+the engines, as a snapshot or a broadcast, is `transport.py`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import shutil
-import struct
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from fastapi import FastAPI, HTTPException
 from fastapi.responses import FileResponse
 
 from searchr1.core.auth import BearerAuthMiddleware
-from searchr1.core.redis_link import RedisLink
 from searchr1.core.schemas import WeightVersion
-from searchr1.core.snapshot_manifest import (
+from searchr1.streams import RedisLink, StreamKeys
+from searchr1.weightsync.announce import announce
+from searchr1.weightsync.manifest import (
     MANIFEST,
     ManifestBuilder,
     hash_pool,
     manifest_digest,
+    snapshot_files,
+    snapshot_listing,
     snapshot_manifest,
 )
-from searchr1.core.streams import StreamKeys
-from searchr1.core.weights import announce, snapshot_files, snapshot_listing
+from searchr1.weightsync.safetensors import write_safetensors
 
 _SNAPSHOT = re.compile(r"^v(\d{8,})$")
 WEIGHTS_FILE = "model.safetensors"
-
-_DTYPES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64",
-           "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL",
-           "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2"}
-"""torch dtype name → safetensors dtype code."""
-
-
-def _flat_bytes(tensor: Any) -> memoryview:
-    """The tensor's bytes without a copy (a CPU, contiguous tensor; others are copied to one first)."""
-    t = tensor.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    import torch
-
-    return memoryview(t.contiguous().reshape(-1).view(torch.uint8).numpy())
-
-
-def safetensors_header(tensors: dict[str, Any], metadata: dict[str, str] | None = None) -> tuple[bytes, list[str]]:
-    """(the safetensors header: 8-byte little-endian length + JSON, padded to 8 bytes; tensor names in
-    data order: widest element first, then by name, as the safetensors library lays them out, so every
-    tensor is aligned to its element size). Raises `ValueError` for a dtype safetensors cannot hold."""
-    meta: dict[str, Any] = {"__metadata__": {"format": "pt", **(metadata or {})}}
-    order = sorted(tensors, key=lambda n: (-tensors[n].element_size(), n))
-    offset = 0
-    for name in order:
-        t = tensors[name]
-        dtype = str(t.dtype).removeprefix("torch.")
-        if dtype not in _DTYPES:
-            raise ValueError(f"tensor {name!r} has dtype {dtype}, which safetensors cannot hold")
-        size = t.numel() * t.element_size()
-        meta[name] = {"dtype": _DTYPES[dtype], "shape": list(t.shape), "data_offsets": [offset, offset + size]}
-        offset += size
-    header = json.dumps(meta, separators=(",", ":")).encode()
-    header += b" " * (-len(header) % 8)
-    return struct.pack("<Q", len(header)) + header, order
-
-
-def write_safetensors(f: BinaryIO, tensors: dict[str, Any], feed: Callable[[memoryview], None] | None = None,
-                      metadata: dict[str, str] | None = None) -> int:
-    """Stream `tensors` into `f` in the safetensors format (what `safetensors.torch.save_file` writes),
-    handing every piece written to `feed` too (a `ChunkHasher`, which hashes in its pool while the next
-    piece is written); `metadata` goes into the header's `__metadata__`. Returns the bytes written.
-    Blocking: run it in a thread."""
-    header, order = safetensors_header(tensors, metadata)
-    written = 0
-    for i in range(len(order) + 1):
-        data = memoryview(header) if i == 0 else _flat_bytes(tensors[order[i - 1]])
-        if feed is not None:
-            feed(data)
-        f.write(data)
-        written += len(data)
-    return written
 
 
 def drop_shared(hf_model: Any, state_dict: dict) -> dict:
@@ -152,7 +101,7 @@ class WeightPublisher:
         self.base_url = base_url.rstrip("/") if base_url else None
         self._digests: dict[int, tuple[str, tuple]] = {}
         self.fence = fence
-        """The writer's fencing token (core/lease.py): in each snapshot's safetensors metadata
+        """The writer's fencing token (`streams.Lease`): in each snapshot's safetensors metadata
         (`searchr1_fence`) and stored with each announcement."""
         self.guard = guard
         """Called with no argument before every snapshot write and announcement; raises to stop it (the
@@ -233,7 +182,7 @@ class WeightPublisher:
     async def announce(self, redis, keys: StreamKeys, version: int, *, link: RedisLink | None = None) -> WeightVersion:
         """Digest the snapshot of `version` (see `digest`), announce it with the fencing token (through
         `link`: waiting for Redis while it is away), then prune older snapshots. Raises
-        `core.weights.FencedOff` when a learner with a newer token has announced."""
+        `announce.FencedOff` when a learner with a newer token has announced."""
         digest = await asyncio.to_thread(self.digest, version)
         wv = WeightVersion(version=version, uri=self.uri(version), sha256=digest)
         if self.guard is not None:

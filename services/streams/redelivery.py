@@ -1,9 +1,9 @@
-"""A small typed layer over Redis Streams with consumer groups, on redis-py's asyncio client (the streams
-and their groups: docs/architecture.md, "Streams").
+"""The paths that deliver a stream's entry again, and the run's two typed streams (the streams and their
+groups: docs/architecture.md, "Streams").
 
 `TypedStream[T]` publishes and reads one pydantic wire model per entry. Publishing, reading, acking
 (fenced by the learner's lease when the stream has one), dead-lettering, trimming and the counts are
-`StreamBase`'s (`searchr1.core.stream_base`); this module adds the paths that deliver an entry again:
+`StreamBase`'s (`searchr1.streams.delivery`); this module adds the paths that deliver an entry again:
 
 - `reclaim(consumer, count, held)` → entries pending longer than the visibility timeout are claimed by
   this consumer (XPENDING to see delivery counts, then XCLAIM); past `max_deliveries` they go to the dead
@@ -29,11 +29,10 @@ Every path that delivers an entry again (`reclaim`, `reread_own`) counts its del
 past `max_deliveries`; a plain `read` delivers each entry for the first time. A burial acks the entry, so
 with a `fence` it is checked against the lease token in the same script, on these paths too.
 
-Keys live under `searchr1:{run}:` (`StreamKeys`, `searchr1.core.stream_keys`, re-exported here). The
-run's two streams are built only by `tasks_stream` (Task entries, group `TASKS_GROUP`) and
+The run's two streams are built only by `tasks_stream` (Task entries, group `TASKS_GROUP`) and
 `trajectories_stream` (TrajectoryGroup entries, group `TRAJECTORIES_GROUP`), so every service and tool
-agrees on key, model and group. What this module does not do: decide when to ack or
-how many entries to keep in flight; that is each service's loop.
+agrees on key, model and group. What this module does not do: decide when to ack or how many entries to
+keep in flight; that is each service's loop.
 """
 
 from __future__ import annotations
@@ -45,25 +44,16 @@ from typing import TypeVar
 from pydantic import BaseModel
 from redis import asyncio as aioredis
 
-from searchr1.core import stream_scripts as scripts
-from searchr1.core.dead_letters import DeadLetter as DeadLetter
-from searchr1.core.dead_letters import read_dead as read_dead
-from searchr1.core.lease import Lease
-from searchr1.core.redis_link import RedisLink
-from searchr1.core.redis_link import connect as connect
 from searchr1.core.schemas import Task, TrajectoryGroup
-from searchr1.core.stream_base import Entry as Entry
-from searchr1.core.stream_base import StreamBase, _sid
-from searchr1.core.stream_bury import DEAD_MAXLEN as DEAD_MAXLEN
-from searchr1.core.stream_bury import PAYLOAD_FIELD as PAYLOAD_FIELD
-from searchr1.core.stream_keys import TASKS_GROUP as TASKS_GROUP
-from searchr1.core.stream_keys import TRAJECTORIES_GROUP as TRAJECTORIES_GROUP
-from searchr1.core.stream_keys import StreamKeys as StreamKeys
-from searchr1.core.stream_trim import parse_id
+from searchr1.streams.delivery import Entry, StreamBase
+from searchr1.streams.keys import TASKS_GROUP, TRAJECTORIES_GROUP, StreamKeys, parse_id, text
+from searchr1.streams.lease import Lease
+from searchr1.streams.link import RedisLink
+from searchr1.streams.scripts import CLAIM_OWN, RELEASE_OWN
 
 T = TypeVar("T", bound=BaseModel)
 
-log = logging.getLogger("searchr1.core.streams")
+log = logging.getLogger("searchr1.streams")
 
 
 class TypedStream(StreamBase[T]):
@@ -88,7 +78,7 @@ class TypedStream(StreamBase[T]):
             self.key, self.group, min="-", max="+", count=count + len(held), consumername=consumer), "xpending")
         again: list[str] = []
         for r in rows:
-            mid, times = _sid(r["message_id"]), int(r["times_delivered"])
+            mid, times = text(r["message_id"]), int(r["times_delivered"])
             if mid in held:
                 continue
             if times >= self.max_deliveries:
@@ -108,11 +98,11 @@ class TypedStream(StreamBase[T]):
         """Deliver `ids` to `consumer` again (count raised), those still pending for it only."""
         if not ids:
             return []
-        rows = await self._call(lambda: self.redis.eval(scripts.CLAIM_OWN, 1, self.key, self.group, consumer, "0", *ids),
+        rows = await self._call(lambda: self.redis.eval(CLAIM_OWN, 1, self.key, self.group, consumer, "0", *ids),
                                 "claim own")
         out: list[Entry[T]] = []
         for raw_id, before, flat in rows:
-            mid = _sid(raw_id)
+            mid = text(raw_id)
             if not flat:  # trimmed away while pending: nothing left to do
                 await self.ack(mid)
                 continue
@@ -128,7 +118,7 @@ class TypedStream(StreamBase[T]):
         if not ids:
             return 0
         mine = sorted(ids, key=parse_id)
-        done = await self._call(lambda: self.redis.eval(scripts.CLAIM_OWN, 1, self.key, self.group, consumer, "1", *mine),
+        done = await self._call(lambda: self.redis.eval(CLAIM_OWN, 1, self.key, self.group, consumer, "1", *mine),
                                 "heartbeat")
         return len(done)
 
@@ -139,7 +129,7 @@ class TypedStream(StreamBase[T]):
             return 0
         idle = str(self.visibility_timeout_ms + 1)
         return int(await self._call(lambda: self.redis.eval(
-            scripts.RELEASE_OWN, 1, self.key, self.group, consumer, idle, *sorted(ids, key=parse_id)), "release"))
+            RELEASE_OWN, 1, self.key, self.group, consumer, idle, *sorted(ids, key=parse_id)), "release"))
 
     async def reclaim(self, consumer: str, count: int = 16, held: Collection[str] = ()) -> list[Entry[T]]:
         """Claim entries idle past the visibility timeout for `consumer`; bury those delivered
@@ -151,8 +141,8 @@ class TypedStream(StreamBase[T]):
         to_claim: list[str] = []
         delivered: dict[str, int] = {}
         for p in pending:
-            mid = _sid(p["message_id"])
-            if mid in held and _sid(p["consumer"]) == consumer:
+            mid = text(p["message_id"])
+            if mid in held and text(p["consumer"]) == consumer:
                 continue
             if len(delivered) >= count:
                 break
@@ -170,9 +160,9 @@ class TypedStream(StreamBase[T]):
         out: list[Entry[T]] = []
         for raw_id, fields in claimed:
             if fields is None:  # deleted while pending
-                await self.ack(_sid(raw_id))
+                await self.ack(text(raw_id))
                 continue
-            mid = _sid(raw_id)
+            mid = text(raw_id)
             entry = await self._decode_or_bury(mid, fields, deliveries=delivered.get(mid, 0) + 1)
             if entry is not None:
                 out.append(entry)

@@ -36,7 +36,7 @@ from collections.abc import Callable
 
 from redis import asyncio as aioredis
 
-log = logging.getLogger("searchr1.lease")
+log = logging.getLogger("searchr1.streams.lease")
 
 _ACQUIRE = """
 if redis.call('SET', KEYS[1], 'claiming', 'NX', 'PX', ARGV[2]) then

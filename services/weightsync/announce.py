@@ -1,11 +1,16 @@
-"""Weight-version announcements shared by the learner (writer) and rollout workers (readers)
-(docs/architecture.md, "Weight sync"): a Redis hash `searchr1:{run}:weights` holding the latest `WeightVersion`
-(the workers poll it), and `fetch_snapshot`, which makes an announced snapshot available to a worker.
+"""What the learner tells the rollout workers about weights, in Redis (docs/architecture.md, "Weight
+sync"): the announcement of the latest `WeightVersion` (the hash `searchr1:{run}:weights`, which the
+workers poll), the record of every version it announced (`…:weights:published`, what `rollback` may
+re-announce and what a worker checks an announcement against), and a per-worker re-sync request
+(`…:resync:{worker}`).
 
-It does not write or load tensors (that is the learner's publisher and the rollout's loader). The snapshot
-digest (the sha256 of a snapshot's manifest of per-chunk BLAKE3 digests) is `core/snapshot_manifest.py`'s,
-making an announced snapshot available to a worker is `core/snapshot_fetch.py`'s, and reading it verified
-for loading is `core/snapshot_read.py`'s; their public names are re-exported here.
+Announcements carry the writer's fencing token (`searchr1.streams.Lease`) and are made by one Lua script
+that refuses an older token than the stored one (`FencedOff`) and never goes backwards unless forced (a
+rollback). A re-sync request is set when the learner's desync screen found a worker's groups out of sync
+with the announced weights (`learner/algo/desync.py`); the worker takes it (read and deleted) before its
+next tasks and reloads the announced weights (`loader.WeightLoader.resync`).
+
+It does not write or load tensors: that is the publisher's (`publish.py`) and the loader's (`loader.py`).
 """
 
 from __future__ import annotations
@@ -15,16 +20,7 @@ import time
 from redis import asyncio as aioredis
 
 from searchr1.core.schemas import SchemaError, WeightVersion, decode, encode
-from searchr1.core.snapshot_fetch import fetch_snapshot, prune_copies, snapshot_listing
-from searchr1.core.snapshot_manifest import SnapshotError, snapshot_digest, snapshot_files
-from searchr1.core.streams import StreamKeys
-
-__all__ = [
-    "FencedOff", "SnapshotError", "announce", "announced_fence", "fetch_snapshot", "is_published", "latest",
-    "latest_fenced", "prune_copies", "published", "published_key", "read_version", "rollback",
-    "snapshot_digest", "snapshot_files", "snapshot_listing",
-]
-
+from searchr1.streams import StreamKeys
 
 _ANNOUNCE = """
 local fence = tonumber(redis.call('HGET', KEYS[1], 'fence') or '0')
@@ -46,7 +42,7 @@ async def announce(redis: aioredis.Redis, keys: StreamKeys, version: WeightVersi
                    force: bool = False) -> bool:
     """Record `version` as the latest, atomically (one Lua script). Versions never
     go backwards: an older announcement than the one stored is ignored (a restarted learner resumes from
-    its checkpoint) unless `force` (a rollback). `fence` is the writer's fencing token (core/lease.py),
+    its checkpoint) unless `force` (a rollback). `fence` is the writer's fencing token (`streams.Lease`),
     stored beside the announcement in the hash's `fence` field; a writer with an older token than the
     stored one raises `FencedOff`. Every announcement is also recorded by version in
     `searchr1:{run}:weights:published` (what `rollback` may re-announce). Returns True when announced,
@@ -117,3 +113,25 @@ async def is_published(redis: aioredis.Redis, keys: StreamKeys, announced: Weigh
     which records every announcement it makes: a record written any other way is not a published version."""
     record = await published(redis, keys, announced.version)
     return record is not None and (record.uri, record.sha256) == (announced.uri, announced.sha256)
+
+
+RESYNC_TTL_S = 3600
+"""How long a re-sync request waits for its worker (a worker gone for good leaves no key behind)."""
+
+
+def resync_key(keys: StreamKeys, worker_id: str) -> str:
+    """The key the learner sets to tell one worker to reload the announced weights (its groups showed a
+    train–inference mismatch far beyond its peers': `learner/algo/desync.py`)."""
+    return keys.key(f"resync:{worker_id}")
+
+
+async def request_resync(redis: aioredis.Redis, keys: StreamKeys, worker_id: str, reason: str) -> None:
+    """Ask `worker_id` to reload the announced weights before its next task (the reason is kept for the
+    worker's log)."""
+    await redis.set(resync_key(keys, worker_id), reason.encode(), ex=RESYNC_TTL_S)
+
+
+async def take_resync(redis: aioredis.Redis, keys: StreamKeys, worker_id: str) -> str | None:
+    """The pending re-sync request of `worker_id` (taken: deleted as it is read), or None."""
+    raw = await redis.getdel(resync_key(keys, worker_id))
+    return None if raw is None else raw.decode(errors="replace")

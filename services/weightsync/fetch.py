@@ -2,11 +2,11 @@
 docs/architecture.md, "Weight sync"), on a shared volume or over the learner's HTTP file protocol
 (`GET {uri}/files` → JSON list of names, `GET {uri}/files/{name}` → the file's bytes).
 
-What is checked where (the digest is the sha256 of the snapshot's manifest, `core/snapshot_manifest.py`):
+What is checked where (the digest is the sha256 of the snapshot's manifest, `manifest.py`):
 
 - volume: the files the manifest lists are hard-linked into a private directory and the manifest is
   checked against the announcement — no pass over the weights. The engine verifies every chunk as it
-  reads the weights for loading (`core/snapshot_read.py`). A directory without a manifest (a model saved by
+  reads the weights for loading (`read.py`). A directory without a manifest (a model saved by
   another tool) costs one hashing pass here, and its computed manifest is written into the private copy.
 - HTTP: the manifest is downloaded first and checked; each file is then written as it arrives and its
   chunks hashed in parallel beside the write, checked against the manifest as each completes, so a bad
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from searchr1.core.schemas import WeightVersion
-from searchr1.core.snapshot_manifest import (
+from searchr1.weightsync.manifest import (
     MANIFEST,
     ChunkHasher,
     Manifest,
@@ -39,18 +39,11 @@ from searchr1.core.snapshot_manifest import (
     hash_pool,
     manifest_digest,
     snapshot_digest,
-    snapshot_files,
     snapshot_manifest,
 )
-from searchr1.core.snapshot_read import read_manifest
+from searchr1.weightsync.read import read_manifest
 
 _MAX_MANIFEST_BYTES = 64 << 20
-
-
-def snapshot_listing(directory: str | Path) -> list[str]:
-    """Relative file names of a snapshot (its manifest included), as served by `GET {uri}/files`."""
-    root = Path(directory)
-    return [p.relative_to(root).as_posix() for p in snapshot_files(root)]
 
 
 def _check(digest: str, expected: str, what: object) -> None:
@@ -239,7 +232,7 @@ def _dest_name(announced: WeightVersion) -> str:
 async def fetch_snapshot(announced: WeightVersion, dest_root: str | Path, *, timeout_s: float = 300.0,
                          token: str | None = None) -> Path:
     """Make the announced snapshot available locally; returns the directory to load it from (with the
-    announced digest: `core.snapshot_read.read_verified` checks every byte as the engine reads it).
+    announced digest: `read.read_verified` checks every byte as the engine reads it).
 
     A local `uri` (a path or `file://` URL) is hard-linked into `dest_root/v{version}-{digest}`
     (`_pin_local`). An `http(s)://` uri is downloaded into that directory: files are first written under

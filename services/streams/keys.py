@@ -1,9 +1,10 @@
-"""The run's Redis key names and consumer groups: every service and tool names a stream through these.
+"""The run's Redis names and stream entry ids: every service and tool names a stream, a consumer group or
+an entry through these.
 
 Keys live under `searchr1:{run}:` (`StreamKeys`): the tasks stream (read by the rollout workers' group
 `TASKS_GROUP`), the trajectories stream (read by the learner's group `TRAJECTORIES_GROUP`), the dead
-stream and the weights hash. `searchr1.core.streams` builds the typed streams on them and re-exports
-these names.
+stream and the weights hash. An entry id is `"<ms>-<seq>"` (`parse_id`, `format_id`); redis-py answers
+bytes, which `text` turns into the `str` every caller keeps.
 """
 
 from __future__ import annotations
@@ -41,3 +42,19 @@ class StreamKeys:
     def weights(self) -> str:
         """Hash `latest` {version, uri, sha256, created_at}."""
         return self.key("weights")
+
+
+def text(raw: bytes | str) -> str:
+    """A Redis reply (an entry id, a group or consumer name) as `str`."""
+    return raw.decode() if isinstance(raw, bytes) else raw
+
+
+def parse_id(entry_id: str) -> tuple[int, int]:
+    """`"<ms>-<seq>"` → (ms, seq)."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def format_id(key: tuple[int, int]) -> str:
+    """(ms, seq) → `"<ms>-<seq>"`."""
+    return f"{key[0]}-{key[1]}"

@@ -1,12 +1,13 @@
-"""How a new policy version reaches the rollout engines (docs/architecture.md, "Weight sync"): one
-`WeightTransport` interface, two implementations, chosen by `weights.transport`.
+"""How a new policy version reaches the rollout engines, the learner's side (docs/architecture.md, "Weight
+sync"): one `WeightTransport` interface, two implementations, chosen by `weights.transport`
+(`build_transport`).
 
 - `SnapshotTransport` (default): write the snapshot (`WeightPublisher.write`), announce it (without Redis —
   `train --replay` — write it only).
 - `BroadcastTransport`: announce a `broadcast://` URI (the group's address, generation and the
-  version), then send the tensors over the process group (`searchr1.core.broadcast`) to every receiver
+  version), then send the tensors over the process group (`broadcast.py`) to every receiver
   engine; no file. A snapshot is still written every `snapshot_every` versions, and at once after a
-  failed broadcast, and recorded as the catch-up point (`searchr1.core.catchup`): a worker that missed a
+  failed broadcast, and recorded as the catch-up point (`catchup.py`): a worker that missed a
   broadcast loads it, then joins the next generation. A failed broadcast (a receiver dead, late or slow
   beyond `timeout_s`) never stops training: the version still counts, the group is re-formed for the
   next one.
@@ -23,17 +24,15 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from searchr1.core.broadcast import Broadcaster, BroadcastFailed
-from searchr1.core.catchup import record_snapshot
-from searchr1.core.lease import Lease
-from searchr1.core.redis_link import RedisLink
 from searchr1.core.schemas import WeightVersion
-from searchr1.core.streams import StreamKeys
-from searchr1.core.weights import announce
-from searchr1.learner.publisher import WeightPublisher, drop_shared
-from searchr1.learner.settings import WeightsSettings
+from searchr1.streams import Lease, RedisLink, StreamKeys
+from searchr1.weightsync.announce import announce
+from searchr1.weightsync.broadcast import Broadcaster, BroadcastFailed
+from searchr1.weightsync.catchup import record_snapshot
+from searchr1.weightsync.publish import WeightPublisher, drop_shared
+from searchr1.weightsync.settings import PublishSettings
 
-log = logging.getLogger("searchr1.learner.transport")
+log = logging.getLogger("searchr1.weightsync.transport")
 
 
 class WeightTransport(Protocol):
@@ -111,7 +110,7 @@ class BroadcastTransport:
         self.broadcaster.close()
 
 
-def build_transport(weights: WeightsSettings, publisher: WeightPublisher, redis: Any, keys: StreamKeys,
+def build_transport(weights: PublishSettings, publisher: WeightPublisher, redis: Any, keys: StreamKeys,
                     link: RedisLink | None, lease: Lease | None = None) -> WeightTransport:
     """The transport `weights.transport` names; without Redis (`train --replay`) snapshots written only.
     `lease` fences the broadcast transport's recovery-snapshot record inside Redis."""

@@ -1,10 +1,10 @@
-"""The Lua scripts of the streams layer (`searchr1.core.streams`): each checks and writes in one atomic
+"""The Lua scripts of the run's streams (`searchr1.streams`): each checks and writes in one atomic
 step what a sequence of commands would leave open to another consumer (or a stale lease holder) acting in
 between. Entry ids and arguments are passed as ARGV; the field names are the streams layer's."""
 
 from __future__ import annotations
 
-from searchr1.core.lease import FENCE_CHECK
+from searchr1.streams.lease import FENCE_CHECK
 
 CLAIM_OWN = """
 local out = {}

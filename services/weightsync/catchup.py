@@ -1,11 +1,11 @@
 """The recovery snapshot of the `broadcast` weight transport (docs/architecture.md, "Weight sync"): besides
-the latest announcement (`searchr1.core.weights`, whose URI names the process group), the learner records
+the latest announcement (`announce.py`, whose URI names the process group), the learner records
 the latest *snapshot* it wrote under `searchr1:{run}:weights:snapshot`, so a rollout worker that missed a
 broadcast (it died, joined late, or timed out) catches up from it, and acknowledgements of the versions
 each worker loaded under `searchr1:{run}:weights:acks` (worker id → `version digest`). The snapshot record
 carries the writer's fencing token (`…:weights:snapshot:fence`), so a worker refuses a stale learner's,
 and is written by one Lua script that refuses a writer whose token is older than the stored one or, given
-the writer's lease, one that the lease fences off in Redis (`searchr1.core.lease.FENCE_CHECK`: a newer
+the writer's lease, one that the lease fences off in Redis (`searchr1.streams.FENCE_CHECK`: a newer
 token was handed out, even with the lease key itself lost).
 """
 
@@ -13,10 +13,9 @@ from __future__ import annotations
 
 from redis import asyncio as aioredis
 
-from searchr1.core.lease import FENCE_CHECK, Lease
 from searchr1.core.schemas import WeightVersion, encode
-from searchr1.core.streams import StreamKeys
-from searchr1.core.weights import FencedOff, read_version
+from searchr1.streams import FENCE_CHECK, Lease, StreamKeys
+from searchr1.weightsync.announce import FencedOff, read_version
 
 _RECORD = FENCE_CHECK + """
 if tonumber(ARGV[2]) < tonumber(redis.call('GET', KEYS[2]) or '0') then return -1 end

@@ -27,8 +27,10 @@ The group URI (`broadcast://host:port/generation/world`) travels in `WeightVersi
 announcement stays the contract.
 
 Pure helpers carry the layout: `group_uri`, `parse_group_uri` here, and the bucket packing (`plan_buckets`,
-`pack_bucket`, `unpack_bucket`) in `searchr1.core.broadcast_buckets`, re-exported here; `Broadcaster`
-(rank 0) and `Receiver` (ranks ≥ 1) carry the group.
+`pack_bucket`, `unpack_bucket`) in `buckets.py`; `broadcast_tensor` and `broadcast_bytes` are the two
+messages every publication is made of; `Broadcaster` (rank 0) and `Receiver` (ranks ≥ 1) carry the group.
+torch is imported inside the functions, which run only in the learner and in a rollout engine's worker
+(both have torch): importing the module needs no torch.
 """
 
 from __future__ import annotations
@@ -45,15 +47,16 @@ from urllib.parse import urlparse
 
 import xxhash
 
-from searchr1.core.broadcast_buckets import DigestMismatch as DigestMismatch
-from searchr1.core.broadcast_buckets import bucket_bytes_of as bucket_bytes_of
-from searchr1.core.broadcast_buckets import hash_into as _hash
-from searchr1.core.broadcast_buckets import pack_bucket as pack_bucket
-from searchr1.core.broadcast_buckets import padded as _padded
-from searchr1.core.broadcast_buckets import plan_buckets as plan_buckets
-from searchr1.core.broadcast_buckets import spec_bytes as spec_bytes
-from searchr1.core.broadcast_buckets import tensor_nbytes as _nbytes
-from searchr1.core.broadcast_buckets import unpack_bucket as unpack_bucket
+from searchr1.weightsync.buckets import (
+    DigestMismatch,
+    bucket_bytes_of,
+    hash_into,
+    pack_bucket,
+    padded,
+    plan_buckets,
+    tensor_nbytes,
+    unpack_bucket,
+)
 
 SCHEME = "broadcast"
 _DIGEST_BYTES = 16
@@ -105,7 +108,8 @@ def parse_group_uri(uri: str) -> tuple[GroupAddress, int]:
     return GroupAddress(u.hostname, u.port, gen, world), version
 
 
-def _bcast(pg: Any, tensor: Any) -> None:
+def broadcast_tensor(pg: Any, tensor: Any) -> None:
+    """Broadcast `tensor` from rank 0 of `pg` and wait for it (`BroadcastFailed` on any failure)."""
     _wait(_post(pg, tensor))
 
 
@@ -129,14 +133,15 @@ def _wait(work: Any) -> None:
         raise BroadcastFailed(f"broadcast failed: {exc}") from exc
 
 
-def _bcast_bytes(pg: Any, data: bytes | None, device: Any) -> bytes:
+def broadcast_bytes(pg: Any, data: bytes | None, device: Any) -> bytes:
+    """Broadcast `data` (rank 0; None on the receivers) as its length then its bytes; returns the bytes."""
     import torch
 
     n = torch.tensor([len(data) if data is not None else 0], dtype=torch.int64, device=device)
-    _bcast(pg, n)
+    broadcast_tensor(pg, n)
     buf = (torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device) if data is not None
            else torch.empty(int(n.item()), dtype=torch.uint8, device=device))
-    _bcast(pg, buf)
+    broadcast_tensor(pg, buf)
     return bytes(buf.cpu().numpy())
 
 
@@ -223,7 +228,7 @@ class Broadcaster:
             raise
 
     def _layout(self, version: int, named: Sequence[tuple[str, Any]]) -> tuple[bytes, list[list[int]]]:
-        buckets = plan_buckets([_padded(_nbytes(t)) for _, t in named], self.bucket_bytes)
+        buckets = plan_buckets([padded(tensor_nbytes(t)) for _, t in named], self.bucket_bytes)
         specs = [{"name": n, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)} for n, t in named]
         header = {"version": version, "buckets": [[specs[i] for i in b] for b in buckets]}
         return json.dumps(header).encode(), buckets
@@ -237,10 +242,10 @@ class Broadcaster:
 
         device = named[0][1].device if named else torch.device("cpu")
         header, buckets = self._layout(version, named)
-        _bcast_bytes(self._pg, header, device)
+        broadcast_bytes(self._pg, header, device)
         digest = xxhash.xxh3_128()
         # two buffers: bucket k is packed (and hashed) while bucket k-1 is on the wire
-        size = max((sum(_padded(_nbytes(named[i][1])) for i in b) for b in buckets), default=0)
+        size = max((sum(padded(tensor_nbytes(named[i][1])) for i in b) for b in buckets), default=0)
         bufs = [torch.empty(size, dtype=torch.uint8, device=device) for _ in range(min(2, len(buckets)))]
         work = None
         for k, b in enumerate(buckets):
@@ -252,7 +257,7 @@ class Broadcaster:
             _wait(work)
         raw = digest.digest()
         signed = raw + mac(self._key, header, raw)
-        _bcast(self._pg, torch.frombuffer(bytearray(signed), dtype=torch.uint8).to(device))
+        broadcast_tensor(self._pg, torch.frombuffer(bytearray(signed), dtype=torch.uint8).to(device))
         return raw.hex()
 
     def close(self) -> None:
@@ -303,7 +308,7 @@ class Receiver:
     def _receive(self, version: int) -> Iterator[tuple[str, Any]]:
         import torch
 
-        raw_header = _bcast_bytes(self._pg, None, self.device)
+        raw_header = broadcast_bytes(self._pg, None, self.device)
         header = json.loads(raw_header)
         if header["version"] != version:
             raise DigestMismatch(f"expected version {version}, the group sent {header['version']}")
@@ -319,10 +324,10 @@ class Receiver:
             if k + 1 < len(plan):
                 flat = torch.empty(bucket_bytes_of(plan[k + 1]), dtype=torch.uint8, device=self.device)
                 work = _post(self._pg, flat)
-            _hash(cur, digest)
+            hash_into(cur, digest)
             yield from unpack_bucket(cur, specs)
         sent = torch.empty(_DIGEST_BYTES + _MAC_BYTES, dtype=torch.uint8, device=self.device)
-        _bcast(self._pg, sent)
+        broadcast_tensor(self._pg, sent)
         signed = bytes(sent.cpu().numpy())
         got = digest.hexdigest()
         if signed[:_DIGEST_BYTES].hex() != got:

@@ -13,7 +13,10 @@ turns not-ready, logs an error naming the cause once per episode, counts it (`on
 retries, instead of crashing into a restart loop that cannot fix Redis. Any other refused command
 (`ResponseError`: wrong type, no such group…) is raised at once. `watch` PINGs once a second so
 `up` follows Redis while the service makes no call. What a retried command may do twice, and how the
-streams keep that harmless, is `searchr1.core.streams`'s part.
+streams keep that harmless, is `searchr1.streams.delivery`'s part.
+
+`Call` is the shape of `RedisLink.call` that the streams' writers take (`direct`, without a link: one
+try, errors to the caller).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import logging
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from redis import asyncio as aioredis
 from redis.exceptions import MasterDownError, OutOfMemoryError, ReadOnlyError, ResponseError
@@ -33,7 +36,15 @@ from searchr1.core.settings import REDIS_REPLY_TIMEOUT_S
 
 R = TypeVar("R")
 
-log = logging.getLogger("searchr1.core.redis_link")
+log = logging.getLogger("searchr1.streams.link")
+
+Call = Callable[[Callable[[], Awaitable[Any]], str], Awaitable[Any]]
+"""How a stream runs one Redis command: `RedisLink.call` (waits through outages) or `direct`."""
+
+
+async def direct(fn: Callable[[], Awaitable[R]], what: str = "") -> R:
+    """Run one Redis command once (no link: errors reach the caller)."""
+    return await fn()
 
 _REFUSALS = {"OOM": "oom", "MISCONF": "misconf", "READONLY": "readonly", "MASTERDOWN": "masterdown"}
 
