@@ -43,6 +43,7 @@ SERVICE_COMMAND_MODULES = (
     "searchr1.launcher.commands",
     "searchr1.viewer.commands",
     "searchr1.api.commands",
+    "searchr1.simulator.commands",
 )
 
 
@@ -149,7 +150,7 @@ def _redis_call(redis_url: str, call: Any) -> Any:
     refuses the password exits 1 with one line."""
     from redis.exceptions import RedisError
 
-    from searchr1.core.streams import connect
+    from searchr1.streams import connect
 
     async def run() -> Any:
         redis = connect(redis_url)
@@ -165,7 +166,7 @@ def _redis_call(redis_url: str, call: Any) -> Any:
 
 
 async def _stream_rows(redis: Any, run: str) -> list[tuple[str, int, str, str]]:
-    from searchr1.core.streams import StreamKeys
+    from searchr1.streams import StreamKeys
 
     keys = StreamKeys(run)
     rows = []
@@ -200,7 +201,7 @@ def streams_dead(
     """List the oldest dead-lettered entries with the reason each was buried."""
     from rich.console import Console
 
-    from searchr1.core.streams import StreamKeys, read_dead
+    from searchr1.streams import StreamKeys, read_dead
 
     url, run_name = redis_target(redis_url, run, run_dir)
     console = Console()
@@ -223,8 +224,7 @@ def streams_redrive(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List what would be requeued; change nothing.")] = False,
 ) -> None:
     """Requeue dead letters on the stream they came from (after a fix), selected by stream and reason."""
-    from searchr1.core.dead_letters import redrive
-    from searchr1.core.streams import StreamKeys
+    from searchr1.streams import StreamKeys, redrive
 
     if source not in (None, "tasks", "trajectories"):
         fail("--source must be tasks or trajectories")

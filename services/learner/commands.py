@@ -50,6 +50,7 @@ def run_train(settings: LearnerSettings, max_steps: int | None) -> int:
     import asyncio
     import logging
 
+    from searchr1.core.faults import faults_from_env
     from searchr1.core.openmp import set_openmp_waits
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -57,19 +58,23 @@ def run_train(settings: LearnerSettings, max_steps: int | None) -> int:
     logging.getLogger("searchr1.learner").info("OpenMP waits: %s", waits)
     from redis.exceptions import RedisError
 
-    from searchr1.core.lease import LeaseHeld, LeaseLost
     from searchr1.core.tracking import TrackerUnavailable
     from searchr1.learner.process import run_learner
     from searchr1.learner.redis_budget import RedisBudgetError
+    from searchr1.learner.tools.data import DatasetError
+    from searchr1.streams import LeaseHeld, LeaseLost
 
     stop = asyncio.Event()  # set by SIGTERM/SIGINT (run_learner installs the handlers)
     try:
-        state = asyncio.run(run_learner(settings, stop, max_steps=max_steps))
+        state = asyncio.run(run_learner(settings, stop, max_steps=max_steps,
+                                        faults=faults_from_env()))  # armed only by the fault suite
     except RedisError as exc:  # Redis never answered at start (a lost connection later is ridden out)
         redis_failure(settings.redis.url, exc, "is Redis running, and is [learner.redis] url (--redis) its URL?")
     except (LeaseHeld, LeaseLost) as exc:  # another learner runs this run: nothing was written
         return error(str(exc), EXIT_HELD)
     except RedisBudgetError as exc:  # the run's settings, not a fault: nothing was written
+        return error(str(exc), EXIT_USAGE)
+    except DatasetError as exc:  # a row the wire refuses, named: nothing was dispatched
         return error(str(exc), EXIT_USAGE)
     except TrackerUnavailable as exc:  # a tracker the config asks for is not installed
         return error(str(exc), EXIT_USAGE)
@@ -89,8 +94,8 @@ def run_check(settings: LearnerSettings) -> int:
 
     from redis.exceptions import RedisError
 
-    from searchr1.core.streams import connect
     from searchr1.learner.redis_budget import RedisBudgetError, enforce_redis_budget
+    from searchr1.streams import connect
 
     async def check():
         redis = connect(settings.redis.url)
@@ -196,8 +201,8 @@ def fetch(
 
 
 async def _rollback(redis_url: str, run: str, version: int):
-    from searchr1.core.streams import StreamKeys, connect
-    from searchr1.core.weights import rollback
+    from searchr1.streams import StreamKeys, connect
+    from searchr1.weightsync import rollback
 
     redis = connect(redis_url)
     try:

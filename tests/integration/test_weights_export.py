@@ -34,8 +34,8 @@ def run(tmp_path_factory):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from searchr1.learner.publisher import WeightPublisher
     from searchr1.rollout.evaluation.report import write_outputs
+    from searchr1.weightsync import WeightPublisher
 
     run = tmp_path_factory.mktemp("runs") / "tiny-grpo"
     model = AutoModelForCausalLM.from_pretrained(WARMSTART, dtype=torch.float32)
@@ -84,7 +84,7 @@ def test_the_folder_loads_in_transformers_with_tokenizer_chat_template_and_card(
     assert "| 5 | 3 | 0.4 | 0.45 | 0.5 | 0.55 | 0 |" in card  # the validation curve
     assert "| eval-after | final-model | 1 | 1 | 1 | 1 | 1 | 1 | 1 | 0 | `ffffffffffff` |" in card
     assert f"fingerprint id: `{'f' * 64}`" in card and "| learning rate | 2e-05 |" in card
-    from searchr1.core.snapshot_manifest import manifest_digest
+    from searchr1.weightsync import manifest_digest
 
     digest = manifest_digest((run_dir / "weights" / "v00000003" / "snapshot.manifest.json").read_bytes())
     assert f"digest `{digest}` (its files verified against its manifest" in card

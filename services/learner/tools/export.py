@@ -29,9 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from searchr1.core.snapshot_manifest import MANIFEST, manifest_digest, snapshot_manifest
+from searchr1.weightsync import MANIFEST, WEIGHTS_FILE, manifest_digest, snapshot_digest
 
-WEIGHTS_FILE = "model.safetensors"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "chat_template.json", "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json")
@@ -82,7 +81,7 @@ def verify_snapshot(snapshot: Path) -> str:
     if not stored.is_file():
         raise ExportError(f"{snapshot} has no {MANIFEST}: not a snapshot the learner published")
     raw = stored.read_bytes()
-    if manifest_digest(snapshot_manifest(snapshot)) != manifest_digest(raw):
+    if snapshot_digest(snapshot) != manifest_digest(raw):
         raise ExportError(f"{snapshot}: its files do not match its manifest (torn or changed after publishing)")
     return manifest_digest(raw)
 
