@@ -86,22 +86,24 @@ def build_learner(
     side = _redis_side(redis, metrics) if redis is not None and info.is_main else NO_REDIS
     lease = redis.lease if redis is not None else None  # the writers below take the lease itself, or None
     link = side.link if side.client is not None else None
-    checkpointer = Checkpointer(settings.checkpoint.dir, settings.checkpoint.keep, info, lease=lease, faults=faults)
+    checkpointer = Checkpointer(settings.checkpoint.dir, settings.checkpoint.keep, info, lease=lease,
+                                faults=faults)
     weights = _weights(settings, info, side.client, keys, link, lease, publisher)
     staleness = StalenessPolicy.from_settings(settings)
     if side.client is not None:
         task_stream = tasks_stream(side.client, keys, link=link)  # it only publishes: no re-delivery knobs
         if tasks and dispatcher is None:
             dispatcher = Dispatcher(task_stream, tasks, settings.dispatcher, on_publish=metrics.tasks.inc,
-                                    staleness=staleness, vocab_size=training.vocab_size(), record=outputs.record)
+                                    staleness=staleness, vocab_size=training.vocab_size(),
+                                    record=outputs.record)
         if source is None:
             trajectories = trajectories_stream(side.client, keys, link=link,
                                                visibility_timeout_ms=settings.visibility_timeout_ms,
                                                max_deliveries=settings.max_deliveries, fence=lease)
             source = StreamSource(settings, trajectories, task_stream, staleness, metrics,
                                   vocab_size=training.vocab_size(), dispatcher=dispatcher, beat=watchdog.beat)
-    screen = (DesyncScreen(DesyncPolicy.from_settings(settings.desync), training, settings.batch, metrics, info=info,
-                           run=settings.redis.run, source=source, redis=side.client, link=link)
+    screen = (DesyncScreen(DesyncPolicy.from_settings(settings.desync), training, settings.batch, metrics,
+                           info=info, run=settings.redis.run, source=source, redis=side.client, link=link)
               if settings.desync.enabled else NO_SCREEN)
     guard = (CollapseGuard(settings.guard, settings.checkpoint.dir, metrics.registry)
              if settings.guard.enabled else NO_GUARD)

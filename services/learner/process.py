@@ -93,7 +93,8 @@ async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = No
         await enforce_redis_budget(settings, redis)  # RedisBudgetError: Redis cannot hold what is kept unacked
         # renewed from here on, through the model's loading, while the loop makes progress
         keeper = asyncio.create_task(lease.keep(done, alive=watchdog.alive))
-        return await _run(settings, info, stop, max_steps, RedisSide(redis, lease, link), metrics, watchdog, faults)
+        side = RedisSide(redis, lease, link)
+        return await _run(settings, info, stop, max_steps, side, metrics, watchdog, faults)
     finally:
         done.set()
         if keeper is not None:

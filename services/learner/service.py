@@ -90,16 +90,17 @@ class Learner:
     guard, desync screen, watchdog). Each stage uses its collaborators without asking whether they are
     there: a missing one is a null object."""
 
-    def __init__(self, settings: LearnerSettings, training: Training, *, info: DistInfo, metrics: LearnerMetrics,
-                 checkpointer: Checkpointer, weights: Weights, feed: Feed, redis: RedisSide, outputs: Outputs,
-                 checks: Checks, faults: Faults = NO_FAULTS) -> None:
+    def __init__(self, settings: LearnerSettings, training: Training, *, info: DistInfo,
+                 metrics: LearnerMetrics, checkpointer: Checkpointer, weights: Weights, feed: Feed,
+                 redis: RedisSide, outputs: Outputs, checks: Checks, faults: Faults = NO_FAULTS) -> None:
         self.s = settings
         self.training = training
         self.info = info
         self.metrics = metrics
         self.checkpointer = checkpointer
         self.faults = faults
-        """The fault suite's hook (`learner.after_archive`, `learner.after_checkpoint`); never fires outside it."""
+        """The fault suite's hook (`learner.after_archive`, `learner.after_checkpoint`); never fires outside
+        it."""
         self.weights = weights
         self.publisher = weights.publisher
         """The snapshot store (what the weight server serves, and the rollback's published weights)."""
@@ -267,13 +268,13 @@ class Learner:
         await self.archive_step(groups, step.entry_ids or [""] * len(groups))
         self.source.commit(step.entry_ids)
         if self.state.step % self.s.checkpoint.every == 0 or self.state.step == self.last_step:
-            self.state.dispatcher = self.dispatcher.position()  # on the loop thread, where the dispatcher runs
+            self.state.dispatcher = self.dispatcher.position()  # on the loop thread, where it runs
             await self.hold_lease(in_redis=True)
             await asyncio.to_thread(self.checkpoint)
             self.beat()
             await self.ack()
         figures.update(await self.publish_weights())
-        self.source.grant(len(groups), self.state.version)  # the next tasks: sampled with the weights just announced
+        self.source.grant(len(groups), self.state.version)  # the next tasks: sampled with these weights
         if self.info.is_main:
             await self.log_step(figures, batch, len(groups))
 
@@ -288,7 +289,8 @@ class Learner:
         self.metrics.tokens.inc(batch.num_tokens)
         self.metrics.observe_step(figures)
         await asyncio.to_thread(self.step_log.write, self.state.step,
-                                {"version": self.state.version, **figures, "stage_seconds": self.metrics.stage_seconds()})
+                                {"version": self.state.version, **figures,
+                                 "stage_seconds": self.metrics.stage_seconds()})
         log.info("step %d: loss %.4f reward %.3f %.0f tok/s", self.state.step, figures.get("loss", 0.0),
                  figures["reward_mean"], figures["tokens_per_second"])
         await self.apply_guard(self.guard.judge(self.state.step, figures))

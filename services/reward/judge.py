@@ -37,7 +37,8 @@ class LLMJudge:
     """Grades answers with a chat model. `on_event(outcome)` is called with `call`, `cache_hit`, `retry`,
     `error` or `unparsed` (the service counts them in Prometheus)."""
 
-    def __init__(self, url: str, settings: JudgeSettings, *, on_event: Callable[[str], None] | None = None) -> None:
+    def __init__(self, url: str, settings: JudgeSettings, *,
+                 on_event: Callable[[str], None] | None = None) -> None:
         """`url`: the OpenAI-compatible endpoint; `settings`: the `[reward.judge]` table (model, key, retry
         policy, cache size, concurrency; its `url` is not read)."""
         self.url = url.rstrip("/")

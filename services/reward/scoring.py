@@ -45,7 +45,7 @@ from searchr1.core.protocol import count_searches as count_searches  # read by t
 SCORE = 1.0
 """Score of a correct answer (Search-R1's `score`)."""
 FORMAT_SCORE = 0.0
-"""Search-R1's `format_score`: an extracted but wrong answer (`qa_em`); accepted and unused (`qa_em_format`)."""
+"""Search-R1's `format_score`: an extracted but wrong answer (`qa_em`); unused (`qa_em_format`)."""
 STRUCTURE_FORMAT_SCORE = 0.0
 """Search-R1's `structure_format_score` (`qa_em_format`)."""
 FINAL_FORMAT_SCORE = 0.0
@@ -118,7 +118,8 @@ def searchr1_is_retrieval_correct(text: str, golds: str | Iterable[str]) -> bool
 # --------------------------------------------------------------------------------------------------
 
 
-def searchr1_em(solution_str: str, ground_truth: dict, format_score: float = FORMAT_SCORE, score: float = SCORE) -> float:
+def searchr1_em(solution_str: str, ground_truth: dict, format_score: float = FORMAT_SCORE,
+                score: float = SCORE) -> float:
     """`qa_em.compute_score_em`: `score` if the extracted answer exactly matches a gold, else
     `format_score`; 0 when nothing is extracted."""
     answer = searchr1_extract_solution(solution_str)
@@ -127,7 +128,8 @@ def searchr1_em(solution_str: str, ground_truth: dict, format_score: float = FOR
     return float(score) if em_check(answer, ground_truth["target"]) else float(format_score)
 
 
-def searchr1_subem(solution_str: str, ground_truth: dict, format_score: float = FORMAT_SCORE, score: float = SCORE) -> float:
+def searchr1_subem(solution_str: str, ground_truth: dict, format_score: float = FORMAT_SCORE,
+                   score: float = SCORE) -> float:
     """`qa_em.compute_score_subem`: as `searchr1_em` with a substring match."""
     answer = searchr1_extract_solution(solution_str)
     if answer is None:
@@ -248,8 +250,8 @@ def retrieval_hit(response: str, golds: Sequence[str]) -> float:
     return 0.0
 
 
-def search_cost(num_searches: int, cost_per_search: float = COST_PER_SEARCH, free_searches: int = FREE_SEARCHES,
-                max_cost: float = MAX_COST) -> float:
+def search_cost(num_searches: int, cost_per_search: float = COST_PER_SEARCH,
+                free_searches: int = FREE_SEARCHES, max_cost: float = MAX_COST) -> float:
     """A non-positive reward: `-cost_per_search` per search beyond `free_searches`, floored at `-max_cost`."""
     if num_searches < 0:
         raise ValueError("num_searches must be >= 0")

@@ -151,7 +151,8 @@ class Worker:
             await self._move_to_announced_weights()
         slots = self.settings.max_concurrent - len(self._inflight)
         if slots <= 0:
-            await asyncio.wait(self._inflight, timeout=self.settings.block_ms / 1000, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(self._inflight, timeout=self.settings.block_ms / 1000,
+                               return_when=asyncio.FIRST_COMPLETED)
             return
         entries = await self.tasks.reread_own(self.worker_id, self._held.ids, slots)
         if not entries and now >= self._next_reclaim:

@@ -64,8 +64,9 @@ class TypedStream(StreamBase[T]):
         """(visibility timeout in ms, max deliveries) of this consumer end: refused (ValueError) on an end
         built without them, one that only publishes or counts."""
         if self.visibility_timeout_ms is None or self.max_deliveries is None:
-            raise ValueError(f"{self.key}: built without visibility_timeout_ms and max_deliveries (a publishing or "
-                             f"counting end); only a consumer built with its settings delivers entries again")
+            raise ValueError(f"{self.key}: built without visibility_timeout_ms and max_deliveries (a "
+                             f"publishing or counting end); only a consumer built with its settings delivers "
+                             f"entries again")
         return self.visibility_timeout_ms, self.max_deliveries
 
     def reread_own_next(self) -> None:

@@ -156,4 +156,5 @@ def run_check(model: str | Path, world: str | Path, n: int, observation: str, th
     tok = load_tokenizer(model)
     lm = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32)
     topk = WarmstartSettings().topk  # the passages per search the warm start trained with
-    return self_check(lm, tok, w, doc["questions"]["test"][:n], topk=topk, observation=observation)  # type: ignore[arg-type]
+    questions = doc["questions"]["test"][:n]
+    return self_check(lm, tok, w, questions, topk=topk, observation=observation)  # type: ignore[arg-type]

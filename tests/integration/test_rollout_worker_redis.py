@@ -76,15 +76,17 @@ async def _stack(redis, keys: StreamKeys, gen, download_dir, scorer=None, *, vis
                  weight_poll_s: float = 2.0, **task_settings) -> Stack:
     """A worker over real Redis streams (consumer groups created), sampling with `gen`, scoring with
     `scorer` (every answer right by default), its weight loader downloading into `download_dir`;
-    `task_settings`: its `[rollout.tasks]` (reads block 50 ms)."""
+    `task_settings`: its `[rollout.tasks]` (reads block 50 ms), and its heartbeat, watchdog, partial engine
+    or fault hook."""
     metrics = RolloutMetrics()
     tasks = tasks_stream(redis, keys, visibility_timeout_ms=visibility_timeout_ms, max_deliveries=3)
     groups = trajectories_stream(redis, keys, visibility_timeout_ms=60_000, max_deliveries=3)
     sampler = GroupSampler(gen, Codec(), None, _search, scorer or OkScorer(), AgentSettings(), RewardClientSettings(),
                            metrics)
     loader = WeightLoader(redis, keys, gen, download_dir, **metrics.loader_callbacks())
+    worker_kw = {k: task_settings.pop(k) for k in ("heartbeat_s", "watchdog", "partial", "faults") if k in task_settings}
     worker = Worker(sampler, tasks, groups, loader, metrics, "w", TaskSettings(block_ms=50, **task_settings),
-                    LoadSettings(poll_interval_s=weight_poll_s))
+                    LoadSettings(poll_interval_s=weight_poll_s), **worker_kw)
     await tasks.ensure_group()
     await groups.ensure_group()
     return Stack(worker, tasks, groups, loader, metrics)

@@ -82,7 +82,8 @@ def aggregate(records: Sequence[GroupedRecord | Mapping[str, Any]],
               group_by: Sequence[str]) -> dict[str, Any]:
     """Records in → the metrics table out, separately per mode (greedy, sampled):
     `{mode: {"overall": metrics, "by": {group_key: {group_value: metrics}}}}`, group keys in `group_by`
-    order (`[rollout.eval] group_by`). A group key appears when at least one record of the mode has a value for it (records without
+    order (`[rollout.eval] group_by`).
+    A group key appears when at least one record of the mode has a value for it (records without
     one go to `(none)`); groups are sorted by name."""
     out: dict[str, Any] = {}
     for mode in ("greedy", "sampled"):
