@@ -77,7 +77,7 @@ class DispatcherLike(Protocol):
 
     def restore(self, position: dict[str, int], version: int) -> None: ...
 
-    def position(self) -> dict[str, int] | None: ...
+    def position(self) -> dict[str, int]: ...
 
     async def run(self, stop: asyncio.Event, downstream: Any = None) -> None: ...
 
@@ -172,13 +172,13 @@ class NoDispatcher:
     dispatcher position it was resumed with (one per learner: it holds that position)."""
 
     def __init__(self) -> None:
-        self._position: dict[str, int] | None = None
+        self._position: dict[str, int] = {}
 
     def restore(self, position: dict[str, int], version: int) -> None:
-        self._position = position or None
+        self._position = dict(position)
 
-    def position(self) -> dict[str, int] | None:
-        return self._position
+    def position(self) -> dict[str, int]:
+        return dict(self._position)
 
     async def run(self, stop: asyncio.Event, downstream: Any = None) -> None:
         return None

@@ -75,3 +75,10 @@ def test_a_guard_needs_a_single_process_learner(tmp_path):
     with pytest.raises(ValueError, match="single-process"):
         build_learner(s, SimpleNamespace(trainer=SimpleNamespace()),  # type: ignore[arg-type]
                       info=DistInfo(rank=0, world=2))
+
+
+def test_without_a_dispatcher_the_checkpoint_keeps_the_position_it_resumed_with():
+    d = NoDispatcher()
+    assert d.position() == {}  # a fresh run checkpoints the empty position, as TrainState's default
+    d.restore({"epoch": 1, "cursor": 5}, 3)  # a replay resuming a live run's checkpoint
+    assert d.position() == {"epoch": 1, "cursor": 5}
