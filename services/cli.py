@@ -26,6 +26,7 @@ SERVICE_COMMAND_MODULES = (
     "searchr1.models.commands",
     "searchr1.launcher.commands",
     "searchr1.viewer.commands",
+    "searchr1.simulator.commands",
 )
 
 

@@ -52,6 +52,7 @@ def run_train(settings: LearnerSettings, max_steps: int | None) -> int:
     logging.getLogger("searchr1.learner").info("OpenMP waits: %s", waits)
     from searchr1.learner.process import run_learner
     from searchr1.learner.redis_budget import RedisBudgetError
+    from searchr1.learner.tools.data import DatasetError
     from searchr1.streams import LeaseHeld, LeaseLost
 
     stop = asyncio.Event()  # set by SIGTERM/SIGINT (run_learner installs the handlers)
@@ -61,6 +62,8 @@ def run_train(settings: LearnerSettings, max_steps: int | None) -> int:
     except (LeaseHeld, LeaseLost) as exc:  # another learner runs this run: nothing was written
         return error(str(exc), 3)
     except RedisBudgetError as exc:  # the run's settings, not a fault: nothing was written
+        return error(str(exc), 2)
+    except DatasetError as exc:  # a row the wire refuses, named: nothing was dispatched
         return error(str(exc), 2)
     typer.echo(f"stopped at step {state.step} (policy version {state.version})")
     last = max_steps if max_steps is not None else settings.optim.total_steps

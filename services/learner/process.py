@@ -68,6 +68,7 @@ async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = No
     it past one TTL), models, Redis, dispatcher, weight server, metrics, loop. `faults`: the fault suite's
     hook (armed from the environment by the command)."""
     from searchr1.core.servers import install_shutdown_signals
+    from searchr1.learner.train.fences import highest_token
     from searchr1.streams import connect, default_holder
 
     if settings.archive.replay_from is not None:
@@ -89,7 +90,9 @@ async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = No
     done = asyncio.Event()
     keeper = None
     try:
-        await lease.acquire(wait_s=settings.lease_ttl_ms / 1000)
+        # a token above every one on disk: Redis losing its counter cannot hand a used one out again
+        floor = await asyncio.to_thread(highest_token, settings.checkpoint.dir)
+        await lease.acquire(wait_s=settings.lease_ttl_ms / 1000, floor=floor)
         await enforce_redis_budget(settings, redis)  # RedisBudgetError: Redis cannot hold what is kept unacked
         # renewed from here on, through the model's loading, while the loop makes progress
         keeper = asyncio.create_task(lease.keep(done, alive=watchdog.alive))

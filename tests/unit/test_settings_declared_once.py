@@ -64,6 +64,15 @@ UNRELATED: dict[tuple[str, str], str] = {
     ("streams/lease.py", "timeout_s"): "how long releasing the lease may take on exit",
     ("streams/link.py", "backoff_s"): "the first wait of the link's Redis retry, which has no setting",
     ("weightsync/broadcast.py", "device"): "the torch device a broadcast receiver stages tensors on",
+    ("launcher/placement.py", "workers"): "a placement planned without the launcher's table (the Kubernetes "
+                                          "generator) has one worker per GPU group; `searchr1 up` passes "
+                                          "`[launcher.rollout] workers`",
+    ("simulator/pipeline.py", "max_concurrent"): "the simulator's model of a run, built without importing the "
+                                                 "services; `searchr1 plan` fills it from a run config",
+    ("simulator/workload.py", "max_turns"): "as the simulator's `max_concurrent`",
+    ("simulator/workload.py", "max_tokens_per_turn"): "as the simulator's `max_concurrent`",
+    ("simulator/pipeline.py", "seed"): "the simulation's own random seed",
+    ("simulator/sizing.py", "seed"): "the simulation's own random seed",
 }
 
 
