@@ -23,12 +23,12 @@ import typer
 from typer.core import TyperGroup
 
 from searchr1.core.commandline import (
-    DEFAULT_REDIS_URL,
     EXIT_INTERRUPTED,
     RUN_DIR_HELP,
     describe_unexpected,
     error,
     fail,
+    field_help,
     redis_failure,
     redis_target,
 )
@@ -138,10 +138,11 @@ class Groups:
                 "rollout": self.rollout, "models": self.models, "streams": self.streams, "archive": self.archive}
 
 
+REDIS_SETTINGS = "searchr1.core.settings:RedisSettings"
 RedisOption = Annotated[str | None, typer.Option(
-    "--redis", help=f"Redis URL (default: RUN_DIR's, else {DEFAULT_REDIS_URL}).")]
+    "--redis", help=field_help(REDIS_SETTINGS, "url", "With --run-dir: that run's (its password included)."))]
 RunOption = Annotated[str | None, typer.Option(
-    "--run", help="Run name: keys are searchr1:{run}:… (default: RUN_DIR's, else default).")]
+    "--run", help=field_help(REDIS_SETTINGS, "run", "With --run-dir: that run's."))]
 RunDirOption = Annotated[Path | None, typer.Option("--run-dir", help=RUN_DIR_HELP)]
 
 

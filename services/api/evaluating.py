@@ -30,19 +30,18 @@ async def evaluate_async(model: str | Path, data: str | Path, *, out: str | Path
 
     from searchr1.core.clients.reward import RewardClient
     from searchr1.core.models import require_model_dir
-    from searchr1.rollout.agent import AgentLimits, Sampling
     from searchr1.rollout.engine import HfCodec
     from searchr1.rollout.evaluation.evaluate import evaluate as run_evaluation
     from searchr1.rollout.service import start_generator
+    from searchr1.rollout.settings import EvalSettings
 
     if sum(x is not None for x in (search, retriever, index)) != 1:
         raise ValueError("give exactly one of search= (a function), retriever= (an address) or index= (a directory)")
     require_model_dir(model)
     settings = ask_settings(model, **{"temperature": None, **options})
-    a = settings.agent
-    config = EvalConfig(samples=samples, sampling=Sampling.from_settings(a, seed=seed, temperature=temperature),
-                        concurrency=concurrency, template=a.template, group_by=tuple(group_by),
-                        limits=AgentLimits.from_settings(a, max_context_tokens=settings.engine.max_model_len))
+    config = EvalConfig.from_settings(settings.agent, EvalSettings(group_by=list(group_by)), seed=seed,
+                                      temperature=temperature, max_context_tokens=settings.engine.max_model_len,
+                                      samples=samples, concurrency=concurrency)
     async with contextlib.AsyncExitStack() as stack:
         if index is not None:
             search = await stack.enter_async_context(serve_index(index, top_k=settings.retriever.top_k))

@@ -84,6 +84,18 @@ def settings_or_exit(cls: type[M], config: str | Path | None, **overrides: Any) 
         fail(validation_message(exc))
 
 
+def redis_or_exit(url: str | None, run: str | None) -> Any:
+    """The `RedisSettings` a command that takes `--redis` and `--run` talks to: the flags given, the
+    settings' defaults for the others; a value that does not validate exits 2 with the reason."""
+    from searchr1.core.settings import RedisSettings
+
+    given = {k: v for k, v in (("url", url), ("run", run)) if v is not None}
+    try:
+        return RedisSettings(**given)
+    except ValueError as exc:
+        fail(validation_message(exc))
+
+
 def token_or_exit(token: str | None, auth: Any, *, server: str, setting: str) -> None:
     """`core.auth.require_token` for a server's start: an empty token without `auth.insecure_no_auth`
     exits 2 with what to set; with it the server starts after a WARNING on stderr."""
@@ -247,16 +259,13 @@ def describe_unexpected(exc: BaseException) -> tuple[str, int]:
     return (f"unexpected {type(exc).__name__}: {detail} (SEARCHR1_TRACEBACK=1 shows where)", EXIT_FAILED)
 
 
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-"""Where the ops commands look for Redis when given neither `--redis` nor `--run-dir`."""
-
 RUN_DIR_HELP = ("Run directory of a live `searchr1 up` run: its Redis URL (password included) and run name come "
                 "from RUN_DIR/connection.json, which the launcher writes with mode 0600. --redis and --run win.")
 
 
 def redis_target(redis_url: str | None, run: str | None, run_dir: Path | None) -> tuple[str, str]:
     """(Redis URL, run name) of an ops command: the flags, else the run directory's connection file, else
-    `DEFAULT_REDIS_URL` and run `default`. A run directory without a usable connection file exits 2."""
+    `RedisSettings`' defaults (`redis_or_exit`). A run directory without a usable connection file exits 2."""
     if run_dir is not None:
         from searchr1.core.run_connection import RunConnectionError, read_connection
 
@@ -264,8 +273,9 @@ def redis_target(redis_url: str | None, run: str | None, run_dir: Path | None) -
             conn = read_connection(run_dir)
         except RunConnectionError as exc:
             fail(str(exc))
-        return redis_url or conn.redis_url, run or conn.run
-    return redis_url or DEFAULT_REDIS_URL, run or "default"
+        redis_url, run = redis_url or conn.redis_url, run or conn.run
+    redis = redis_or_exit(redis_url, run)
+    return redis.url, redis.run
 
 
 def redis_failure(url: str, exc: BaseException, hint: str = "for a `searchr1 up` run pass --run-dir RUN_DIR") -> NoReturn:

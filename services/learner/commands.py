@@ -213,10 +213,10 @@ async def _rollback(redis_url: str, run: str, version: int):
 
 def weights_rollback(
     version: Annotated[int, typer.Argument(min=0, help="A version the learner announced.")],
-    redis_url: Annotated[str | None, typer.Option("--redis", help="Redis URL (default: RUN_DIR's, else "
-                                                  "redis://127.0.0.1:6379/0).")] = None,
-    run: Annotated[str | None, typer.Option(help="Run name: keys are searchr1:{run}:… (default: RUN_DIR's, else "
-                                            "default).")] = None,
+    redis_url: Annotated[str | None, typer.Option(
+        "--redis", help=field_help(LEARNER_SETTINGS, "redis.url", "With --run-dir: that run's."))] = None,
+    run: Annotated[str | None, typer.Option(help=field_help(LEARNER_SETTINGS, "redis.run", "With --run-dir: that run's."))]
+    = None,
     run_dir: Annotated[Path | None, typer.Option("--run-dir", help=RUN_DIR_HELP)] = None,
 ) -> None:
     """Announce again the learner's own announcement of VERSION (same uri and digest), so rollout workers

@@ -104,8 +104,9 @@ def _fingerprint(directory: Path) -> tuple:
 class WeightPublisher:
     """Writes, announces, serves and prunes weight snapshots under `root`."""
 
-    def __init__(self, root: Path, keep: int = 3, base_url: str | None = None, *, fence: int = 0,
+    def __init__(self, root: Path, keep: int, base_url: str | None = None, *, fence: int = 0,
                  guard: Callable[[], None] | None = None) -> None:
+        """`root` and `keep`: the learner's `weights.dir` and `weights.keep` (the snapshots kept)."""
         self.root = Path(root).resolve()
         self.keep = keep
         self.base_url = base_url.rstrip("/") if base_url else None

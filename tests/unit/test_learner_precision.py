@@ -114,7 +114,7 @@ def test_a_sharded_policy_publishes_a_version_transformers_loads(tmp_path):
                               DistInfo())
     assert is_sharded(training.trainer.policy)
     hf, state = export_weights(training.trainer.policy, DistInfo(), training.publish_dtype)
-    path = WeightPublisher(tmp_path / "w").write(1, hf, state)
+    path = WeightPublisher(tmp_path / "w", keep=3).write(1, hf, state)
     loaded = AutoModelForCausalLM.from_pretrained(str(path))
     assert type(loaded).__name__ == "Qwen2ForCausalLM"
     assert loaded.config.architectures == ["Qwen2ForCausalLM"]
