@@ -31,6 +31,9 @@ from searchr1.rollout.settings import RolloutSettings
 
 TURN_KINDS = ("think", "search", "information", "answer")
 
+GREEDY = 0.0
+"""The temperature `ask` decodes at unless told otherwise: Search-R1's infer.py answers greedily."""
+
 
 @dataclass(frozen=True)
 class Turn:
@@ -88,7 +91,9 @@ class Asker:
     """Answers questions on one started engine with one search function (see the module docstring)."""
 
     def __init__(self, generator: Generator, search: Callable[[str], Any], settings: RolloutSettings, *,
-                 seed: int = 0) -> None:
+                 seed: int | None = None) -> None:
+        """`seed`: the sampling seed of every question (matters with a temperature above 0; None: the
+        engine's)."""
         self.generator = generator
         self.tokenizer = generator.tokenizer()  # type: ignore[attr-defined]
         self.codec = HfCodec(self.tokenizer)
@@ -111,7 +116,7 @@ class Asker:
 
 
 def ask_settings(model: str | Path, *, config: str | Path | None = None, engine: str | None = None,
-                 temperature: float | None = 0.0, max_turns: int | None = None,
+                 temperature: float | None = GREEDY, max_turns: int | None = None,
                  max_tokens_per_turn: int | None = None, top_k: int | None = None,
                  **overrides: Any) -> RolloutSettings:
     """The rollout settings an asker runs with: the run config's `[rollout]` table and `ROLLOUT_…`
@@ -125,7 +130,7 @@ def ask_settings(model: str | Path, *, config: str | Path | None = None, engine:
 @contextlib.asynccontextmanager
 async def open_asker(model: str | Path, *, search: Callable[[str], Any] | None = None,
                      retriever: str | list[str] | None = None, index: str | Path | None = None,
-                     token: str | None = None, settings: RolloutSettings | None = None, seed: int = 0,
+                     token: str | None = None, settings: RolloutSettings | None = None, seed: int | None = None,
                      **options: Any) -> AsyncIterator[Asker]:
     """Start an engine on `model` and yield an `Asker`; everything is stopped on exit.
 

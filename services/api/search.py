@@ -73,15 +73,23 @@ def as_search_fn(search: Callable[[str], Any]) -> SearchFn:
     return wrapped
 
 
+def passages_per_search() -> int:
+    """The rollout worker's passages per search (`[rollout.retriever] top_k`'s default: Search-R1's 3)."""
+    from searchr1.rollout.settings import RetrieverClientSettings
+
+    return RetrieverClientSettings().top_k
+
+
 class RetrieverSearch:
     """Searches of one query each against a running retriever: gRPC `host:port`, or an http(s) URL of a
     Search-R1 `/retrieve` server. `await it(query)`; `await it.close()` when done."""
 
-    def __init__(self, address: str | Sequence[str], *, top_k: int = 3, token: str | None = None,
+    def __init__(self, address: str | Sequence[str], *, top_k: int | None = None, token: str | None = None,
                  retry: RetrySettings | None = None) -> None:
+        """`top_k`: passages per search (None: `[rollout.retriever] top_k`'s default)."""
         addresses = [address] if isinstance(address, str) else list(address)
         self.client = retriever_client(addresses, token=token, retry=retry)
-        self.top_k = top_k
+        self.top_k = top_k if top_k is not None else passages_per_search()
         self.http_url: str | None = None
         """With `serve_index(..., http=True)`: the Search-R1 `/retrieve` URL of the served index."""
 
@@ -96,13 +104,15 @@ class RetrieverSearch:
         await self.client.close()
 
 
-def retriever_search(address: str | Sequence[str], *, top_k: int = 3, token: str | None = None) -> RetrieverSearch:
+def retriever_search(address: str | Sequence[str], *, top_k: int | None = None,
+                     token: str | None = None) -> RetrieverSearch:
     """A search function over a running retriever (`RetrieverSearch`)."""
     return RetrieverSearch(address, top_k=top_k, token=token)
 
 
 @contextlib.asynccontextmanager
-async def serve_index(index_dir: str | Path, *, top_k: int = 3, http: bool = False) -> AsyncIterator[RetrieverSearch]:
+async def serve_index(index_dir: str | Path, *, top_k: int | None = None,
+                      http: bool = False) -> AsyncIterator[RetrieverSearch]:
     """Serve the index at `index_dir` in this process (gRPC on a free loopback port, no token: only this
     process knows the port; with `http`, Search-R1's `POST /retrieve` too, at `.http_url`) and yield a search
     function over it; stopped on exit."""

@@ -102,7 +102,7 @@ class Validator:
     def __init__(self, settings: ValidationSettings, *, run_dir: Path, weights_dir: Path, base_model: Path,
                  command: Callable[[Path, Path], list[str]], env: dict[str, str],
                  say: Callable[[str, str], None], metrics: ValidationMetrics | None = None,
-                 trackers: list[Any] | None = None, metrics_host: str = "127.0.0.1",
+                 trackers: list[Any] | None = None, metrics_host: str | None = None,
                  metrics_port: int | None = None) -> None:
         """`command(model_dir, out_dir)`: the eval argv; `env`: what the eval process adds to the
         launcher's environment; `say(message, style)`: the console; `metrics` are served on
@@ -166,7 +166,8 @@ class Validator:
         if self.metrics is not None and self.metrics_port is not None:
             from searchr1.core.metrics import start_metrics_server
 
-            self._server = start_metrics_server(self.metrics.registry, self.metrics_host, self.metrics_port)
+            self._server = start_metrics_server(self.metrics.registry, self.metrics_host or "127.0.0.1",
+                                                self.metrics_port)
         self._task = asyncio.create_task(self.run(), name="validation")
 
     async def run(self) -> None:

@@ -40,7 +40,7 @@ def run(tmp_path_factory):
     run = tmp_path_factory.mktemp("runs") / "tiny-grpo"
     model = AutoModelForCausalLM.from_pretrained(WARMSTART, dtype=torch.float32)
     state = {k: (v + 0.01 if v.is_floating_point() else v) for k, v in model.state_dict().items()}
-    WeightPublisher(run / "weights").write(3, model, state)
+    WeightPublisher(run / "weights", keep=3).write(3, model, state)
     write_step_log(run, steps=5)
     with (run / "learner" / "default.jsonl").open("a") as f:
         f.write(json.dumps({"step": 6, "reward_mean": 0.625, "em_mean": 0.5, "searches_per_trajectory": 1.25}) + "\n")
@@ -52,7 +52,8 @@ def run(tmp_path_factory):
            "format_valid": 1.0, "error": None}
     fingerprint = {"id": "f" * 64, "top_k": 3, "retriever": {"kind": "bm25", "count": 150,
                                                             "corpus": {"name": "corpus.jsonl", "sha256": "c" * 64}}}
-    write_outputs(run / "eval-after", [rec], {"model": str(run / "final-model"), "fingerprint": fingerprint})
+    write_outputs(run / "eval-after", [rec], {"model": str(run / "final-model"), "fingerprint": fingerprint},
+                  ("data_source",))
     config = run.parent / "run.toml"
     config.write_text(f'[learner.model]\npath = "{WARMSTART}"\n[learner.optim]\nlr = 2e-5\ntotal_steps = 6\n')
     return run, config, state

@@ -96,7 +96,7 @@ def test_markdown_layout():
 def test_failures_and_fingerprint_shown_beside_the_scores():
     doc = _doc("models/base", {"nq": [1, 0]})
     recs = [_rec("q0", "nq", 1.0), {**_rec("q1", "nq", 0.0), "error": "search failed: UNAUTHENTICATED"}]
-    doc = {"meta": {"max_turns": 4, "fingerprint": {"id": "ab" * 32}}, "summary": aggregate(recs)}
+    doc = {"meta": {"max_turns": 4, "fingerprint": {"id": "ab" * 32}}, "summary": aggregate(recs, ("data_source",))}
     (row,) = paper_table([("base", doc)]).rows
     assert row.failed == 1 and row.fingerprint == "ab" * 32
     assert paper_table_markdown(paper_table([("base", doc)])).splitlines()[2].endswith("| 1 | abababababab |")

@@ -412,7 +412,7 @@ def test_failures_are_counted_and_scores_average_over_the_scored():
     assert m["failure_rate"] == pytest.approx(3 / 4)
     assert m["em"] == pytest.approx(2 / 3) and m["searchr1_em"] == pytest.approx(2 / 3)  # q3 left out
     assert metrics_of([rec("q1", score_error="x")])["em"] is None  # nothing scored: no number, not 0
-    md = markdown_report(aggregate(recs), {"model": "m"})
+    md = markdown_report(aggregate(recs, ("data_source",)), {"model": "m"})
     assert "**Failures: 2 of 4 trajectories had a failed search, 1 could not be scored (75.0% of trajectories).**" in md
 
 

@@ -45,7 +45,7 @@ def _failing_run(out: Path, failed: int):
                           num_searches=1, response_tokens=3, generated_tokens=3, em=0.0, cover_em=0.0, f1=0.0,
                           searchr1_em=0.0, format_valid=0.0,
                           error="search failed: UNAUTHENTICATED" if i < failed else None) for i in range(4)]
-    doc = write_outputs(out, [r.to_json() for r in records], {"max_turns": 4})
+    doc = write_outputs(out, [r.to_json() for r in records], {"max_turns": 4}, ("data_source",))
     return EvalRun(records, doc, out, {"wall_seconds": 1.0})
 
 

@@ -93,7 +93,7 @@ class HttpRetrieverClient:
     def _url(self, attempt: int, path: str) -> str:
         return self.addresses[(self._next + attempt) % len(self.addresses)].rstrip("/") + path
 
-    async def search(self, queries: Sequence[str], top_k: int = 3) -> list[list[Hit]]:
+    async def search(self, queries: Sequence[str], top_k: int) -> list[list[Hit]]:
         """Search every query (top_k hits each); RetrieverError when refused or every attempt failed."""
         queries = list(queries)
         if not queries:

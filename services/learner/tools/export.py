@@ -31,7 +31,9 @@ from typing import Any
 
 from searchr1.weightsync import MANIFEST, WEIGHTS_FILE, manifest_digest, snapshot_digest
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+AS_PUBLISHED = "auto"
+"""The export dtype that keeps the snapshot's (the engine's, as the learner published it)."""
+DTYPES = (AS_PUBLISHED, "float32", "bfloat16", "float16")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "chat_template.json", "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json")
 """What the folder takes from the base model: the tokenizer and its chat template (never weights)."""
@@ -117,8 +119,8 @@ def write_weights(src: Path, dst: Path, dtype: str) -> str:
     with safe_open(str(src), framework="pt") as f:
         for name in f.keys():  # noqa: SIM118 - safe_open has keys(), not iteration
             tensors[name] = f.get_tensor(name)
-    target = None if dtype == "auto" else getattr(torch, dtype)
-    stored = "auto"
+    target = None if dtype == AS_PUBLISHED else getattr(torch, dtype)
+    stored = AS_PUBLISHED
     for name, t in tensors.items():
         if t.is_floating_point():
             if target is not None:
@@ -128,7 +130,7 @@ def write_weights(src: Path, dst: Path, dtype: str) -> str:
     return stored
 
 
-def export_snapshot(run: Path, out: Path, *, base: Path, version: int | None = None, dtype: str = "auto",
+def export_snapshot(run: Path, out: Path, *, base: Path, version: int | None = None, dtype: str = AS_PUBLISHED,
                     config: Path | None = None, force: bool = False) -> ExportResult:
     """Write the folder (module docstring) for `version` of `run` into `out`, tokenizer from `base`."""
     if dtype not in DTYPES:
@@ -155,13 +157,13 @@ def export_snapshot(run: Path, out: Path, *, base: Path, version: int | None = N
             shutil.copy2(base / name, tmp / name)
     stored = write_weights(snapshot / WEIGHTS_FILE, tmp / WEIGHTS_FILE, dtype)
     cfg = json.loads((tmp / "config.json").read_text())
-    if stored != "auto":
+    if stored != AS_PUBLISHED:
         cfg["dtype"] = stored
         cfg.pop("torch_dtype", None)
     (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     _generation_config(tmp, base)
     result = ExportResult(out=out, version=version, snapshot_digest=digest,
-                          weights_sha256=_sha256(tmp / WEIGHTS_FILE), dtype=stored if stored != "auto" else "auto")
+                          weights_sha256=_sha256(tmp / WEIGHTS_FILE), dtype=stored)
     from searchr1.learner.tools.model_card import model_card
 
     (tmp / "README.md").write_text(model_card(run, result, base=base, config=config, model_config=cfg),
