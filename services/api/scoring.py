@@ -43,8 +43,11 @@ class LocalScorer:
     rollout worker call (`await scorer.score(name, items, params)` → `ScoreResult`)."""
 
     def __init__(self, defaults: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        from searchr1.reward.settings import RewardSettings
+
         self.ctx = ScoringContext(registry=default_registry(),
-                                  defaults={k: dict(v) for k, v in (defaults or {}).items()})
+                                  defaults={k: dict(v) for k, v in (defaults or {}).items()},
+                                  inline_max_items=RewardSettings().inline_max_items)
 
     def names(self) -> list[str]:
         return list(self.ctx.registry.names())
