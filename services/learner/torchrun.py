@@ -30,7 +30,7 @@ def reads_shutdown_timeout() -> bool:
 
 def apply_shutdown_timeout(seconds: int) -> bool:
     """On a torch whose torchrun ignores `SHUTDOWN_TIMEOUT_ENV`, make its process contexts wait `seconds`
-    (at least their own default) for the ranks after forwarding a signal. Returns whether it patched."""
+    (in place of their 30 s) for the ranks after forwarding a signal. Returns whether it patched."""
     if reads_shutdown_timeout():
         return False
     from torch.distributed.elastic.multiprocessing import api
@@ -38,7 +38,7 @@ def apply_shutdown_timeout(seconds: int) -> bool:
     close = api.PContext.close
 
     def close_with_timeout(self, death_sig=None, timeout: int = 30) -> None:
-        close(self, death_sig, max(timeout, seconds))
+        close(self, death_sig, seconds)
 
     api.PContext.close = close_with_timeout  # type: ignore[method-assign]
     return True
