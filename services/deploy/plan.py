@@ -78,16 +78,25 @@ def deploy_plan(config: Path, *, source: str = "", step_s: float | None = None) 
     written (a setting that does not validate, a placement that cannot run, a service table that
     contradicts it, a model whose size the grace cannot be computed for). `step_s`: a measured learner
     step time, in place of the estimate."""
+    from searchr1.core.commandline import validation_message
     from searchr1.core.settings import ConfigError, load_settings, read_config_file
     from searchr1.launcher.placement import PlacementSettings, placement_conflicts, plan_placement
     from searchr1.launcher.settings import LauncherSettings
     from searchr1.learner.settings import LearnerSettings
     from searchr1.learner.stop_budget import stop_budget
 
+    def load(cls):
+        try:
+            return load_settings(cls, config)
+        except ConfigError:
+            raise
+        except ValueError as exc:  # a field that does not validate: named with its table
+            raise DeployError(f"[{cls.section}] {validation_message(exc)}") from None
+
     try:
-        launch = load_settings(LauncherSettings, config)
-        settings = load_settings(PlacementSettings, config)
-        learner = load_settings(LearnerSettings, config)
+        launch = load(LauncherSettings)
+        settings = load(PlacementSettings)
+        learner = load(LearnerSettings)
         placed = plan_placement(settings)
         conflicts = placement_conflicts(read_config_file(config), placed)
         if conflicts:
@@ -96,5 +105,5 @@ def deploy_plan(config: Path, *, source: str = "", step_s: float | None = None) 
     except DeployError as exc:
         raise DeployError(f"{source or config}: {exc}") from None
     except (ConfigError, ValueError) as exc:  # PlacementError, StopBudgetError and pydantic's are ValueErrors
-        raise DeployError(f"{source or config}: {' '.join(str(exc).split())}") from None
+        raise DeployError(f"{source or config}: {' '.join(validation_message(exc).split())}") from None
     return DeployPlan(config, source or str(config), launch, settings, placed, learner, grace)
