@@ -47,8 +47,10 @@ __all__ = ["StopBudget", "StopBudgetError", "stop_budget", "model_parameters", "
            "KNOWN_SHAPES"]
 
 ASSUMED_FLOPS = 100e12
-"""Sustained training FLOP/s per GPU (bf16): about a tenth of an H100's dense peak, below what FSDP
-training of 3B–7B models usually sustains, so the estimate errs long."""
+"""Sustained training FLOP/s per GPU (bf16): about a tenth of an H100's dense peak. One H100 ran a
+Qwen2.5-3B-shaped forward and backward with recompute at 382 TFLOP/s (8 N per token; 7B's shape 534),
+without FSDP's collectives or the optimizer (docs/deploy.md, "Stopping the learner"): the estimate errs
+long."""
 CPU_FLOPS = 50e9
 """The same for a learner on CPU (the tiny world's: a few cores of fp32)."""
 WRITE_BYTES_PER_S = 100e6
