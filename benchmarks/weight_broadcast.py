@@ -7,7 +7,7 @@ publication reaching one receiver process, end to end, same model, same run, tak
 - snapshot: the learner's streamed `WeightPublisher.write` (safetensors, chunk digests hashed beside the
   write) on local disk, then the receiver reads it verified (`read_verified`: every chunk checked as it
   is read) and copies the tensors from those bytes into its model (the shared-volume transport);
-- broadcast: `searchr1.core.broadcast` over gloo on loopback: the learner packs and sends the tensors in
+- broadcast: weight sync's broadcast wire (`searchr1.weightsync.Broadcaster`) over gloo on loopback: the learner packs and sends the tensors in
   buckets, the receiver receives each bucket, checks the digest and copies the tensors into its model;
   no file is written.
 
@@ -51,9 +51,9 @@ ROOT = Path(__file__).resolve().parents[1]
 _RECEIVER = r"""
 import json, sys, time, torch
 from transformers import AutoConfig, AutoModelForCausalLM
-from searchr1.core.broadcast import Receiver, parse_group_uri, _bcast, _bcast_bytes, bucket_bytes_of, unpack_bucket
-from searchr1.core.snapshot_read import read_verified
-from searchr1.rollout.snapshot_load import snapshot_tensors
+from searchr1.weightsync import Receiver, parse_group_uri, read_verified, snapshot_tensors
+from searchr1.weightsync.broadcast import broadcast_bytes, broadcast_tensor
+from searchr1.weightsync.buckets import bucket_bytes_of, unpack_bucket
 cfg = AutoConfig.from_pretrained(sys.argv[1])
 dtype = getattr(torch, sys.argv[2])
 model = AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
@@ -64,19 +64,19 @@ for line in sys.stdin:
     kind, arg = line.split()
     with torch.no_grad():
         if kind == "floor":  # bare: the bucket plan, then each bucket on the wire and one copy into the model
-            plan = json.loads(_bcast_bytes(rx._pg, None, "cpu"))
+            plan = json.loads(broadcast_bytes(rx._pg, None, "cpu"))
             sizes = [bucket_bytes_of(specs) for specs in plan]
             buf = torch.empty(max(sizes), dtype=torch.uint8)
             for specs, n in zip(plan, sizes):
-                _bcast(rx._pg, buf[:n])
+                broadcast_tensor(rx._pg, buf[:n])
                 for name, t in unpack_bucket(buf[:n], specs):
                     params[name].copy_(t)
             digest = "floor"
         elif kind == "wire":  # the packed buckets alone: on the wire into one buffer, nothing copied out
-            sizes = json.loads(_bcast_bytes(rx._pg, None, "cpu"))
+            sizes = json.loads(broadcast_bytes(rx._pg, None, "cpu"))
             buf = torch.empty(max(sizes), dtype=torch.uint8)
             for n in sizes:
-                _bcast(rx._pg, buf[:n])
+                broadcast_tensor(rx._pg, buf[:n])
             digest = "wire"
         elif kind == "snapshot":  # the volume transport: read verified, then copied from those bytes
             path, announced = arg.split("@")
@@ -146,23 +146,24 @@ def floor_round(bc, named, buckets, rx: ReceiverProc) -> float:
     the bucket plan, no pipelining."""
     import torch
 
-    from searchr1.core.broadcast import _bcast, _bcast_bytes, _nbytes, _padded
+    from searchr1.weightsync.broadcast import broadcast_bytes, broadcast_tensor
+    from searchr1.weightsync.buckets import padded, tensor_nbytes
 
     specs = [{"name": n, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)} for n, t in named]
     plan = [[specs[i] for i in b] for b in buckets]
-    biggest = max(sum(_padded(_nbytes(named[i][1])) for i in b) for b in buckets)
+    biggest = max(sum(padded(tensor_nbytes(named[i][1])) for i in b) for b in buckets)
     buf = torch.zeros(biggest, dtype=torch.uint8)
     t0 = time.perf_counter()
     rx.ask("floor", "bare")
-    _bcast_bytes(bc._pg, json.dumps(plan).encode(), torch.device("cpu"))
+    broadcast_bytes(bc._pg, json.dumps(plan).encode(), torch.device("cpu"))
     for b in buckets:
         off = 0
         for i in b:
             t = named[i][1]
-            n = _nbytes(t)
+            n = tensor_nbytes(t)
             buf[off:off + n].copy_(t.detach().reshape(-1).view(torch.uint8))
-            off += _padded(n)
-        _bcast(bc._pg, buf[:off])
+            off += padded(n)
+        broadcast_tensor(bc._pg, buf[:off])
     rx.wait()
     return time.perf_counter() - t0
 
@@ -174,7 +175,7 @@ def phase_costs(named, buckets) -> tuple[dict[str, float], list]:
     import torch
     import xxhash
 
-    from searchr1.core.broadcast import pack_bucket
+    from searchr1.weightsync.buckets import pack_bucket
 
     class _NoHash:
         def update(self, _):
@@ -201,21 +202,21 @@ def wire_round(bc, flats, rx: ReceiverProc) -> float:
     no hash, nothing copied out on the receiving side."""
     import torch
 
-    from searchr1.core.broadcast import _bcast, _bcast_bytes
+    from searchr1.weightsync.broadcast import broadcast_bytes, broadcast_tensor
 
     t0 = time.perf_counter()
     rx.ask("wire", "bare")
-    _bcast_bytes(bc._pg, json.dumps([int(f.numel()) for f in flats]).encode(), torch.device("cpu"))
+    broadcast_bytes(bc._pg, json.dumps([int(f.numel()) for f in flats]).encode(), torch.device("cpu"))
     for f in flats:
-        _bcast(bc._pg, f)
+        broadcast_tensor(bc._pg, f)
     rx.wait()
     return time.perf_counter() - t0
 
 
 async def run_size(size: str, args, work: Path) -> dict:
     from benchmarks.weight_sync import build_model
-    from searchr1.core.broadcast import Broadcaster, _nbytes, _padded, plan_buckets
-    from searchr1.learner.publisher import WeightPublisher, drop_shared
+    from searchr1.weightsync import Broadcaster, WeightPublisher, drop_shared
+    from searchr1.weightsync.buckets import padded, plan_buckets, tensor_nbytes
 
     model, _ = build_model(size, work / size)
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
@@ -225,7 +226,7 @@ async def run_size(size: str, args, work: Path) -> dict:
     publisher = WeightPublisher(work / size / "snapshots", keep=1)
     rx = ReceiverProc(work / size / "config", dtype)
     bc = Broadcaster("127.0.0.1", 0, 2, timeout_s=300, bucket_bytes=args.bucket_mb << 20)
-    buckets = plan_buckets([_padded(_nbytes(t)) for _, t in named], args.bucket_mb << 20)
+    buckets = plan_buckets([padded(tensor_nbytes(t)) for _, t in named], args.bucket_mb << 20)
     rows: dict[str, list] = {"snapshot": [], "broadcast": [], "floor": [], "wire": [], "phases": [], "loads": []}
     try:
         version = 0

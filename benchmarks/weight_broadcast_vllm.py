@@ -21,9 +21,9 @@ from pathlib import Path
 
 
 async def start_engine(model, work: Path, dtype: str):
-    from searchr1.learner.publisher import WeightPublisher
     from searchr1.rollout.settings import EngineSettings
     from searchr1.rollout.vllm_engine import VllmEngineConfig, VllmGenerator
+    from searchr1.weightsync import WeightPublisher
     from tests.support.tiny_lm import build_tokenizer
 
     engine_dir = await asyncio.to_thread(WeightPublisher(work / "engine", keep=1).write, 0, model, model.state_dict())
@@ -39,7 +39,7 @@ async def _times(engine) -> dict[str, float]:
 
 
 async def broadcast_into(engine, bc, version: int, named) -> dict[str, float]:
-    from searchr1.rollout.broadcast_ext import receive_broadcast
+    from searchr1.weightsync import receive_broadcast
 
     t0 = time.perf_counter()
     sent, got = await asyncio.gather(asyncio.to_thread(bc.send, version, named), receive_broadcast(engine, bc.uri(version)))
@@ -61,8 +61,7 @@ async def snapshot_into(engine, publisher, version: int, model) -> dict[str, flo
 
 async def vllm_runs(model, named, dtype: str, work: Path, runs: int, bucket_bytes: int) -> dict[str, list]:
     """`runs` broadcasts and snapshots into one vLLM engine of `model`, taking turns."""
-    from searchr1.core.broadcast import Broadcaster
-    from searchr1.learner.publisher import WeightPublisher
+    from searchr1.weightsync import Broadcaster, WeightPublisher
 
     engine = await start_engine(model, work, dtype)
     bc = Broadcaster("127.0.0.1", 0, 2, timeout_s=600, bucket_bytes=bucket_bytes)

@@ -27,7 +27,7 @@ Variants, same run, same snapshot bytes:
 - before: the two-pass path: `save_pretrained`, then the digest in a second pass over the files (one
   sequential sha256), files served by Starlette's `FileResponse`, the download received on the event
   loop (each 1 MiB chunk written in a thread), then read back whole to verify it;
-- after: `searchr1.core.weights` as it is: the publisher hashes chunks (BLAKE3) in parallel beside the
+- after: `searchr1.weightsync` as it is: the publisher hashes chunks (BLAKE3) in parallel beside the
   write and writes the manifest; the reader verifies the chunks as it reads them for loading.
 
 Memory: weights are bfloat16 for the large sizes; besides the receiver's model and the verified read's
@@ -109,7 +109,7 @@ HEADER = (f"{'size':<5} {'var':<6} {'trans':<6} {'bytes':>10}  "
 
 def before_digest(directory: Path) -> str:
     """sha256 over each file's relative path and bytes, sorted, one sequential pass."""
-    from searchr1.core.weights import snapshot_files
+    from searchr1.weightsync import snapshot_files
 
     h = hashlib.sha256()
     for path in snapshot_files(directory):
@@ -215,7 +215,7 @@ def before_app(root: Path):
     from fastapi import FastAPI
     from fastapi.responses import FileResponse
 
-    from searchr1.core.weights import snapshot_listing
+    from searchr1.weightsync import snapshot_listing
 
     app = FastAPI()
 
@@ -238,7 +238,7 @@ def serve(root: str, port: int, variant: str) -> None:
     """The learner's weight file server over `root`, in this process (`--serve`)."""
     import uvicorn
 
-    from searchr1.learner.publisher import WeightPublisher, weights_app
+    from searchr1.weightsync import WeightPublisher, weights_app
 
     app = before_app(Path(root)) if variant == "before" else weights_app(WeightPublisher(Path(root)))
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
@@ -319,7 +319,7 @@ async def publish(variant: str, publisher, version: int, model, clock: Clock) ->
 async def receive(variant: str, wv, path: Path, dl: Path, transport: str, clock: Clock) -> Path:
     """Transfer (HTTP) or pin (volume) one announced snapshot the `variant` way; returns the local copy.
     The `before` variant verifies here (a sha256 pass); `after` verifies as the reload reads (`reload`)."""
-    from searchr1.core.weights import fetch_snapshot
+    from searchr1.weightsync import fetch_snapshot
 
     if variant == "before":
         got = path
@@ -338,8 +338,7 @@ async def receive(variant: str, wv, path: Path, dl: Path, transport: str, clock:
 async def reload(variant: str, wv, got: Path, engine, receiver: InPlaceReceiver | None, clock: Clock) -> None:
     """Load the received snapshot the `variant` way: `after` reads it verified (`verify`) and loads those
     bytes (`reload`); `before` loads the files it verified earlier."""
-    from searchr1.core.snapshot_read import read_verified
-    from searchr1.rollout.snapshot_load import snapshot_tensors
+    from searchr1.weightsync import read_verified, snapshot_tensors
 
     if engine is not None:
         with clock.phase("reload"):
@@ -370,7 +369,7 @@ def floors(path: Path) -> dict[str, float]:
     """The same snapshot's bytes through the system's own tools, right after it is written (GB/s): read from
     the page cache (`dd` to /dev/null), `sha256sum`, a copy into a new file without and with `fdatasync`
     (`dd`, 64 MiB blocks)."""
-    from searchr1.core.weights import snapshot_files
+    from searchr1.weightsync import snapshot_files
 
     files = [f for f in snapshot_files(path) if f.suffix == ".safetensors"]
     n = sum(f.stat().st_size for f in files)
@@ -398,9 +397,8 @@ def floor_line(row: Row, f: dict[str, float]) -> str:
 
 async def run_size(size: str, args, redis, workdir: Path, engine_factory) -> list[Row]:
     from searchr1.core.schemas import WeightVersion
-    from searchr1.core.streams import StreamKeys
-    from searchr1.core.weights import announce, snapshot_files
-    from searchr1.learner.publisher import WeightPublisher
+    from searchr1.streams import StreamKeys
+    from searchr1.weightsync import WeightPublisher, announce, snapshot_files
 
     keys = StreamKeys(f"bench-{size}")
     model, engine_dir = await asyncio.to_thread(build_model, size, workdir)
@@ -481,7 +479,7 @@ SIZE_BYTES = {"tiny": 0, "0.5b": 494_032_768 * 2, "1.5b": 1_543_714_304 * 2}
 
 async def amain(args) -> list[Row]:
     from searchr1.core.redis_server import RedisServer
-    from searchr1.core.streams import connect
+    from searchr1.streams import connect
 
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="searchr1-wsync-", dir=args.workdir) as tmp, \

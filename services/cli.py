@@ -26,6 +26,7 @@ SERVICE_COMMAND_MODULES = (
     "searchr1.models.commands",
     "searchr1.launcher.commands",
     "searchr1.viewer.commands",
+    "searchr1.simulator.commands",
     "searchr1.deploy.commands",
 )
 
@@ -71,7 +72,7 @@ RedisOption = Annotated[str, typer.Option("--redis", help="Redis URL.")]
 
 
 async def _stream_rows(redis_url: str, run: str) -> list[tuple[str, int, str, str]]:
-    from searchr1.core.streams import StreamKeys, connect
+    from searchr1.streams import StreamKeys, connect
 
     redis = connect(redis_url)
     keys = StreamKeys(run)
@@ -104,7 +105,7 @@ def streams_status(
 
 
 async def _dead_letters(redis_url: str, run: str, count: int):
-    from searchr1.core.streams import StreamKeys, connect, read_dead
+    from searchr1.streams import StreamKeys, connect, read_dead
 
     redis = connect(redis_url)
     try:
@@ -132,8 +133,7 @@ def streams_dead(
 
 
 async def _redrive(redis_url: str, run: str, source: str | None, reason: str, count: int, dry_run: bool):
-    from searchr1.core.dead_letters import redrive
-    from searchr1.core.streams import StreamKeys, connect
+    from searchr1.streams import StreamKeys, connect, redrive
 
     keys = StreamKeys(run)
     source_key = {"tasks": keys.tasks, "trajectories": keys.trajectories}.get(source or "")

@@ -44,7 +44,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture
 async def redis(redis_server):
     """An asyncio client on a flushed database."""
-    from searchr1.core.streams import connect
+    from searchr1.streams import connect
 
     client = connect(redis_server.url)
     await client.flushdb()

@@ -53,6 +53,8 @@ ROWS: list[tuple[str, list[tuple[str, list[tuple[str, str]], str]]]] = [
                             ("searchr1_rollout_inflight_tasks", "in flight {{instance}}")], "none"),
         ("Weight reload p99", [("histogram_quantile(0.99, sum by (le) (rate(searchr1_rollout_weight_reload_seconds_bucket[5m])))",
                                 "p99")], "s"),
+        ("Published values changed per version", [("searchr1_learner_published_changed_frac", "changed")],
+         "percentunit"),
     ]),
     ("Where the time goes", [
         ("Rollout wall time by stage (mean over workers)",

@@ -1,23 +1,31 @@
-"""A test hook for the fault-injection suite (tests/faults, docs/reliability.md "Fault injection"): a
-process kills itself with SIGKILL at a named point of its loop, once.
+"""Fault points for the fault-injection suite (tests/faults, docs/reliability.md "Fault injection"): named
+places in the services' loops where a test makes a process fail on purpose, at the worst moment, which a
+kill from outside hits only by chance.
 
-Off unless `SEARCHR1_FAULT_POINT` names the point: `name` or `name@n` (the n-th time this process reaches
-it; default the first). With `SEARCHR1_FAULT_MARKER=path` the fault happens once across restarts and
-processes: the first to get there creates the file (exclusively, with the point and the time), and a
-process that finds it already there carries on — a restarted process does not kill itself again.
+A component with a fault point takes a `Faults` hook (`NO_FAULTS`, which never fires, by default) and
+asks it at the point: `kill_at(name)` SIGKILLs the process there, `fires(name)` answers whether the
+fault happens now, `poisoned(group)` returns a poisoned group. Tests in one process pass an armed
+`FaultPoints`; a process the fault suite starts is armed once, at its command's entry, from its
+environment (`faults_from_env`: `SEARCHR1_FAULT_POINT` = `name` or `name@n`, the n-th time the process
+reaches the point, default the first; `SEARCHR1_FAULT_MARKER` = a path). Nothing on a loop's path reads
+the environment; production processes run with `NO_FAULTS`.
 
-The points: `learner.after_archive` (a step trained and archived, not yet checkpointed nor acked),
-`learner.after_checkpoint` (checkpointed, its groups not yet acked), `checkpoint.before_seal` (a
-checkpoint's files written, not yet fsynced, manifested nor renamed: a torn checkpoint) and `rollout.after_publish` (a group published to the trajectories stream, its task not yet acked): the worst
-moments to die, which a kill from outside hits only by chance. For tests only; never set in production.
+With a marker the fault happens once across restarts and processes: the first to get there creates the
+file (exclusively, with the point and the time), and a process that finds it already there carries on —
+a restarted process does not kill itself again.
 
-`rollout.skip_reload` does not kill either: the rollout weight loader skips the engine's reload once but
-records the new version as loaded — a reload that failed silently, for the learner's desync screen to
-catch (`learner/algo/desync.py`).
+The points:
 
-`rollout.poison_group` does not kill: `poisoned(group)` returns the group with its first token id
-pushed far past any vocabulary (schema-valid, untrainable), once — a worker sending poison that passes
-the schema, for the learner to dead-letter alone.
+- `learner.after_archive`: a step trained and archived, not yet checkpointed nor acked (kills);
+- `learner.after_checkpoint`: checkpointed, its groups not yet acked (kills);
+- `checkpoint.before_seal`: a checkpoint's files written, not yet fsynced, manifested nor renamed: a torn
+  checkpoint (kills);
+- `rollout.after_publish`: a group published to the trajectories stream, its task not yet acked (kills);
+- `rollout.skip_reload`: the weight loader skips the engine's reload once but records the new version as
+  loaded — a reload that failed silently, for the learner's desync screen to catch
+  (`learner/algo/desync.py`);
+- `rollout.poison_group`: the worker publishes one group with its first token id pushed far past any
+  vocabulary (schema-valid, untrainable), for the learner to dead-letter alone.
 """
 
 from __future__ import annotations
@@ -25,54 +33,79 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from searchr1.core.schemas import TrajectoryGroup
 
 ENV_POINT = "SEARCHR1_FAULT_POINT"
 ENV_MARKER = "SEARCHR1_FAULT_MARKER"
-
-_reached: dict[str, int] = {}
-
-
-def fault_fires(name: str) -> bool:
-    """True when `SEARCHR1_FAULT_POINT` asks for a fault here, now (see the module docstring)."""
-    wanted = os.environ.get(ENV_POINT)
-    if not wanted:
-        return False
-    point, _, nth = wanted.partition("@")
-    if point != name:
-        return False
-    _reached[name] = _reached.get(name, 0) + 1
-    if _reached[name] != (int(nth) if nth else 1):
-        return False
-    marker = os.environ.get(ENV_MARKER)
-    if marker:
-        try:
-            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            return False
-        with os.fdopen(fd, "w") as f:
-            f.write(f"{name} pid {os.getpid()} at {time.time()!r}\n")
-            f.flush()
-            os.fsync(f.fileno())
-    return True
-
-
-def fault_point(name: str) -> None:
-    """SIGKILL this process here if `SEARCHR1_FAULT_POINT` asks for it (see the module docstring)."""
-    if fault_fires(name):
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
 POISON_TOKEN_ID = 2**30
 """The token id `poisoned` writes: past any real vocabulary, within the schema."""
 
 
-def poisoned(group: TrajectoryGroup) -> TrajectoryGroup:
-    """`group` with its first trajectory's first response token set to
-    `POISON_TOKEN_ID` when the `rollout.poison_group` point fires, else `group` itself."""
-    if not fault_fires("rollout.poison_group"):
-        return group
-    first = group.trajectories[0]
-    bad = first.model_copy(update={"response_ids": [POISON_TOKEN_ID, *first.response_ids[1:]]})
-    return group.model_copy(update={"trajectories": [bad, *group.trajectories[1:]]})
+class Faults:
+    """The hook a component asks at its fault points. This base is the null hook: no point ever fires."""
+
+    def fires(self, name: str) -> bool:
+        """True when the fault at point `name` happens here, now."""
+        return False
+
+    def kill_at(self, name: str) -> None:
+        """SIGKILL this process here if the fault at point `name` fires."""
+        if self.fires(name):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def poisoned(self, group: TrajectoryGroup) -> TrajectoryGroup:
+        """`group` with its first trajectory's first response token set to `POISON_TOKEN_ID` when the
+        `rollout.poison_group` point fires, else `group` itself."""
+        if not self.fires("rollout.poison_group"):
+            return group
+        first = group.trajectories[0]
+        bad = first.model_copy(update={"response_ids": [POISON_TOKEN_ID, *first.response_ids[1:]]})
+        return group.model_copy(update={"trajectories": [bad, *group.trajectories[1:]]})
+
+
+NO_FAULTS = Faults()
+"""The hook every production process runs with: stateless, never fires."""
+
+
+@dataclass
+class FaultPoints(Faults):
+    """A hook armed at one point: `point` is `name` or `name@n` (the n-th time this hook is asked about
+    `name`; default the first). With `marker`, the fault happens once across processes (see the module
+    docstring)."""
+
+    point: str
+    marker: Path | None = None
+    reached: dict[str, int] = field(default_factory=dict)
+    """How often each point was asked about."""
+
+    def fires(self, name: str) -> bool:
+        point, _, nth = self.point.partition("@")
+        if point != name:
+            return False
+        self.reached[name] = self.reached.get(name, 0) + 1
+        if self.reached[name] != (int(nth) if nth else 1):
+            return False
+        if self.marker is not None:
+            try:
+                fd = os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "w") as f:
+                f.write(f"{name} pid {os.getpid()} at {time.time()!r}\n")
+                f.flush()
+                os.fsync(f.fileno())
+        return True
+
+
+def faults_from_env(environ: Mapping[str, str] = os.environ) -> Faults:
+    """The hook a process started by the fault suite is armed with (`SEARCHR1_FAULT_POINT`,
+    `SEARCHR1_FAULT_MARKER`), read once at its command's entry; `NO_FAULTS` when the point is unset."""
+    point = environ.get(ENV_POINT)
+    if not point:
+        return NO_FAULTS
+    marker = environ.get(ENV_MARKER)
+    return FaultPoints(point, Path(marker) if marker else None)

@@ -7,7 +7,7 @@ text, search count and finish reason); the learner exports them per step (`searc
 the trajectory viewer plots them. The trainer's own signals (entropy, KL, importance-ratio extremes,
 gradient norm, non-finite counts) come from the trainer's figures.
 
-Model text is parsed with the linear tag scanner (`searchr1.core.tag_scan`), never a non-greedy regular
+Model text is parsed with the linear tag scanner (`searchr1.core._tag_scan`), never a non-greedy regular
 expression: a flood of opening tags would cost a regex n² steps while holding the GIL on the learner's loop.
 """
 
@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from searchr1.core._tag_scan import contents
 from searchr1.core.protocol import extract_answer, is_well_formed, normalize_answer
-from searchr1.core.tag_scan import contents
 
 SIGNALS = {
     "malformed_rate": "Share of the step's responses that break the tag grammar (think, search, answer).",

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from searchr1.core.tag_scan import contents, iter_blocks
+from searchr1.core._tag_scan import contents, iter_blocks
 
 SEARCH_R1_TEMPLATE = (
     "Answer the given question. "

@@ -5,7 +5,7 @@ only on errors a second try can fix.
 Transient: gRPC UNAVAILABLE, DEADLINE_EXCEEDED and RESOURCE_EXHAUSTED; HTTP connection errors and
 timeouts (`httpx.TransportError`); HTTP 429 and 5xx (raised by the caller as `TransientHTTPStatus`).
 Everything else — INVALID_ARGUMENT, auth errors, other 4xx, a malformed answer — fails at once.
-For Redis (`is_redis_transient`, used by `searchr1.core.streams.RedisLink`): a connection refused or
+For Redis (`is_redis_transient`, used by `searchr1.streams.RedisLink`): a connection refused or
 reset, a timeout, and a server still loading its data (BUSYLOADING, after a restart from its AOF).
 The services wait for Redis without a bound on the attempts (`retries=None`): a run outlives a Redis
 restart instead of crashing over it.

@@ -82,7 +82,7 @@ class RedisSettings(Section):
 
 
 REDIS_REPLY_TIMEOUT_S = 30.0
-"""How long a Redis reply may take before the call fails as a timeout (`searchr1.core.redis_link`)."""
+"""How long a Redis reply may take before the call fails as a timeout (`searchr1.streams.RedisLink`)."""
 
 
 def check_block_ms(setting: str, block_ms: int) -> int:

@@ -96,10 +96,13 @@ _Dumper.add_representer(str, lambda d, v: d.represent_scalar("tag:yaml.org,2002:
 
 
 def _place(service: dict[str, Any], proc: Any) -> None:
-    """Give `service` what the placement gives its process (`ProcessPlacement`): exactly its GPUs and the
-    settings that follow from them (`CUDA_VISIBLE_DEVICES` aside: compose numbers a container's GPUs
-    from 0). The one place a process's resources become compose keys."""
+    """Give `service` what the placement gives its process (`ProcessPlacement`): exactly its GPUs, its
+    cores when the placement lists them (`cpuset`), and the settings that follow from them
+    (`CUDA_VISIBLE_DEVICES` aside: compose numbers a container's GPUs from 0). The one place a process's
+    resources become compose keys."""
     service["environment"].update({k: v for k, v in proc.env.items() if k != "CUDA_VISIBLE_DEVICES"})
+    if proc.cores is not None:  # the placement's cores (`[placement] cores`): the container's cpuset
+        service["cpuset"] = proc.cores.cpuset
     if proc.gpus:
         service["deploy"] = {"resources": {"reservations": {"devices": [
             {"driver": "nvidia", "device_ids": [str(d) for d in proc.gpus], "capabilities": ["gpu"]}]}}}
@@ -294,6 +297,9 @@ def compose_project(plan: DeployPlan, base: dict[str, Any], options: ComposeOpti
     services["learner-check"] = _learner_check(src["learner-check"], mount, services["learner-gpus"])
     for name in ("prometheus", "alertmanager", "grafana"):
         services[name] = copy.deepcopy(src[name])
+    for small in (plan.placed.reward, plan.placed.redis):  # placed only when the placement lists cores
+        if small is not None and small.cores is not None:
+            services[small.name]["cpuset"] = small.cores.cpuset
     if trainers(services) != ["learner-gpus"]:  # one learner per project
         raise AssertionError(f"the project trains in {trainers(services)}")
     project: dict[str, Any] = {} if o.compose_v1 else {"name": plan.project}

@@ -7,7 +7,8 @@ Kubernetes keys): the rollout Deployment's GPUs per worker (its tensor-parallel 
 the learner Job's GPUs (one per FSDP rank) under the same `searchr1.learner.torchrun` prefix `searchr1 up`
 uses, an in-memory /dev/shm for NCCL, and the learner's stop grace (the pod's
 `terminationGracePeriodSeconds`, torchrun's `TORCH_ELASTIC_SHUTDOWN_TIMEOUT`), and the retriever
-Deployment on one GPU or none. `CUDA_VISIBLE_DEVICES` is left out: the device plugin gives each container
+Deployment on one GPU or none; with `[placement] cores`, each process's cores as whole CPUs, requests =
+limits (`searchr1.launcher.cpu_placement.k8s_with_cores`). `CUDA_VISIBLE_DEVICES` is left out: the device plugin gives each container
 its GPUs, numbered from 0. GPU pods select no node label: asking for `nvidia.com/gpu` already confines them
 to nodes whose device plugin offers GPUs (with or without the GPU Operator's `nvidia.com/gpu.present`
 label); they tolerate the `nvidia.com/gpu` taint. The number of rollout workers is not a replica count
@@ -51,6 +52,7 @@ def k8s_placement_patch(plan: DeployPlan) -> str:
     """The kustomize strategic-merge patch (multi-document YAML) placing the rollout Deployment, the learner
     Job (`learner-k8s`, the base's name, which the overlay's run replaces after its patches) and the
     retriever Deployment as `plan.placed` does on one node."""
+    from searchr1.launcher.cpu_placement import k8s_with_cores
     from searchr1.launcher.placement import LEARNER_SHM
 
     p, s = plan.placed, plan.settings
@@ -70,6 +72,7 @@ def k8s_placement_patch(plan: DeployPlan) -> str:
         _workload("Job", "learner-k8s", learner, ranks, learner_pod, container_name="learner"),
         _workload("Deployment", "retriever", {"env": _env(p.retriever)}, len(p.retriever.gpus)),
     ]
+    docs = k8s_with_cores(docs, p)  # the placement's cores, if it lists them: whole CPUs, requests = limits
     rgpus = " | ".join(w.cuda_visible_devices for w in p.rollout)
     head = "".join(f"# {line}\n" for line in [
         f"Generated from the [placement] table of {plan.source} by",

@@ -98,6 +98,8 @@ def deploy_plan(config: Path, *, source: str = "", step_s: float | None = None) 
         settings = load(PlacementSettings)
         learner = load(LearnerSettings)
         placed = plan_placement(settings)
+        if not placed.places_gpus:
+            raise DeployError("[placement] lists no GPUs; these files place a GPU node's processes")
         conflicts = placement_conflicts(read_config_file(config), placed)
         if conflicts:
             raise DeployError("; ".join(conflicts))

@@ -6,7 +6,7 @@ weight version, in one line.
 Prometheus text into numbers by configurable key lists, since the launcher does not import the learner.
 `StatusCollector` gathers a snapshot: the last record of the learner's JSONL log (missing file → blanks),
 then a scrape of the learner's `/metrics` for what the JSONL lacks, then Redis (queue lag/pending of the
-`tasks` and `trajectories` streams through `searchr1.core.streams`, and `searchr1.core.weights.latest`).
+`tasks` and `trajectories` streams through `searchr1.streams`, and `searchr1.weightsync.latest`).
 Every source may fail at any time — a failed source only blanks its numbers.
 """
 
@@ -198,8 +198,8 @@ class StatusCollector:
             return {}
         from redis.exceptions import RedisError
 
-        from searchr1.core.streams import StreamKeys, connect, tasks_stream, trajectories_stream
-        from searchr1.core.weights import latest
+        from searchr1.streams import StreamKeys, connect, tasks_stream, trajectories_stream
+        from searchr1.weightsync import latest
 
         if self._redis is None:
             self._redis = connect(self.redis_url)

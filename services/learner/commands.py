@@ -36,21 +36,26 @@ def run_train(settings: LearnerSettings, max_steps: int | None) -> int:
     import asyncio
     import logging
 
+    from searchr1.core.faults import faults_from_env
     from searchr1.core.openmp import set_openmp_waits
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     waits = set_openmp_waits(settings.openmp_wait_policy())  # before torch loads
     logging.getLogger("searchr1.learner").info("OpenMP waits: %s", waits)
-    from searchr1.core.lease import LeaseHeld, LeaseLost
     from searchr1.learner.process import run_learner
     from searchr1.learner.redis_budget import RedisBudgetError
+    from searchr1.learner.tools.data import DatasetError
+    from searchr1.streams import LeaseHeld, LeaseLost
 
     stop = asyncio.Event()  # set by SIGTERM/SIGINT (run_learner installs the handlers)
     try:
-        state = asyncio.run(run_learner(settings, stop, max_steps=max_steps))
+        state = asyncio.run(run_learner(settings, stop, max_steps=max_steps,
+                                        faults=faults_from_env()))  # armed only by the fault suite
     except (LeaseHeld, LeaseLost) as exc:  # another learner runs this run: nothing was written
         return error(str(exc), 3)
     except RedisBudgetError as exc:  # the run's settings, not a fault: nothing was written
+        return error(str(exc), 2)
+    except DatasetError as exc:  # a row the wire refuses, named: nothing was dispatched
         return error(str(exc), 2)
     typer.echo(f"stopped at step {state.step} (policy version {state.version})")
     last = max_steps if max_steps is not None else settings.optim.total_steps
@@ -68,8 +73,8 @@ def run_check(settings: LearnerSettings) -> int:
 
     from redis.exceptions import RedisError
 
-    from searchr1.core.streams import connect
     from searchr1.learner.redis_budget import RedisBudgetError, enforce_redis_budget
+    from searchr1.streams import connect
 
     async def check():
         redis = connect(settings.redis.url)
@@ -174,8 +179,8 @@ def fetch(
 
 
 async def _rollback(redis_url: str, run: str, version: int):
-    from searchr1.core.streams import StreamKeys, connect
-    from searchr1.core.weights import rollback
+    from searchr1.streams import StreamKeys, connect
+    from searchr1.weightsync import rollback
 
     redis = connect(redis_url)
     try:

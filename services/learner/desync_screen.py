@@ -1,7 +1,7 @@
 """The desync screen's guard action (the rule is `algo/desync.py`; the per-worker mismatch is
 `train/screen.py`'s): before a step trains, score each worker's groups against the weights the step
 starts from, and carry out the decision — a flagged worker's groups are set aside (dead-lettered with
-the reason, never trained) and the worker is told to re-sync its weights (`core/resync.py`, through the
+the reason, never trained) and the worker is told to re-sync its weights (`searchr1.weightsync.request_resync`, through the
 Redis link: an outage is waited out). The learner loop (`service.py`) runs it on every rank; only rank 0
 dead-letters and asks for re-syncs.
 """
@@ -14,10 +14,7 @@ import statistics
 from typing import Any
 
 from searchr1.core.metrics import in_stage
-from searchr1.core.redis_link import RedisLink
-from searchr1.core.resync import request_resync
 from searchr1.core.schemas import TrajectoryGroup
-from searchr1.core.streams import StreamKeys
 from searchr1.learner.algo.desync import DesyncDecision, DesyncPolicy
 from searchr1.learner.metrics import LearnerMetrics
 from searchr1.learner.settings import BatchSettings
@@ -25,6 +22,8 @@ from searchr1.learner.sources.base import GroupSource, StepGroups
 from searchr1.learner.train.build import Training
 from searchr1.learner.train.model import DistInfo
 from searchr1.learner.train.screen import worker_mismatch
+from searchr1.streams import RedisLink, StreamKeys
+from searchr1.weightsync import request_resync
 
 log = logging.getLogger("searchr1.learner")
 
@@ -54,9 +53,8 @@ class DesyncScreen:
     def score_workers(self, groups: list[TrajectoryGroup]):
         """Per worker, the mismatch of its groups against the weights this step starts from (every rank)."""
         b, trainer = self.batch, self.training.trainer
-        with trainer.autocast():
-            return worker_mismatch(trainer.policy, groups, pad_id=self.training.pad_id, max_seq_len=b.max_seq_len,
-                                   micro_batch_size=b.micro_batch_size, device=trainer.device, info=self.info)
+        return worker_mismatch(trainer.policy, groups, pad_id=self.training.pad_id, max_seq_len=b.max_seq_len,
+                               micro_batch_size=b.micro_batch_size, device=trainer.device, info=self.info)
 
     async def screen(self, step: StepGroups) -> StepGroups:
         """Judge each worker's groups and carry out the decision. Returns the step's remaining groups,

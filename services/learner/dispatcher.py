@@ -28,10 +28,10 @@ from typing import Protocol
 
 from searchr1.core.datasets import Question
 from searchr1.core.schemas import Task
-from searchr1.core.streams import TypedStream
 from searchr1.learner.algo.staleness import StalenessPolicy
 from searchr1.learner.algo.temperature import task_sampling
 from searchr1.learner.settings import DispatcherSettings
+from searchr1.streams import TypedStream
 
 
 class Backlog(Protocol):

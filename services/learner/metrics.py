@@ -48,6 +48,8 @@ STEP_GAUGES = {
     "mismatch_masked_seq_frac": "Share of on-policy sequences the mismatch correction gave weight 0 throughout.",
     "worker_mismatch_max": "Largest per-worker mean |Δ log p| of the step's groups (desync screen).",
     "worker_mismatch_median": "Median per-worker mean |Δ log p| of the step's groups (desync screen).",
+    "published_changed_frac": "Share of the published version's values whose bits differ from the previous "
+                              "version's (0 while the loss moves: updates are not reaching the engine).",
     **HEALTH_GAUGES,
 }
 

@@ -27,17 +27,14 @@ from typing import Any
 
 from searchr1.core.aio import stop_task
 from searchr1.core.datasets import Question
-from searchr1.core.lease import Lease
+from searchr1.core.faults import NO_FAULTS, Faults
 from searchr1.core.redaction import redact_config
-from searchr1.core.redis_link import RedisLink
-from searchr1.core.streams import StreamKeys, tasks_stream, trajectories_stream
 from searchr1.core.watchdog import Watchdog
 from searchr1.learner.algo.desync import DesyncPolicy
 from searchr1.learner.algo.staleness import StalenessPolicy
 from searchr1.learner.dispatcher import Dispatcher
 from searchr1.learner.guard import CollapseGuard
 from searchr1.learner.metrics import LearnerMetrics, StepLog
-from searchr1.learner.publisher import WeightPublisher
 from searchr1.learner.redis_budget import enforce_redis_budget
 from searchr1.learner.service import Learner
 from searchr1.learner.settings import LearnerSettings
@@ -49,7 +46,8 @@ from searchr1.learner.train.build import Training, build_training
 from searchr1.learner.train.checkpoint import Checkpointer, TrainState
 from searchr1.learner.train.distributed import init_distributed
 from searchr1.learner.train.model import DistInfo
-from searchr1.learner.transport import WeightTransport, build_transport
+from searchr1.streams import Lease, RedisLink, StreamKeys, tasks_stream, trajectories_stream
+from searchr1.weightsync import WeightPublisher, WeightTransport, build_transport
 
 __all__ = ["build_learner", "run_learner", "run_replay"]
 
@@ -73,18 +71,20 @@ def build_learner(
     dispatcher: Dispatcher | None = None,
     transport: WeightTransport | None = None,
     watchdog: Watchdog | None = None,
+    faults: Faults = NO_FAULTS,
 ) -> Learner:
     """The learner loop and every collaborator it needs, built in dependency order. With `redis` (rank 0
     of a live run) the group source is the trajectories stream (unless `source` is given) and, given
     `tasks`, a dispatcher feeds the tasks stream (`record`: its durable dispatch record); without, the
     snapshots are written and not announced. `lease` fences the checkpointer, the publisher and every
     write (acks and the recovery-snapshot record inside Redis); `watchdog` is beaten by the loop and the
-    source's reads; `training` is `build_training`'s (its trainer timed on `metrics.stages`)."""
+    source's reads; `training` is `build_training`'s (its trainer timed on `metrics.stages`); `faults` is
+    the fault suite's hook (the loop's and the checkpointer's points)."""
     info = info or DistInfo()
     metrics = metrics or LearnerMetrics()
     keys = StreamKeys(settings.redis.run)
     fence, check = (lease.token, lease.check) if lease is not None else (0, None)
-    checkpointer = Checkpointer(settings.checkpoint.dir, settings.checkpoint.keep, info, lease=lease)
+    checkpointer = Checkpointer(settings.checkpoint.dir, settings.checkpoint.keep, info, lease=lease, faults=faults)
     if publisher is None:
         publisher = WeightPublisher(settings.weights.dir, keep=settings.weights.keep, base_url=base_url,
                                     fence=fence, guard=check)
@@ -110,7 +110,7 @@ def build_learner(
     desync = DesyncPolicy.from_settings(settings.desync) if settings.desync.enabled else None
     return Learner(settings, training, checkpointer, publisher, transport, metrics, step_log, info=info,
                    source=source, redis=redis, link=link, archive=archive, lease=lease, dispatcher=dispatcher,
-                   guard=guard, desync=desync, watchdog=watchdog)
+                   guard=guard, desync=desync, watchdog=watchdog, faults=faults)
 
 
 async def run_replay(settings: LearnerSettings, stop: asyncio.Event | None = None,
@@ -136,12 +136,13 @@ async def run_replay(settings: LearnerSettings, stop: asyncio.Event | None = Non
 
 
 async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = None,
-                      max_steps: int | None = None) -> TrainState:
+                      max_steps: int | None = None, faults: Faults = NO_FAULTS) -> TrainState:
     """Everything `searchr1 train` does: the run's lease (rank 0; `LeaseHeld` when another learner holds
-    it past one TTL), models, Redis, dispatcher, weight server, metrics, loop."""
-    from searchr1.core.lease import default_holder
+    it past one TTL), models, Redis, dispatcher, weight server, metrics, loop. `faults`: the fault suite's
+    hook (armed from the environment by the command)."""
     from searchr1.core.servers import install_shutdown_signals
-    from searchr1.core.streams import connect
+    from searchr1.learner.train.fences import highest_token
+    from searchr1.streams import connect, default_holder
 
     if settings.archive.replay_from is not None:
         return await run_replay(settings, stop, max_steps)
@@ -150,7 +151,7 @@ async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = No
     install_shutdown_signals(stop)
     if not info.is_main:  # no lease, no Redis; the node's own progress (the module docstring)
         return await _run(settings, info, stop, max_steps, None, None, LearnerMetrics(),
-                          watchdog=Watchdog("learner", settings.stall_timeout_s))
+                          watchdog=Watchdog("learner", settings.stall_timeout_s), faults=faults)
     # one learner per run: a second one refuses here, before it loads a model
     redis = connect(settings.redis.url)
     lease = Lease(redis, settings.redis.run, ttl_ms=settings.lease_ttl_ms,
@@ -162,11 +163,13 @@ async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = No
     done = asyncio.Event()
     keeper = None
     try:
-        await lease.acquire(wait_s=settings.lease_ttl_ms / 1000)
+        # a token above every one on disk: Redis losing its counter cannot hand a used one out again
+        floor = await asyncio.to_thread(highest_token, settings.checkpoint.dir)
+        await lease.acquire(wait_s=settings.lease_ttl_ms / 1000, floor=floor)
         await enforce_redis_budget(settings, redis)  # RedisBudgetError: Redis cannot hold what is kept unacked
         # renewed from here on, through the model's loading, while the loop makes progress
         keeper = asyncio.create_task(lease.keep(done, alive=watchdog.alive))
-        return await _run(settings, info, stop, max_steps, redis, lease, metrics, link, watchdog)
+        return await _run(settings, info, stop, max_steps, redis, lease, metrics, link, watchdog, faults)
     finally:
         done.set()
         if keeper is not None:
@@ -177,14 +180,14 @@ async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = No
 
 async def _run(settings: LearnerSettings, info: DistInfo, stop: asyncio.Event, max_steps: int | None,
                redis, lease: Lease | None, metrics: LearnerMetrics, link: RedisLink | None = None,
-               watchdog: Watchdog | None = None) -> TrainState:
+               watchdog: Watchdog | None = None, faults: Faults = NO_FAULTS) -> TrainState:
     """`run_learner` once the run's lease is held (rank 0: with its Redis link and progress watchdog) or on
     the other ranks (no Redis; each node's local rank 0 serves that node's `/healthz`)."""
     from searchr1.core.metrics import start_metrics_server
     from searchr1.core.servers import HttpServer
-    from searchr1.learner.publisher import weights_app
     from searchr1.learner.tools.data import load_tasks, oversample
     from searchr1.learner.tools.dispatch_log import DispatchLog, dispatch_log_path
+    from searchr1.weightsync import weights_app
 
     training = await asyncio.to_thread(build_training, settings, info, metrics.stages)
     step_log = http = metrics_server = archive = dispatch_log = base_url = None
@@ -218,7 +221,7 @@ async def _run(settings: LearnerSettings, info: DistInfo, stop: asyncio.Event, m
         learner = build_learner(settings, training, info=info, metrics=metrics, step_log=step_log, redis=redis,
                                 lease=lease, link=link, base_url=base_url, archive=archive, tasks=specs,
                                 record=dispatch_log.record if dispatch_log is not None else None,
-                                watchdog=watchdog)
+                                watchdog=watchdog, faults=faults)
         await learner.start()
         return await learner.run(stop, max_steps=max_steps)
     finally:

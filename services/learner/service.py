@@ -17,11 +17,11 @@ those whose task ids the checkpoint already holds. Every trained group is in the
 (`tools/archive.py`), fsynced before its entries are acked. On start the learner resumes from the latest
 checkpoint and (re)announces its current version (version 0 = the initial weights).
 
-One learner per run: rank 0 holds the run's lease (`core/lease.py`) from before the models load until it
-exits, and makes sure it is still its own before every checkpoint, snapshot, announcement and ack
+One learner per run: rank 0 holds the run's lease (`searchr1.streams.Lease`) from before the models load
+until it exits, and makes sure it is still its own before every checkpoint, snapshot, announcement and ack
 (`hold_lease`); its fencing token goes into each of them. The writes Redis holds are fenced inside Redis
-by one script each (acks: `core/streams.py`; announcements: `core/weights.py`; the recovery-snapshot record:
-`core/catchup.py`); before a checkpoint the token is checked against Redis (`Lease.verify`), and the
+by one script each (acks and dead letters: `searchr1.streams`; announcements and the recovery-snapshot
+record: `searchr1.weightsync`); before a checkpoint the token is checked against Redis (`Lease.verify`), and the
 checkpoint itself is fenced on disk (`train/fences.py`). A second learner refuses to start. A loop that makes
 no progress for `stall_timeout_s` stops renewing the lease and fails `/healthz` (the progress watchdog).
 
@@ -50,10 +50,8 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from searchr1.core.aio import stop_task
-from searchr1.core.faults import fault_point
-from searchr1.core.lease import Lease
+from searchr1.core.faults import NO_FAULTS, Faults
 from searchr1.core.metrics import in_stage
-from searchr1.core.redis_link import RedisLink
 from searchr1.core.schemas import TrajectoryGroup
 from searchr1.core.watchdog import Watchdog
 from searchr1.learner.algo.batch import Batch, build_batch
@@ -65,7 +63,6 @@ from searchr1.learner.desync_screen import DesyncScreen
 from searchr1.learner.dispatcher import Dispatcher
 from searchr1.learner.guard import CollapseGuard, Decision
 from searchr1.learner.metrics import LearnerMetrics, StepLog
-from searchr1.learner.publisher import WeightPublisher
 from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.sources.base import GroupSource, StepGroups
 from searchr1.learner.tools.archive import ArchiveWriter
@@ -73,8 +70,10 @@ from searchr1.learner.train.build import Training
 from searchr1.learner.train.checkpoint import Checkpointer, TrainState
 from searchr1.learner.train.distributed import broadcast_groups
 from searchr1.learner.train.model import DistInfo, export_weights
+from searchr1.learner.train.published import PublishedChange
 from searchr1.learner.train.rollback import roll_back
-from searchr1.learner.transport import WeightTransport
+from searchr1.streams import Lease, RedisLink
+from searchr1.weightsync import WeightPublisher, WeightTransport
 
 __all__ = ["Learner"]
 
@@ -114,10 +113,13 @@ class Learner:
         guard: CollapseGuard | None = None,
         desync: DesyncPolicy | None = None,
         watchdog: Watchdog | None = None,
+        faults: Faults = NO_FAULTS,
     ) -> None:
         if guard is not None and info.enabled:
             raise ValueError("learner.guard needs a single-process learner (it is off for torchrun runs)")
         self.s = settings
+        self.faults = faults
+        """The fault suite's hook (`learner.after_archive`, `learner.after_checkpoint`); never fires outside it."""
         self.training = training
         self.checkpointer = checkpointer
         self.publisher = publisher
@@ -148,6 +150,8 @@ class Learner:
         self.stages: deque[str] = deque(maxlen=64)
         """The last stages run, in order (`archive`, `checkpoint`, `ack`, …): the loop's record of itself."""
         self.state = TrainState()
+        self.published = PublishedChange()
+        """The previous published version, to count the values each publication changes (rank 0)."""
         self.watchdog = watchdog
         """Beaten at each stage of a step and each pass of a read: on rank 0 a loop that stops making progress
         stops renewing the lease and fails `/healthz`; on another node it fails that node's `/healthz`
@@ -201,7 +205,7 @@ class Learner:
         if self.archive is not None:
             await asyncio.to_thread(self.archive.append, self.state.step, groups, entry_ids)
         self.stages.append("archive")
-        fault_point("learner.after_archive")  # test hook (core/faults.py): off unless its env var is set
+        self.faults.kill_at("learner.after_archive")  # the fault suite's hook: never fires outside it
 
     async def hold_lease(self, in_redis: bool = False) -> None:
         """Before a write: make sure the run's lease is still this learner's. Renewed through the Redis
@@ -228,7 +232,7 @@ class Learner:
         """Save a resumable checkpoint (collective)."""
         self.checkpointer.save(self.state, self.training.components)
         self.stages.append("checkpoint")
-        fault_point("learner.after_checkpoint")  # test hook (core/faults.py): off unless its env var is set
+        self.faults.kill_at("learner.after_checkpoint")  # the fault suite's hook: never fires outside it
 
     async def ack(self, checkpointed: bool = True) -> None:
         """Ack the groups set aside and, when `checkpointed`, every group whose step is checkpointed (and
@@ -239,15 +243,19 @@ class Learner:
         self.stages.append("ack")
 
     @in_stage("weight_publish", _stages)
-    async def publish_weights(self) -> None:
-        """Gather the weights (a collective) and hand them to the transport (rank 0), which delivers and
-        announces them."""
+    async def publish_weights(self) -> dict[str, float]:
+        """Gather the weights (a collective), cast to the published dtype, and hand them to the transport
+        (rank 0), which delivers and announces them. Returns the share of published values that changed
+        since the previous version (`train/published.py`; {} on other ranks and at the first version)."""
         await self.hold_lease()
-        model, state = await asyncio.to_thread(export_weights, self.training.trainer.policy, self.info)
-        if self.info.is_main:
-            wv = await self.transport.publish(self.state.version, model, state)
-            if wv is not None:
-                self.metrics.version.set(wv.version)
+        model, state = await asyncio.to_thread(
+            export_weights, self.training.trainer.policy, self.info, self.training.publish_dtype)
+        if not self.info.is_main:
+            return {}
+        wv = await self.transport.publish(self.state.version, model, state)
+        if wv is not None:
+            self.metrics.version.set(wv.version)
+        return await asyncio.to_thread(self.published.observe, state)
 
     # ------------------------------------------------------------------ loop
 
@@ -301,7 +309,7 @@ class Learner:
             await asyncio.to_thread(self.checkpoint)
             self.beat()
             await self.ack()
-        await self.publish_weights()
+        figures.update(await self.publish_weights())
         if self.source is not None:  # the next tasks are sampled with the weights just announced
             self.source.grant(len(groups), self.state.version)
         if self.info.is_main:

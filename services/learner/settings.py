@@ -1,6 +1,7 @@
 """Learner settings: `LearnerSettings` (env prefix `LEARNER_`, run-config table `[learner]`, nested
-sections through `__`, e.g. `LEARNER_OPTIM__LR=1e-6`). The sections of what the learner writes (weights,
-checkpoints, the trajectory archive) are in `settings_outputs`, re-exported here.
+sections through `__`, e.g. `LEARNER_OPTIM__LR=1e-6`). The sections of what the learner writes
+(checkpoints, the trajectory archive) are in `settings_outputs`, re-exported here; its weight publishing
+section is weight sync's (`searchr1.weightsync.PublishSettings`).
 
 Defaults follow Search-R1's `train_grpo.sh` / `ppo_trainer.yaml` where a value exists there (lr 1e-6,
 clip 0.2, entropy 0.001, KL loss 0.001 low_var_kl, grad clip 1.0, γ = λ = 1, value clip 0.5, critic lr 1e-5).
@@ -18,9 +19,8 @@ from searchr1.core.settings import AuthSettings, RedisSettings, Section, Service
 from searchr1.learner.algo.temperature import TRAINING_TEMPERATURE, check_rollout_temperature
 from searchr1.learner.guard import GuardSettings
 from searchr1.learner.settings_outputs import ArchiveSettings as ArchiveSettings
-from searchr1.learner.settings_outputs import BroadcastSettings as BroadcastSettings
 from searchr1.learner.settings_outputs import CheckpointSettings as CheckpointSettings
-from searchr1.learner.settings_outputs import WeightsSettings as WeightsSettings
+from searchr1.weightsync import PublishSettings
 
 
 class LoraSettings(Section):
@@ -40,8 +40,9 @@ class ModelSettings(Section):
     path: str = Field(min_length=1, default="model")
     """Local directory (or hub name, when the hub is reachable) of the HF causal LM to train."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    """Training precision (`train/precision.py`): float32; bfloat16 (parameters and forward); float16 (fp32
-    master weights, fp16 autocast forward, dynamic loss scaling: pair it with an fp16 engine); auto =
+    """Training precision (`train/precision.py`): the forward and backward's dtype over fp32 master weights
+    and optimizer state. float32; bfloat16 (bf16 compute through FSDP2's mixed-precision policy, on one rank
+    too); float16 (the same in fp16, with dynamic loss scaling: pair it with an fp16 engine); auto =
     bfloat16 on GPU, float32 on CPU."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (saves memory, costs ~30% time)."""
@@ -250,7 +251,7 @@ class LearnerSettings(ServiceSettings):
     """Step / mini-batch / micro-batch sizes."""
     dispatcher: DispatcherSettings = Field(default_factory=DispatcherSettings)
     """Task feeding."""
-    weights: WeightsSettings = Field(default_factory=WeightsSettings)
+    weights: PublishSettings = Field(default_factory=PublishSettings)
     """Weight publishing."""
     checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
     """Checkpoints."""
@@ -308,7 +309,7 @@ class LearnerSettings(ServiceSettings):
     def _block_below_reply_timeout(cls, v: int) -> int:
         return check_block_ms("read_block_ms", v)
     lease_ttl_ms: int = Field(default=30_000, ge=1_000, le=600_000)
-    """The learner's lease on its run (one learner per run, core/lease.py): renewed every third of this;
+    """The learner's lease on its run (one learner per run, `searchr1.streams.Lease`): renewed every third of this;
     a second learner refuses to start while it is held, and a crashed learner's lease expires after it."""
     stall_timeout_s: float = Field(default=1800.0, gt=0, le=86_400)
     """Liveness that means progress (core/watchdog.py): once the loop made no progress (a step stage,

@@ -49,9 +49,10 @@ def serve_rollout(
     settings = settings_or_exit(
         RolloutSettings, config, model=model, metrics_port=metrics_port, worker_id=worker_id,
         redis__url=redis_url, redis__run=run, retriever__addresses=retriever or None, reward__url=reward)
+    from searchr1.core.faults import faults_from_env
     from searchr1.rollout.service import run as run_worker
 
-    raise typer.Exit(run_worker(settings))
+    raise typer.Exit(run_worker(settings, faults=faults_from_env()))  # armed only by the fault suite
 
 
 def once(

@@ -85,7 +85,7 @@ class Generator(Protocol):
 
     async def reload(self, weights_path: str, digest: str | None = None) -> None:
         """Swap in the weights at `weights_path`. With the announced `digest`, only bytes verified against
-        it as they are read are loaded (`core.snapshot_read.read_verified`); a refused snapshot raises
+        it as they are read are loaded (`searchr1.weightsync.read_verified`); a refused snapshot raises
         `SnapshotError` before anything is loaded."""
         ...
 

@@ -10,8 +10,8 @@ import asyncio
 import json
 from typing import Any
 
-from searchr1.core.snapshot_manifest import SnapshotError
 from searchr1.rollout.engine import TurnFinish, TurnOutput, TurnRequest
+from searchr1.weightsync import SnapshotError
 
 
 class HfGenerator:
@@ -89,7 +89,7 @@ class HfGenerator:
 
     async def reload(self, weights_path: str, digest: str | None = None) -> None:
         """Load new weights; with the announced `digest`, from the snapshot's bytes verified as they are
-        read (`core.snapshot_read.read_verified`): a refused snapshot raises `SnapshotError` and the model
+        read (`searchr1.weightsync.read_verified`): a refused snapshot raises `SnapshotError` and the model
         in use stays."""
         async with self._lock:
             load = _load_path if digest is None else _load_verified
@@ -115,8 +115,7 @@ def _load_verified(weights_path: str, digest: str) -> Any:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from searchr1.core.snapshot_read import read_verified
-    from searchr1.rollout.snapshot_load import snapshot_tensors
+    from searchr1.weightsync import read_verified, snapshot_tensors
 
     files = read_verified(weights_path, digest)
     if "config.json" not in files:

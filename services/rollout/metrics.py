@@ -81,6 +81,14 @@ class RolloutMetrics:
         r.register(StageCollector("searchr1_rollout_stage_seconds_total",
                                   "Wall time of the worker by stage (stages never overlap).", self.stages))
 
+    def loader_callbacks(self) -> dict[str, Any]:
+        """The `on_loaded`, `on_refused` and `stages` of a `searchr1.weightsync.WeightLoader`."""
+        return {"on_loaded": self._loaded, "on_refused": self.weight_refusals.inc, "stages": self.stages}
+
+    def _loaded(self, version: int, seconds: float) -> None:
+        self.weight_version.set(version)
+        self.weight_reload_seconds.observe(seconds)
+
 
 @dataclass
 class StagedGenerator:

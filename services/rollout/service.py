@@ -24,17 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from searchr1.core.aio import stop_task
-from searchr1.core.broadcast import WEIGHTS_KEY_ENV
 from searchr1.core.clients.retriever import RetrieverClient
 from searchr1.core.clients.reward import RewardClient
 from searchr1.core.commandline import EXIT_FAILED, error
+from searchr1.core.faults import NO_FAULTS, Faults
 from searchr1.core.metrics import MetricsServer, start_metrics_server
-from searchr1.core.redis_link import RedisLink
 from searchr1.core.servers import install_shutdown_signals
-from searchr1.core.streams import StreamKeys, connect, tasks_stream, trajectories_stream
 from searchr1.core.watchdog import Watchdog
 from searchr1.rollout.batcher import SearchBatcher
-from searchr1.rollout.broadcast_ext import WORKER_EXTENSION
 from searchr1.rollout.engine import Generator, GeneratorDead, HfCodec
 from searchr1.rollout.hf_engine import HfGenerator
 from searchr1.rollout.metrics import RolloutMetrics
@@ -42,8 +39,9 @@ from searchr1.rollout.partial import InterruptibleGenerator
 from searchr1.rollout.sampler import GroupSampler
 from searchr1.rollout.settings import EngineSettings, RolloutSettings
 from searchr1.rollout.vllm_engine import VllmEngineConfig, VllmGenerator
-from searchr1.rollout.weights import WeightLoader
 from searchr1.rollout.worker import Worker
+from searchr1.streams import RedisLink, StreamKeys, connect, tasks_stream, trajectories_stream
+from searchr1.weightsync import WEIGHTS_KEY_ENV, WORKER_EXTENSION, WeightLoader
 
 log = logging.getLogger("searchr1.rollout")
 
@@ -111,8 +109,9 @@ def _counted(metrics: RolloutMetrics, dependency: str) -> dict[str, Callable[[An
 
 
 async def build_service(settings: RolloutSettings, *, generator: Generator | None = None,
-                        tokenizer: Any = None, serve_metrics: bool = True) -> RolloutService:
-    """Wire a worker from settings (pass `generator` + `tokenizer` to share an engine)."""
+                        tokenizer: Any = None, serve_metrics: bool = True, faults: Faults = NO_FAULTS) -> RolloutService:
+    """Wire a worker from settings (pass `generator` + `tokenizer` to share an engine; `faults`: the fault
+    suite's hook)."""
     metrics = RolloutMetrics()
     link = RedisLink("rollout", **metrics.redis.link_callbacks())
     watchdog = Watchdog("rollout", settings.tasks.stall_timeout_s, excused=lambda: not link.up)
@@ -151,8 +150,9 @@ async def build_service(settings: RolloutSettings, *, generator: Generator | Non
         tasks = tasks_stream(redis, keys, visibility_timeout_ms=t.visibility_timeout_ms,
                              max_deliveries=t.max_deliveries, trim_every=t.trim_acked_every, link=link)
         groups = trajectories_stream(redis, keys, trim_every=t.trim_acked_every, link=link)
-        loader = WeightLoader(redis, keys, generator, metrics, Path(settings.weights.download_dir),
-                              version=settings.initial_version, token=settings.weights.token, link=link)
+        loader = WeightLoader(redis, keys, generator, Path(settings.weights.download_dir),
+                              version=settings.initial_version, token=settings.weights.token, link=link,
+                              faults=faults, **metrics.loader_callbacks())
         metrics.weight_version.set(loader.version)
         await loader.maybe_update()
         worker_id = settings.worker_id or default_worker_id()
@@ -163,7 +163,8 @@ async def build_service(settings: RolloutSettings, *, generator: Generator | Non
         worker = Worker(sampler, tasks, groups, loader, metrics, worker_id, max_concurrent=t.max_concurrent,
                         block_ms=t.block_ms, reclaim_interval_s=t.reclaim_interval_s,
                         weight_poll_s=settings.weights.poll_interval_s, drain_timeout_s=t.drain_timeout_s,
-                        heartbeat_s=t.visibility_timeout_ms / 4000, watchdog=watchdog, partial=partial)
+                        heartbeat_s=t.visibility_timeout_ms / 4000, watchdog=watchdog, partial=partial,
+                        faults=faults)
     except BaseException:
         for close in reversed(closers):
             result = close()
@@ -177,9 +178,10 @@ async def build_service(settings: RolloutSettings, *, generator: Generator | Non
     return RolloutService(settings, worker, metrics, metrics_server, generator, owns, closers, link)
 
 
-async def serve(settings: RolloutSettings, *, on_ready: Callable[[RolloutService], None] | None = None) -> None:
+async def serve(settings: RolloutSettings, *, on_ready: Callable[[RolloutService], None] | None = None,
+                faults: Faults = NO_FAULTS) -> None:
     """Run a worker until SIGTERM/SIGINT, then drain (finish, publish and ack in-flight tasks) and exit."""
-    service = await build_service(settings)
+    service = await build_service(settings, faults=faults)
     stop = asyncio.Event()
     install_shutdown_signals(stop)
     if on_ready is not None:
@@ -191,9 +193,10 @@ async def serve(settings: RolloutSettings, *, on_ready: Callable[[RolloutService
         await service.close()
 
 
-def run(settings: RolloutSettings) -> int:
+def run(settings: RolloutSettings, faults: Faults = NO_FAULTS) -> int:
     """`searchr1 serve rollout`: serve until SIGTERM/SIGINT (then drain) and return the exit code: 1 when
-    the engine died (a restart gets the held tasks redelivered) or a resource failed, else 0."""
+    the engine died (a restart gets the held tasks redelivered) or a resource failed, else 0. `faults`:
+    the fault suite's hook (armed from the environment by the command)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     def ready(service: RolloutService) -> None:
@@ -201,7 +204,7 @@ def run(settings: RolloutSettings) -> int:
                  settings.redis.run, settings.model, service.worker.loader.version, service.metrics_url)
 
     try:
-        asyncio.run(serve(settings, on_ready=ready))
+        asyncio.run(serve(settings, on_ready=ready, faults=faults))
     except GeneratorDead as exc:
         return error(f"{exc}; exiting for a restart (the tasks held are redelivered)", EXIT_FAILED)
     except (OSError, ValueError) as exc:

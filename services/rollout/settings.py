@@ -16,6 +16,7 @@ from searchr1.core.settings import (
     ServiceSettings,
     check_block_ms,
 )
+from searchr1.weightsync import LoadSettings
 
 
 class EngineSettings(Section):
@@ -147,22 +148,6 @@ class TaskSettings(Section):
     whole history of both streams, so a run to be audited sets 0."""
 
 
-class WeightSettings(Section):
-    poll_interval_s: float = Field(default=2.0, gt=0)
-    """How often the latest announced weight version is checked."""
-    download_dir: str = ".searchr1/rollout-weights"
-    """Where the worker keeps its local copies of the snapshots it loads (downloaded over HTTP, or
-    hard-linked from a shared volume and verified there), relative to the working directory; copies older
-    than the loaded version are deleted. `searchr1 up` gives each worker its own under the run directory."""
-    token: str | None = None
-    """Bearer token for downloading snapshots."""
-    partial_rollouts: bool = False
-    """True: a new weight version interrupts the turns in flight at their next token, loads, and resumes
-    them from their prefix under the new weights (each token records the version that sampled it:
-    `Trajectory.segments`), instead of letting every in-flight group finish first. Off for Search-R1
-    parity runs (every group sampled by one version)."""
-
-
 class EvalSettings(Section):
     """`searchr1 eval` reports (the rollout service itself does not read this table)."""
 
@@ -195,7 +180,7 @@ class RolloutSettings(ServiceSettings):
     """Reward client and scorer."""
     tasks: TaskSettings = Field(default_factory=TaskSettings)
     """Task stream consumption."""
-    weights: WeightSettings = Field(default_factory=WeightSettings)
+    weights: LoadSettings = Field(default_factory=LoadSettings)
     """Weight sync."""
     eval: EvalSettings = Field(default_factory=EvalSettings)
     """`searchr1 eval` reports."""

@@ -21,10 +21,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from searchr1.core.protocol import STOP_STRINGS
-from searchr1.core.snapshot_manifest import SnapshotError
-from searchr1.core.snapshot_read import read_verified
-from searchr1.rollout.broadcast_ext import WORKER_EXTENSION
 from searchr1.rollout.engine import GeneratorDead, TurnFinish, TurnOutput, TurnRequest
+from searchr1.weightsync import WORKER_EXTENSION, reload_engine
 
 if TYPE_CHECKING:
     from searchr1.rollout.settings import EngineSettings
@@ -77,9 +75,9 @@ class VllmGenerator:
         self.engine = engine
         self.eos_token_ids = set(eos_token_ids)
         self.extension = extension
-        """Whether the engine runs searchr1's worker extension (`broadcast_ext.py`)."""
+        """Whether the engine runs searchr1's worker extension (`searchr1.weightsync.WORKER_EXTENSION`)."""
         self.last_load_times: dict[str, float] = {}
-        """Where the last verified snapshot load spent its time (`snapshot_load.LoadTimes`)."""
+        """Where the last verified snapshot load spent its time (weight sync's `LoadTimes`)."""
         self.stop_ids = dict(stop_ids or {})
         """Stop strings that are single tokens, with their ids (`single_token_stops`): a turn also stops on
         the id, in the engine core, at the step that sampled it. A stop string alone is matched on the
@@ -100,7 +98,8 @@ class VllmGenerator:
             chunked = False
         e = config.engine
         block = e.block_size if e.block_size is not None or not current_platform.is_cpu() else CPU_BLOCK_SIZE
-        # searchr1's worker extension (`broadcast_ext.py`): broadcast weight receipt and the CPU reload fix
+        # searchr1's worker extension (weight sync's reload protocol): verified snapshot loads, broadcast
+        # weight receipt and the CPU reload fix
         extra = {"worker_extension_cls": WORKER_EXTENSION, **config.extra}
         args = AsyncEngineArgs(
             model=config.model,
@@ -187,23 +186,13 @@ class VllmGenerator:
         return "eos", None
 
     async def reload(self, weights_path: str, digest: str | None = None) -> None:
-        """Swap the weights in place. With the announced `digest`, the engine reads the snapshot verified
-        as it reads it and loads those bytes (`broadcast_ext.searchr1_load_snapshot`); a refused snapshot
-        raises `SnapshotError` with the weights unchanged."""
+        """Swap the weights in place (weight sync's `reload_engine`). With the announced `digest`, the
+        engine reads the snapshot verified as it reads it and loads those bytes; a refused snapshot raises
+        `SnapshotError` with the weights unchanged."""
         with _dead_engine_is_fatal():
-            if digest is not None and self.extension:
-                results = await self.engine.collective_rpc("searchr1_load_snapshot",
-                                                           kwargs={"path": weights_path, "digest": digest})
-                refused = next((r["error"] for r in results if "error" in r), None)
-                if refused is not None:
-                    raise SnapshotError(refused)
-                self.last_load_times = dict(results[0])
-            else:
-                if digest is not None:  # no searchr1 extension in the engine: verify here, vLLM reads again
-                    await asyncio.to_thread(read_verified, weights_path, digest)
-                await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": weights_path})
-                if self.extension:  # vLLM CPU: the LM head's packed GEMM is not rebuilt by the reload
-                    await self.engine.collective_rpc("searchr1_refresh_cpu_gemm")
+            times = await reload_engine(self.engine, weights_path, digest, extension=self.extension)
+            if times:
+                self.last_load_times = times
             await self._reset_prefix_cache()
 
     async def _reset_prefix_cache(self) -> None:

@@ -33,7 +33,7 @@ that it does not hold (a read whose reply the outage lost).
 Every task read is held until it is acked or given up, and a heartbeat task resets the idle time of
 the tasks held every `heartbeat_s` (a quarter of the visibility timeout) from the read on — through a
 weight load the task waits for, a drain, a partial-rollout swap — so another worker reclaims a task only
-from a worker that stopped heartbeating (dead, or hung past the timeout): `held.py`.
+from a worker that stopped heartbeating (dead, or hung past the timeout): `searchr1.streams.Held`.
 
 What the worker does not do: decide how many tasks exist (the learner's dispatcher) or train.
 """
@@ -47,18 +47,17 @@ from dataclasses import dataclass, field
 
 from redis.exceptions import RedisError
 
-from searchr1.core.faults import fault_point, poisoned
+from searchr1.core.faults import NO_FAULTS, Faults
 from searchr1.core.schemas import Task, TrajectoryGroup
 from searchr1.core.settings import default
-from searchr1.core.streams import Entry, TypedStream
 from searchr1.core.watchdog import Watchdog
 from searchr1.rollout.engine import GeneratorDead
-from searchr1.rollout.held import HeldTasks
 from searchr1.rollout.metrics import RolloutMetrics
 from searchr1.rollout.partial import InterruptibleGenerator
 from searchr1.rollout.sampler import GroupSampler
-from searchr1.rollout.settings import TaskSettings, WeightSettings
-from searchr1.rollout.weights import WeightLoader
+from searchr1.rollout.settings import TaskSettings
+from searchr1.streams import Entry, Held, TypedStream
+from searchr1.weightsync import LoadSettings, WeightLoader
 
 log = logging.getLogger("searchr1.rollout.worker")
 
@@ -94,18 +93,20 @@ class Worker:
     max_concurrent: int = default(TaskSettings, "max_concurrent")
     block_ms: int = default(TaskSettings, "block_ms")
     reclaim_interval_s: float = default(TaskSettings, "reclaim_interval_s")
-    weight_poll_s: float = default(WeightSettings, "poll_interval_s")
+    weight_poll_s: float = default(LoadSettings, "poll_interval_s")
     drain_timeout_s: float | None = default(TaskSettings, "drain_timeout_s")
     heartbeat_s: float | None = None
     watchdog: Watchdog | None = None
     partial: InterruptibleGenerator | None = None
     """Set (the sampler's engine, wrapped): weight swaps interrupt in-flight turns instead of draining."""
+    faults: Faults = NO_FAULTS
+    """The fault suite's hook (`rollout.poison_group`, `rollout.after_publish`); never fires outside it."""
     _inflight: set[asyncio.Task] = field(default_factory=set)
     _inflight_ids: set[str] = field(default_factory=set)
     _entry_ids: dict[asyncio.Task, str] = field(default_factory=dict)  # task in flight → its stream entry
-    _held: HeldTasks = field(init=False)
+    _held: Held[Task] = field(init=False)
     """The tasks read and not yet acked or given up: heartbeaten from read to ack, through weight loads,
-    swaps and drains (`held.py`)."""
+    swaps and drains (`searchr1.streams.Held`)."""
     _seq: int = 0
     _next_reclaim: float = 0.0
     _next_weights: float = 0.0
@@ -113,7 +114,7 @@ class Worker:
     _fatal: GeneratorDead | None = None
 
     def __post_init__(self) -> None:
-        self._held = HeldTasks(self.tasks, self.worker_id)
+        self._held = Held(self.tasks, self.worker_id)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until `stop` is set, then drain (finish, publish and ack in-flight tasks)."""
@@ -249,10 +250,10 @@ class Worker:
             group = await self.sampler.sample_group(task, self.loader.version, self.worker_id, prefix)
             stage = "publish"
             group.timings["total"] = time.perf_counter() - t0
-            group = poisoned(group)  # test hook (core/faults.py): off unless its env var is set
+            group = self.faults.poisoned(group)  # the fault suite's hook: `group` itself outside it
             with self.metrics.stages.stage("publish"):
                 await self.groups.publish(group)
-                fault_point("rollout.after_publish")  # test hook (core/faults.py): off unless its env var is set
+                self.faults.kill_at("rollout.after_publish")  # the fault suite's hook: never fires outside it
                 stage = "ack"
                 await self.tasks.ack(entry.id)
         except Exception as exc:  # noqa: BLE001 - any failure leaves the task for redelivery

@@ -165,7 +165,7 @@ def run_warmstart(world_dir: str | Path, out: str | Path, ws: WarmstartSettings,
     import torch
     from rich.console import Console
 
-    from searchr1.core.weights import snapshot_digest
+    from searchr1.weightsync import snapshot_digest
     from searchr1.world.model import count_parameters, save_model
 
     torch.set_num_threads(ws.threads)
@@ -193,7 +193,7 @@ def run_warmstart(world_dir: str | Path, out: str | Path, ws: WarmstartSettings,
         "final_loss": result.losses[-1][1] if result.losses else None,
         "losses": result.losses, "trace_kinds": result.kinds, "settings": ws.model_dump(mode="json"),
         "model": _model_record(st, init), "sha256": digest,
-        "sha256_note": "searchr1.core.weights.snapshot_digest of the directory before warmstart.json was written",
+        "sha256_note": "searchr1.weightsync.snapshot_digest of the directory before warmstart.json was written",
         "copy_pretraining": None if copied is None else {
             "steps": copied.steps, "batch_size": ws.copy_batch_size, "final_accuracy": copied.accuracy,
             "seconds": round(copied.seconds, 1), "losses": copied.losses},

@@ -4,7 +4,8 @@ injected into it, and the delivery audit (`searchr1 audit`) once it has finished
 
 A fault is either a `kill -9` from outside at a seeded random moment (after the learner's step `after_step`,
 plus a random fraction of a second), or a fault point inside the process (`searchr1.core.faults`: the
-process kills itself at the worst moment, once). The harness measures the time to recover: from the kill to
+process's command arms its hook from `SEARCHR1_FAULT_POINT`/`SEARCHR1_FAULT_MARKER` in the environment the
+harness gives it, and the process kills itself at the worst moment, once). The harness measures the time to recover: from the kill to
 the process being healthy again (the launcher's `RUN_DIR/restarts.jsonl`) and to the next training step
 logged after that.
 

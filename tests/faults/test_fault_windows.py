@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from searchr1.core.faults import POISON_TOKEN_ID
-from searchr1.core.streams import StreamKeys
+from searchr1.streams import StreamKeys
 from tests.faults.harness import LEARNER_STEPS, Fault, FaultRun, run_config
 from tests.faults.test_faults import _finish_and_audit
 from tests.faults.windows import (

@@ -26,7 +26,7 @@ from pathlib import Path
 import redis
 
 from searchr1.core.schemas import TrajectoryGroup, decode, encode
-from searchr1.core.streams import PAYLOAD_FIELD, StreamKeys
+from searchr1.streams import PAYLOAD_FIELD, StreamKeys
 from tests.faults.harness import SEARCHR1, Fault, FaultRun
 from tests.support.blackhole import BlackholeProxy
 

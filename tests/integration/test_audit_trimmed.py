@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from searchr1.core.datasets import Question
 from searchr1.core.schemas import Trajectory, TrajectoryGroup
-from searchr1.core.streams import StreamKeys, tasks_stream, trajectories_stream
 from searchr1.learner.dispatcher import Dispatcher
 from searchr1.learner.settings import DispatcherSettings
 from searchr1.learner.tools.audit import TrainedRow, audit
 from searchr1.learner.tools.audit_sources import read_streams
 from searchr1.learner.tools.dispatch_log import DispatchLog, dispatch_log_path, read_dispatched
+from searchr1.streams import StreamKeys, tasks_stream, trajectories_stream
 
 RUN = "trimmed"
 

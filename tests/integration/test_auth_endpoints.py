@@ -19,10 +19,7 @@ from searchr1.core.clients.reward import RewardClient, RewardError
 from searchr1.core.schemas import WeightVersion
 from searchr1.core.servers import HttpServer, free_port
 from searchr1.core.settings import RetrySettings
-from searchr1.core.snapshot_fetch import SnapshotError, fetch_snapshot
-from searchr1.core.weights import snapshot_digest
 from searchr1.learner.process import run_learner
-from searchr1.learner.publisher import WeightPublisher, weights_app
 from searchr1.learner.settings import LearnerSettings
 from searchr1.retriever.builder import build_index
 from searchr1.retriever.loading import load_index
@@ -32,6 +29,7 @@ from searchr1.reward.app import build_service, create_app
 from searchr1.reward.settings import RewardSettings
 from searchr1.rollout.service import build_service as build_rollout
 from searchr1.rollout.settings import RolloutSettings
+from searchr1.weightsync import SnapshotError, WeightPublisher, fetch_snapshot, snapshot_digest, weights_app
 from tests.support.synthetic import tiny_qwen2
 from tests.support.tiny_lm import build_tokenizer
 

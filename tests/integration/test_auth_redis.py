@@ -13,7 +13,7 @@ from redis.exceptions import AuthenticationError
 from searchr1.core.redis_server import find_redis_server
 from searchr1.core.schemas import Task
 from searchr1.core.servers import free_port
-from searchr1.core.streams import StreamKeys, TypedStream, connect
+from searchr1.streams import StreamKeys, TypedStream, connect
 
 PASSWORD = "r3dis-pw"
 

@@ -10,7 +10,7 @@ import random
 import msgpack
 
 from searchr1.core.schemas import SCHEMA_VERSION, Task, encode
-from searchr1.core.streams import PAYLOAD_FIELD, StreamKeys, TypedStream, read_dead
+from searchr1.streams import PAYLOAD_FIELD, StreamKeys, TypedStream, read_dead
 
 KEYS = StreamKeys("bad-input")
 

@@ -52,7 +52,7 @@ async def test_oversized_bodies_get_413_before_the_handler():
 async def test_every_http_server_has_the_default_bound():
     server = HttpServer(_app([]))
     try:
-        from searchr1.core.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
+        from searchr1.core._body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
 
         assert isinstance(server._server.config.app, BodyLimit)
         assert server._server.config.app.max_bytes == DEFAULT_MAX_BODY_BYTES

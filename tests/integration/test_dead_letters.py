@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from searchr1.cli import build_app
 from searchr1.core.schemas import Task, encode
-from searchr1.core.streams import StreamKeys, connect, read_dead, tasks_stream
+from searchr1.streams import StreamKeys, connect, read_dead, tasks_stream
 
 KEYS = StreamKeys("dl")
 

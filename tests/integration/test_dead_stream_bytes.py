@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import hashlib
 
-from searchr1.core.dead_letters import DEAD_PAYLOAD_MAX_BYTES
-from searchr1.core.streams import PAYLOAD_FIELD, StreamKeys, read_dead, tasks_stream
+from searchr1.streams import DEAD_PAYLOAD_MAX_BYTES, PAYLOAD_FIELD, StreamKeys, read_dead, tasks_stream
 
 KEYS = StreamKeys("deadbytes")
 

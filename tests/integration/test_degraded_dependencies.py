@@ -22,10 +22,10 @@ import pytest_asyncio
 
 from searchr1.core.schemas import SamplingParams, Task, TrajectoryGroup
 from searchr1.core.servers import HttpServer, free_port
-from searchr1.core.streams import StreamKeys, TypedStream, connect
 from searchr1.rollout.service import build_service
 from searchr1.rollout.settings import RolloutSettings
 from searchr1.rollout.tools.steering import steer_args, word_tokens
+from searchr1.streams import StreamKeys, TypedStream, connect
 from tests.support.rollout_stack import QUESTIONS, start_vllm, write_corpus
 from tests.support.tiny_lm import build_tiny_lm
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 
 from searchr1.core.schemas import Task
-from searchr1.core.streams import StreamKeys, tasks_stream
+from searchr1.streams import StreamKeys, tasks_stream
 from tests.integration.test_rollout_worker_redis import Gen, _stack
 
 KEYS = StreamKeys("fr")
@@ -93,7 +93,7 @@ async def test_a_worker_stuck_in_a_drain_reports_not_alive(redis, tmp_path):
     from searchr1.core.metrics import new_registry, start_metrics_server
     from searchr1.core.schemas import WeightVersion
     from searchr1.core.watchdog import Watchdog
-    from searchr1.core.weights import announce
+    from searchr1.weightsync import announce
 
     dog = Watchdog("rollout", 0.5)
     st = await _stack(redis, KEYS, StuckGen(), tmp_path, weight_poll_s=0.05, watchdog=dog)
@@ -127,7 +127,7 @@ async def test_a_long_drain_keeps_heartbeating(redis, tmp_path):
     worker drains before loading them and keeps heartbeating the task meanwhile, so a second consumer
     reclaiming every 50 ms never takes it."""
     from searchr1.core.schemas import WeightVersion
-    from searchr1.core.weights import announce
+    from searchr1.weightsync import announce
 
     st = await _stack(redis, KEYS, SlowGen(1.2), tmp_path, visibility_timeout_ms=300, reclaim_interval_s=0.05,
                       heartbeat_s=0.075, weight_poll_s=0.05)

@@ -7,10 +7,10 @@ import json
 
 from searchr1.core.schemas import WeightVersion
 from searchr1.core.servers import GrpcServer, HttpServer, free_port
-from searchr1.core.streams import StreamKeys
-from searchr1.core.weights import announce
 from searchr1.launcher.health import GrpcHealthGate, HttpGate, RedisPingGate, check_all
 from searchr1.launcher.status import StatusCollector, render_status
+from searchr1.streams import StreamKeys
+from searchr1.weightsync import announce
 
 
 def _app(status: dict):

@@ -125,8 +125,8 @@ async def main():
     print(f"{name} serving on {port}", flush=True)
     if a.fake_redis:
         from searchr1.core.schemas import WeightVersion
-        from searchr1.core.streams import StreamKeys, connect
-        from searchr1.core.weights import announce
+        from searchr1.streams import StreamKeys, connect
+        from searchr1.weightsync import announce
         r = connect(a.redis)
         keys = StreamKeys(a.run)
         await r.delete(keys.tasks)

@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from searchr1.core.schemas import TrajectoryGroup
-from searchr1.core.streams import StreamKeys, TypedStream, trajectories_stream
 from searchr1.learner.metrics import StepLog
 from searchr1.learner.process import build_learner
 from searchr1.learner.service import Learner
@@ -22,6 +21,7 @@ from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.tools.archive import ArchiveWriter, latest_copies, read
 from searchr1.learner.train.build import build_training
 from searchr1.learner.train.model import DistInfo
+from searchr1.streams import StreamKeys, TypedStream, trajectories_stream
 from tests.support.synthetic import synthetic_group, tiny_qwen2
 
 torch.set_num_threads(1)
@@ -172,12 +172,12 @@ async def test_replay_trains_from_the_archive_without_redis(tmp_path, redis, red
 
 _KILLED_LEARNER = """
 import asyncio, os, signal, sys
-from searchr1.core.streams import connect
+from searchr1.streams import connect
 from searchr1.learner.tools.archive import ArchiveWriter
 from searchr1.learner.train.checkpoint import Checkpointer
 from searchr1.learner.metrics import LearnerMetrics
 from searchr1.learner.train.model import DistInfo
-from searchr1.learner.publisher import WeightPublisher
+from searchr1.weightsync import WeightPublisher
 from searchr1.learner.process import build_learner
 from searchr1.learner.train.build import build_training
 from searchr1.learner.settings import LearnerSettings

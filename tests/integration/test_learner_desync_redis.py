@@ -13,10 +13,8 @@ import random
 import pytest
 import torch
 
-from searchr1.core.faults import ENV_POINT
-from searchr1.core.resync import resync_key
+from searchr1.core.faults import FaultPoints
 from searchr1.core.schemas import TrajectoryGroup, decode
-from searchr1.core.streams import StreamKeys, trajectories_stream
 from searchr1.learner.algo.batch import build_batch
 from searchr1.learner.metrics import LearnerMetrics, StepLog
 from searchr1.learner.process import build_learner
@@ -26,7 +24,8 @@ from searchr1.learner.train.build import build_training
 from searchr1.learner.train.model import DistInfo, forward_logprobs
 from searchr1.rollout.hf_engine import HfGenerator
 from searchr1.rollout.metrics import RolloutMetrics
-from searchr1.rollout.weights import WeightLoader
+from searchr1.streams import StreamKeys, trajectories_stream
+from searchr1.weightsync import WeightLoader, resync_key
 from tests.support.synthetic import synthetic_group
 from tests.support.tiny_lm import build_tiny_lm
 
@@ -68,13 +67,13 @@ def _sampled(task_id: str, worker_id: str, version: int, engine: HfGenerator) ->
     return g.model_copy(update={"trajectories": trajs, "worker_id": worker_id})
 
 
-async def test_a_worker_that_skipped_a_reload_is_caught_in_one_step(tmp_path, redis, redis_server, model_dir,
-                                                                     monkeypatch):
+async def test_a_worker_that_skipped_a_reload_is_caught_in_one_step(tmp_path, redis, redis_server, model_dir):
     # reloads in order: round 1 → a (1st), b (2nd); round 2 → a (3rd), b (4th: skipped, version stamped anyway)
-    monkeypatch.setenv(ENV_POINT, "rollout.skip_reload@4")
+    faults = FaultPoints("rollout.skip_reload@4")  # one hook for both workers: it counts their reloads together
     learner = _learner(tmp_path, redis_server.url, redis, model_dir)
     await learner.start()
-    workers = {w: WeightLoader(redis, KEYS, HfGenerator(str(model_dir)), RolloutMetrics(), tmp_path / f"dl-{w}")
+    workers = {w: WeightLoader(redis, KEYS, HfGenerator(str(model_dir)), tmp_path / f"dl-{w}", faults=faults,
+                               **RolloutMetrics().loader_callbacks())
                for w in ("a", "b")}
     out = trajectories_stream(redis, KEYS)
     stop, flagged_at = asyncio.Event(), None

@@ -49,10 +49,10 @@ def _train(rank: int, world: int, model_path: str, out: str, port: int) -> None:
     torch.set_num_threads(1)
     out_p = Path(out)
     join_group(rank, world, port)
-    from searchr1.learner.publisher import WeightPublisher
     from searchr1.learner.train.build import build_training
     from searchr1.learner.train.checkpoint import Checkpointer, TrainState
     from searchr1.learner.train.model import dist_info, export_weights
+    from searchr1.weightsync import WeightPublisher
 
     info = dist_info()
     for algo in ALGOS:

@@ -9,13 +9,13 @@ import asyncio
 import random
 from types import SimpleNamespace
 
-from searchr1.core.streams import StreamKeys, tasks_stream, trajectories_stream
 from searchr1.learner.algo.staleness import StalenessPolicy
 from searchr1.learner.metrics import LearnerMetrics
 from searchr1.learner.process import build_learner
 from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.sources.stream import StreamSource
 from searchr1.learner.train.checkpoint import TrainState
+from searchr1.streams import StreamKeys, tasks_stream, trajectories_stream
 from tests.support.synthetic import synthetic_group
 
 

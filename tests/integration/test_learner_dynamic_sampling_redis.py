@@ -11,13 +11,13 @@ import random
 import pytest
 import torch
 
-from searchr1.core.streams import StreamKeys, trajectories_stream
 from searchr1.learner.metrics import StepLog
 from searchr1.learner.process import build_learner
 from searchr1.learner.service import Learner
 from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.train.build import build_training
 from searchr1.learner.train.model import DistInfo
+from searchr1.streams import StreamKeys, trajectories_stream
 from tests.support.synthetic import synthetic_group, tiny_qwen2
 
 torch.set_num_threads(1)

@@ -13,12 +13,11 @@ import pytest
 import torch
 from torch import nn
 
-from searchr1.core.catchup import latest_snapshot_fenced, record_snapshot
-from searchr1.core.lease import Lease, LeaseLost
 from searchr1.core.schemas import WeightVersion
-from searchr1.core.streams import StreamKeys
 from searchr1.core.watchdog import Watchdog
 from searchr1.learner.train.checkpoint import Checkpointer, Component, TrainState
+from searchr1.streams import Lease, LeaseLost, StreamKeys
+from searchr1.weightsync import latest_snapshot_fenced, record_snapshot
 
 RUN = "fencing"
 
@@ -127,9 +126,9 @@ async def test_a_learner_built_with_its_lease_fences_its_acks_and_checks_redis_b
     refused although its own view of the lease is still valid."""
     from types import SimpleNamespace
 
-    from searchr1.core.streams import trajectories_stream
     from searchr1.learner.process import build_learner
     from searchr1.learner.settings import LearnerSettings
+    from searchr1.streams import trajectories_stream
     from tests.support.synthetic import synthetic_group
 
     settings = LearnerSettings(redis={"run": RUN}, batch={"groups_per_step": 1}, read_block_ms=50,

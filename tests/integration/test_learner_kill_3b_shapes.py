@@ -30,12 +30,12 @@ from pathlib import Path
 
 from searchr1.core.schemas import encode
 from searchr1.core.settings import load_settings
-from searchr1.core.streams import StreamKeys, trajectories_stream
 from searchr1.learner.algo.consumed import decode as decode_consumed
 from searchr1.learner.redis_budget import redis_need_bytes
 from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.tools.audit import audit
 from searchr1.learner.tools.audit_sources import read_archive, read_checkpoint, read_logs, read_streams
+from searchr1.streams import StreamKeys, trajectories_stream
 from tests.support.synthetic import synthetic_group, tiny_qwen2
 
 RUN = "kill3b"

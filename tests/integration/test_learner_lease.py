@@ -1,5 +1,5 @@
-"""One learner per run: the Redis lease with its fencing token (core/lease.py), the fenced weight
-announcement (core/weights.py), and the learner's writers stopping once the lease is lost. Real Redis."""
+"""One learner per run: the Redis lease with its fencing token (`searchr1.streams.Lease`), the fenced weight
+announcement (`searchr1.weightsync.announce`), and the learner's writers stopping once the lease is lost. Real Redis."""
 
 from __future__ import annotations
 
@@ -9,12 +9,11 @@ import pytest
 import torch
 from torch import nn
 
-from searchr1.core.lease import Lease, LeaseHeld, LeaseLost
 from searchr1.core.schemas import WeightVersion
-from searchr1.core.streams import StreamKeys
-from searchr1.core.weights import FencedOff, announce, announced_fence, latest
 from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.train.checkpoint import Checkpointer, Component, TrainState
+from searchr1.streams import Lease, LeaseHeld, LeaseLost, StreamKeys
+from searchr1.weightsync import FencedOff, announce, announced_fence, latest
 
 
 async def test_a_second_holder_is_refused_with_the_holders_name(redis):

@@ -6,13 +6,12 @@ from __future__ import annotations
 import asyncio
 import random
 
-from searchr1.core.redis_link import RedisLink
-from searchr1.core.streams import StreamKeys, tasks_stream, trajectories_stream
 from searchr1.learner.algo.staleness import StalenessPolicy
 from searchr1.learner.metrics import LearnerMetrics
 from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.sources.stream import StreamSource
 from searchr1.learner.train.checkpoint import TrainState
+from searchr1.streams import RedisLink, StreamKeys, tasks_stream, trajectories_stream
 from tests.support.synthetic import synthetic_group
 
 

@@ -14,16 +14,21 @@ from safetensors.torch import load_file
 
 from searchr1.core.schemas import Task, TrajectoryGroup, decode
 from searchr1.core.servers import HttpServer
-from searchr1.core.snapshot_fetch import fetch_snapshot
-from searchr1.core.streams import StreamKeys, TypedStream, tasks_stream, trajectories_stream
-from searchr1.core.weights import announced_fence, latest, snapshot_digest
 from searchr1.learner.metrics import LearnerMetrics, StepLog
 from searchr1.learner.process import build_learner
-from searchr1.learner.publisher import WeightPublisher, weights_app
 from searchr1.learner.service import Learner
 from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.train.build import build_training
 from searchr1.learner.train.model import DistInfo
+from searchr1.streams import StreamKeys, TypedStream, tasks_stream, trajectories_stream
+from searchr1.weightsync import (
+    WeightPublisher,
+    announced_fence,
+    fetch_snapshot,
+    latest,
+    snapshot_digest,
+    weights_app,
+)
 from tests.support.synthetic import synthetic_group, tiny_qwen2
 
 torch.set_num_threads(1)
@@ -212,7 +217,7 @@ async def test_groups_sampled_at_another_temperature_are_dead_lettered(tmp_path,
                                                                       model_path):
     """A group sampled at 0.7 is never trained on (the learner's log-probs are at temperature 1): it goes
     to the dead stream with a reason naming both temperatures, counted, and the rest of the step trains."""
-    from searchr1.core.streams import read_dead
+    from searchr1.streams import read_dead
 
     settings = _settings(tmp_path, redis_server.url, model_path)
     learner = _learner(settings, redis)

@@ -10,8 +10,8 @@ import random
 import signal
 import sys
 
-from searchr1.core.streams import StreamKeys, trajectories_stream
 from searchr1.learner.commands import SIGNALLED_EXIT
+from searchr1.streams import StreamKeys, trajectories_stream
 from tests.support.synthetic import synthetic_group, tiny_qwen2
 
 

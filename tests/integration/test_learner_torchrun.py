@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 
 from searchr1.core.servers import free_port
-from searchr1.core.snapshot_fetch import fetch_snapshot
-from searchr1.core.streams import StreamKeys, trajectories_stream
-from searchr1.core.weights import latest
+from searchr1.streams import StreamKeys, trajectories_stream
+from searchr1.weightsync import fetch_snapshot, latest
 from tests.support.synthetic import synthetic_group, tiny_qwen2
 
 

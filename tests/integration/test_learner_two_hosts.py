@@ -37,7 +37,7 @@ import pytest
 
 from searchr1.core.redis_server import RedisServer
 from searchr1.core.schemas import Task
-from searchr1.core.streams import StreamKeys, connect, tasks_stream, trajectories_stream
+from searchr1.streams import StreamKeys, connect, tasks_stream, trajectories_stream
 from tests.support.synthetic import synthetic_group, tiny_qwen2
 
 pytestmark = [

@@ -8,8 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from searchr1.core.lease import Lease
-from searchr1.core.redis_link import connect
+from searchr1.streams import Lease, connect
 from tests.support.blackhole import BlackholeProxy
 
 

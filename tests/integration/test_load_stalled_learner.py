@@ -10,12 +10,12 @@ from __future__ import annotations
 import asyncio
 import time
 
-from searchr1.core.streams import StreamKeys, tasks_stream, trajectories_stream
 from searchr1.learner.dispatcher import Dispatcher
 from searchr1.learner.settings import DispatcherSettings
 from searchr1.learner.tools.data import Question
 from searchr1.rollout.service import build_service
 from searchr1.rollout.settings import RolloutSettings
+from searchr1.streams import StreamKeys, tasks_stream, trajectories_stream
 from tests.load.scripted_engine import ScriptedEngine
 from tests.support.rollout_stack import start_reward
 from tests.support.tiny_lm import build_tokenizer

@@ -86,10 +86,10 @@ def _learner_logprobs(policy, batch):
 @pytest.mark.timeout(1500)
 async def test_real_model_rollout_step_reload_and_logprob_gap(tmp_path):
     from searchr1.learner.algo.tis import mismatch_figures
-    from searchr1.learner.publisher import WeightPublisher
     from searchr1.learner.settings import LearnerSettings
     from searchr1.learner.train.build import build_training
     from searchr1.learner.train.model import DistInfo, export_weights
+    from searchr1.weightsync import WeightPublisher
 
     model = prepared("smollm2-135m")
     figures: dict[str, float] = {}

@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 import os
 
-from searchr1.core import streams
+from searchr1 import streams
 from searchr1.core.schemas import Task
-from searchr1.core.streams import StreamKeys, read_dead
+from searchr1.streams import StreamKeys, read_dead
 
 KEYS = StreamKeys("trim")
 
@@ -19,7 +19,7 @@ def task(i: int, pad: int = 0) -> Task:
 
 
 async def ids_in(redis, key: str) -> list[str]:
-    return [streams._sid(rid) for rid, _ in await redis.xrange(key)]
+    return [streams.text(rid) for rid, _ in await redis.xrange(key)]
 
 
 async def test_trim_never_removes_pending_or_unread_entries(redis):

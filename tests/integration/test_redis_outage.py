@@ -18,12 +18,12 @@ import torch
 
 from searchr1.core.redis_server import RedisServer
 from searchr1.core.servers import free_port
-from searchr1.core.streams import StreamKeys, connect, read_dead, tasks_stream, trajectories_stream
 from searchr1.learner.process import run_learner
 from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.tools import archive
 from searchr1.rollout.service import build_service
 from searchr1.rollout.settings import RolloutSettings
+from searchr1.streams import StreamKeys, connect, read_dead, tasks_stream, trajectories_stream
 from tests.load.scripted_engine import ScriptedEngine
 from tests.support.rollout_stack import start_reward
 from tests.support.tiny_lm import build_tiny_lm, build_tokenizer

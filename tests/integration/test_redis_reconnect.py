@@ -15,11 +15,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from searchr1.core.metrics import RedisMetrics, new_registry, start_metrics_server
-from searchr1.core.redis_link import RedisLink
 from searchr1.core.redis_server import RedisServer
 from searchr1.core.retry import is_redis_transient
 from searchr1.core.schemas import Task
-from searchr1.core.streams import StreamKeys, connect, tasks_stream
+from searchr1.streams import RedisLink, StreamKeys, connect, tasks_stream
 
 
 def _task(i: int) -> Task:

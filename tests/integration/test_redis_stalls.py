@@ -11,9 +11,8 @@ import pytest
 from redis.exceptions import OutOfMemoryError, ReadOnlyError, ResponseError
 
 from searchr1.core.metrics import RedisMetrics, new_registry
-from searchr1.core.redis_link import RedisLink, refusal_kind
 from searchr1.core.schemas import Task
-from searchr1.core.streams import StreamKeys, connect, tasks_stream
+from searchr1.streams import RedisLink, StreamKeys, connect, refusal_kind, tasks_stream
 from tests.support.blackhole import BlackholeProxy
 
 

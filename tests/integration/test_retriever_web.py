@@ -219,7 +219,7 @@ async def test_the_budget_refuses_clearly_and_cache_hits_stay_free(api, tmp_path
 async def cache_redis(tmp_path):
     """A Redis of the cache's own: 64 MB, `volatile-lru`."""
     from searchr1.core.redis_server import RedisServer
-    from searchr1.core.streams import connect
+    from searchr1.streams import connect
 
     with RedisServer(workdir=tmp_path / "cache-redis") as server:
         client = connect(server.url)
@@ -368,12 +368,12 @@ async def test_a_caller_that_goes_away_does_not_cancel_the_answer_others_wait_fo
 async def test_an_unreachable_budget_counter_makes_searches_unavailable_not_free(api):
     from searchr1.core.metrics import new_registry
     from searchr1.core.servers import free_port
-    from searchr1.core.streams import connect
     from searchr1.retriever.web.backend import BackendUnavailable, WebBackend
     from searchr1.retriever.web.cache import NoCache
     from searchr1.retriever.web.limits import Budget, RedisCounter
     from searchr1.retriever.web.metrics import WebMetrics
     from searchr1.retriever.web.settings import WebSettings
+    from searchr1.streams import connect
 
     dead = connect(f"redis://127.0.0.1:{free_port()}/0")  # nothing listens there
     budget = Budget(RedisCounter(dead, "k"), max_queries=10, price_per_1000=1.0, max_spend=None)

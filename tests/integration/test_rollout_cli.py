@@ -16,7 +16,7 @@ import pytest
 
 from searchr1.core.schemas import SamplingParams, Task, TrajectoryGroup
 from searchr1.core.servers import free_port
-from searchr1.core.streams import StreamKeys, TypedStream, connect
+from searchr1.streams import StreamKeys, TypedStream, connect
 from tests.support.rollout_stack import start_retriever, start_reward
 from tests.support.tiny_lm import build_tiny_lm
 

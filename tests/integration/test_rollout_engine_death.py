@@ -15,10 +15,10 @@ import psutil
 import pytest
 
 from searchr1.core.schemas import SamplingParams, Task
-from searchr1.core.streams import StreamKeys, connect, tasks_stream
 from searchr1.rollout.engine import GeneratorDead
 from searchr1.rollout.service import build_service
 from searchr1.rollout.settings import RolloutSettings
+from searchr1.streams import StreamKeys, connect, tasks_stream
 from tests.support.rollout_stack import QUESTIONS, start_vllm
 from tests.support.tiny_lm import build_tiny_lm
 

@@ -10,15 +10,14 @@ import asyncio
 import time
 
 from searchr1.core.schemas import Task, TrajectoryGroup, WeightVersion
-from searchr1.core.streams import StreamKeys, tasks_stream, trajectories_stream
-from searchr1.core.weights import announce, snapshot_digest
 from searchr1.rollout.engine import TurnOutput, TurnRequest
 from searchr1.rollout.metrics import RolloutMetrics
 from searchr1.rollout.partial import InterruptibleGenerator
 from searchr1.rollout.sampler import GroupSampler
 from searchr1.rollout.settings import AgentSettings, RewardClientSettings
-from searchr1.rollout.weights import WeightLoader
 from searchr1.rollout.worker import Worker
+from searchr1.streams import StreamKeys, tasks_stream, trajectories_stream
+from searchr1.weightsync import WeightLoader, announce, snapshot_digest
 
 ANSWER = "<answer> Paris </answer>"
 
@@ -86,7 +85,7 @@ async def _run(redis, tmp_path, *, partial: bool) -> tuple[TrajectoryGroup, Slow
     engine = InterruptibleGenerator(gen, 0, on_interrupt=metrics.turns_interrupted.inc) if partial else None
     sampler = GroupSampler(engine or gen, Codec(), None, _search, OkScorer(), AgentSettings(), RewardClientSettings(),
                            metrics)
-    loader = WeightLoader(redis, keys, gen, metrics, tmp_path / "dl")
+    loader = WeightLoader(redis, keys, gen, tmp_path / "dl", **metrics.loader_callbacks())
     worker = Worker(sampler, tasks, groups, loader, metrics, "w", block_ms=50, weight_poll_s=0.05, partial=engine)
     await tasks.ensure_group()
     await groups.ensure_group()

@@ -4,7 +4,7 @@ weights. The trajectory has two segments; the tokens before the seam are the old
 with their log-probs, those after it are the new weights' (checked against transformers on each snapshot),
 and the learner's importance ratio against the recorded behaviour log-probs is 1 after the seam and the
 old/new policy ratio before it. The tokens after the seam also hold vLLM's in-place reload on CPU to the
-new weights (without `broadcast_ext.refresh_cpu_gemm` the LM head kept the start-up weights)."""
+new weights (without weight sync's `refresh_cpu_gemm` the LM head kept the start-up weights)."""
 
 from __future__ import annotations
 

@@ -19,7 +19,6 @@ import time
 from searchr1.core.clients.retriever import RetrieverClient
 from searchr1.core.clients.reward import RewardClient
 from searchr1.core.schemas import Task
-from searchr1.core.streams import StreamKeys, tasks_stream, trajectories_stream
 from searchr1.retriever.server import start_web_retriever
 from searchr1.retriever.settings import RetrieverSettings
 from searchr1.rollout.batcher import SearchBatcher
@@ -27,8 +26,9 @@ from searchr1.rollout.engine import TurnOutput, TurnRequest
 from searchr1.rollout.metrics import RolloutMetrics
 from searchr1.rollout.sampler import GroupSampler
 from searchr1.rollout.settings import AgentSettings, RewardClientSettings
-from searchr1.rollout.weights import WeightLoader
 from searchr1.rollout.worker import Worker
+from searchr1.streams import StreamKeys, tasks_stream, trajectories_stream
+from searchr1.weightsync import WeightLoader
 from tests.support.fake_search_api import FakeSearchAPI
 from tests.support.rollout_stack import CORPUS, start_reward
 
@@ -77,7 +77,7 @@ async def test_a_worker_completes_trajectories_on_web_search_until_the_budget_is
     search = SearchBatcher(client, top_k=2, max_wait_s=0.002)
     sampler = GroupSampler(SearchThenAnswer(), Codec(), None, search.search, RewardClient(reward.url),
                            AgentSettings(), RewardClientSettings(url=reward.url, scorer="searchr1_em"), metrics)
-    worker = Worker(sampler, tasks, groups, WeightLoader(redis, keys, SearchThenAnswer(), metrics, tmp_path),
+    worker = Worker(sampler, tasks, groups, WeightLoader(redis, keys, SearchThenAnswer(), tmp_path, **metrics.loader_callbacks()),
                     metrics, "w", block_ms=50)
     stop = asyncio.Event()
     run = asyncio.create_task(worker.run(stop))

@@ -20,11 +20,11 @@ import pytest
 import pytest_asyncio
 
 from searchr1.core.schemas import SamplingParams, Task, TrajectoryGroup, WeightVersion
-from searchr1.core.streams import StreamKeys, TypedStream, connect, tasks_stream, trajectories_stream
-from searchr1.core.weights import announce, snapshot_digest
 from searchr1.rollout.service import build_service
 from searchr1.rollout.settings import RolloutSettings
 from searchr1.rollout.tools.steering import steer_args, word_tokens
+from searchr1.streams import StreamKeys, TypedStream, connect, tasks_stream, trajectories_stream
+from searchr1.weightsync import announce, snapshot_digest
 from tests.support.rollout_stack import QUESTIONS, start_retriever, start_reward, start_vllm
 from tests.support.tiny_lm import build_tiny_lm, perturb_weights
 

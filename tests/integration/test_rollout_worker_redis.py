@@ -9,14 +9,13 @@ import time
 from dataclasses import dataclass
 
 from searchr1.core.schemas import Task, WeightVersion
-from searchr1.core.streams import StreamKeys, tasks_stream, trajectories_stream
-from searchr1.core.weights import announce
 from searchr1.rollout.engine import TurnOutput, TurnRequest
 from searchr1.rollout.metrics import RolloutMetrics
 from searchr1.rollout.sampler import GroupSampler
 from searchr1.rollout.settings import AgentSettings, RewardClientSettings
-from searchr1.rollout.weights import WeightLoader
 from searchr1.rollout.worker import Worker
+from searchr1.streams import StreamKeys, tasks_stream, trajectories_stream
+from searchr1.weightsync import WeightLoader, announce
 
 
 class Codec:
@@ -83,7 +82,7 @@ async def _stack(redis, keys: StreamKeys, gen, download_dir, scorer=None, *, vis
     groups = trajectories_stream(redis, keys)
     sampler = GroupSampler(gen, Codec(), None, _search, scorer or OkScorer(), AgentSettings(), RewardClientSettings(),
                            metrics)
-    loader = WeightLoader(redis, keys, gen, metrics, download_dir)
+    loader = WeightLoader(redis, keys, gen, download_dir, **metrics.loader_callbacks())
     worker = Worker(sampler, tasks, groups, loader, metrics, "w", block_ms=50, **worker_kw)
     await tasks.ensure_group()
     await groups.ensure_group()
@@ -135,7 +134,7 @@ async def test_a_task_needing_newer_weights_is_sampled_after_loading_them(redis,
     """Synchronous training: the learner announces version 1 and only then publishes the next tasks, stamped
     `min_policy_version=1`. The worker must not sample them with version 0 while waiting for its next weight
     poll (the learner would drop those groups as stale); a task without the stamp does not force a reload."""
-    from searchr1.core.weights import snapshot_digest
+    from searchr1.weightsync import snapshot_digest
 
     keys = StreamKeys("mv")
     gen = Gen()
@@ -241,8 +240,7 @@ async def test_a_resync_request_reloads_the_announced_weights_at_the_same_versio
     """The learner flagged this worker (its groups disagreed with the weights it claims): the worker takes the
     request at its next weight poll and reloads the announced snapshot although its version is the one it
     runs; the request is consumed, so it reloads once."""
-    from searchr1.core.resync import request_resync, resync_key
-    from searchr1.core.weights import snapshot_digest
+    from searchr1.weightsync import request_resync, resync_key, snapshot_digest
 
     keys = StreamKeys("rs")
     gen = Gen()

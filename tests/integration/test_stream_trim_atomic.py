@@ -3,10 +3,9 @@ a group created at id 0 while a trim is under way keeps every entry it has not r
 
 from __future__ import annotations
 
-from searchr1.core import streams
+from searchr1 import streams
 from searchr1.core.schemas import Task
-from searchr1.core.stream_trim import group_views, safe_min_id
-from searchr1.core.streams import StreamKeys
+from searchr1.streams import StreamKeys, group_views, safe_min_id
 
 KEYS = StreamKeys("trim")
 

@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from searchr1.core import streams
+from searchr1 import streams
 from searchr1.core.schemas import Task, TrajectoryGroup, encode
-from searchr1.core.streams import PAYLOAD_FIELD, StreamKeys, TypedStream, read_dead
+from searchr1.streams import PAYLOAD_FIELD, StreamKeys, TypedStream, read_dead
 
 KEYS = StreamKeys("test")
 
@@ -62,7 +62,7 @@ async def test_killed_consumer_loses_nothing(redis):
 
 async def test_killed_consumer_in_another_process_connection(redis_server):
     """The same through separate connections, as separate worker processes would do."""
-    from searchr1.core.streams import connect
+    from searchr1.streams import connect
 
     r1, r2 = connect(redis_server.url), connect(redis_server.url)
     try:
@@ -122,7 +122,7 @@ async def test_publish_type_checked(redis):
 
 
 async def test_blocking_read_wakes_on_publish(redis_server):
-    from searchr1.core.streams import connect
+    from searchr1.streams import connect
 
     reader, writer = connect(redis_server.url), connect(redis_server.url)
     try:

@@ -9,10 +9,9 @@ import asyncio
 
 import pytest
 
-from searchr1.core import streams
-from searchr1.core.lease import Lease, LeaseLost
+from searchr1 import streams
 from searchr1.core.schemas import Task
-from searchr1.core.streams import StreamKeys, read_dead
+from searchr1.streams import Lease, LeaseLost, StreamKeys, read_dead
 
 KEYS = StreamKeys("delivery")
 

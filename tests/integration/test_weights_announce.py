@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from searchr1.core.schemas import WeightVersion
-from searchr1.core.streams import StreamKeys
-from searchr1.core.weights import announce, latest
+from searchr1.streams import StreamKeys
+from searchr1.weightsync import announce, latest
 
 KEYS = StreamKeys("w")
 
@@ -26,8 +26,7 @@ async def test_fetch_snapshot_local_and_http(tmp_path):
     """A snapshot served over HTTP (files listing protocol) downloads and verifies; tampering is refused."""
     import pytest
 
-    from searchr1.core.snapshot_fetch import SnapshotError, fetch_snapshot
-    from searchr1.core.weights import snapshot_digest, snapshot_listing
+    from searchr1.weightsync import SnapshotError, fetch_snapshot, snapshot_digest, snapshot_listing
     from tests.support.snapshot_server import serve_snapshot
 
     snap = tmp_path / "snap"
@@ -65,8 +64,7 @@ async def test_http_fetch_refuses_corrupted_truncated_and_odd_listings(tmp_path)
     from fastapi.responses import Response
 
     from searchr1.core.servers import HttpServer
-    from searchr1.core.snapshot_fetch import SnapshotError, fetch_snapshot
-    from searchr1.core.weights import snapshot_digest
+    from searchr1.weightsync import SnapshotError, fetch_snapshot, snapshot_digest
 
     snap = tmp_path / "snap"
     snap.mkdir()

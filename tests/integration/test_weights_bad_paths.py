@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 
 from searchr1.core.servers import HttpServer
-from searchr1.learner.publisher import WeightPublisher, weights_app
+from searchr1.weightsync import WeightPublisher, weights_app
 from tests.integration.test_auth_endpoints import tiny_model
 
 

@@ -9,12 +9,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from searchr1.core.broadcast import Broadcaster, Receiver, parse_group_uri
-from searchr1.core.catchup import acknowledge, acknowledgements, latest_snapshot
-from searchr1.core.streams import StreamKeys
-from searchr1.core.weights import latest, snapshot_digest
-from searchr1.learner.publisher import WeightPublisher
-from searchr1.learner.transport import BroadcastTransport
+from searchr1.streams import StreamKeys
+from searchr1.weightsync import (
+    Broadcaster,
+    BroadcastTransport,
+    Receiver,
+    WeightPublisher,
+    acknowledge,
+    acknowledgements,
+    latest,
+    latest_snapshot,
+    parse_group_uri,
+    snapshot_digest,
+)
 from tests.support.broadcast import receive_in_thread
 from tests.support.tiny_lm import build_tiny_lm
 

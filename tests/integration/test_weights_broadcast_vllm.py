@@ -16,11 +16,10 @@ import textwrap
 import pytest
 import pytest_asyncio
 
-from searchr1.core.broadcast import Broadcaster, BroadcastFailed
-from searchr1.rollout.broadcast_ext import WORKER_EXTENSION, receive_broadcast
 from searchr1.rollout.engine import TurnRequest
 from searchr1.rollout.settings import EngineSettings
 from searchr1.rollout.vllm_engine import VllmEngineConfig, VllmGenerator
+from searchr1.weightsync import WORKER_EXTENSION, Broadcaster, BroadcastFailed, receive_broadcast
 from tests.support.tiny_lm import build_tiny_lm, perturb_weights
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -74,7 +73,7 @@ async def _broadcast(bc: Broadcaster, version: int, named, receivers):
 async def test_two_engines_receive_one_broadcast_equal_to_the_snapshot(engines, models, tmp_path):
     import shutil
 
-    from searchr1.core.weights import SnapshotError, snapshot_digest
+    from searchr1.weightsync import SnapshotError, snapshot_digest
 
     a, b = engines
     _, v1 = models
@@ -108,7 +107,7 @@ async def test_two_engines_receive_one_broadcast_equal_to_the_snapshot(engines, 
 
 _DYING_RECEIVER = textwrap.dedent("""
     import os, sys
-    from searchr1.core.broadcast import Receiver, parse_group_uri
+    from searchr1.weightsync import Receiver, parse_group_uri
     addr, _ = parse_group_uri(sys.argv[1])
     Receiver(timeout_s=float(sys.argv[2])).join(addr)
     print("joined", flush=True)
@@ -149,13 +148,15 @@ async def test_the_worker_loader_receives_a_broadcast_version_and_catches_up_fro
     import torch
     from transformers import AutoModelForCausalLM
 
-    from searchr1.core.catchup import acknowledgements
-    from searchr1.core.streams import StreamKeys, connect
-    from searchr1.core.weights import latest
-    from searchr1.learner.publisher import WeightPublisher
-    from searchr1.learner.transport import BroadcastTransport
     from searchr1.rollout.metrics import RolloutMetrics
-    from searchr1.rollout.weights import WeightLoader
+    from searchr1.streams import StreamKeys, connect
+    from searchr1.weightsync import (
+        BroadcastTransport,
+        WeightLoader,
+        WeightPublisher,
+        acknowledgements,
+        latest,
+    )
 
     a, _ = engines
     _, v1 = models
@@ -166,7 +167,7 @@ async def test_the_worker_loader_receives_a_broadcast_version_and_catches_up_fro
         state = model.state_dict()
         transport = BroadcastTransport(WeightPublisher(tmp_path / "weights"), Broadcaster("127.0.0.1", 0, 2, timeout_s=TIMEOUT_S),
                                        redis, keys, snapshot_every=100)
-        loader = WeightLoader(redis, keys, a, RolloutMetrics(), tmp_path / "dl")
+        loader = WeightLoader(redis, keys, a, tmp_path / "dl", **RolloutMetrics().loader_callbacks())
 
         async def loader_side():
             while (await latest(redis, keys)) is None or (await latest(redis, keys)).version < 5:

@@ -9,13 +9,18 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from searchr1.core.servers import HttpServer
-from searchr1.core.snapshot_manifest import MANIFEST, Manifest, snapshot_manifest
-from searchr1.core.streams import StreamKeys
-from searchr1.core.weights import SnapshotError, fetch_snapshot
-from searchr1.learner.publisher import WEIGHTS_FILE, WeightPublisher, weights_app
 from searchr1.rollout.hf_engine import HfGenerator
 from searchr1.rollout.metrics import RolloutMetrics
-from searchr1.rollout.weights import WeightLoader
+from searchr1.streams import StreamKeys
+from searchr1.weightsync import (
+    WEIGHTS_FILE,
+    SnapshotError,
+    WeightLoader,
+    WeightPublisher,
+    fetch_snapshot,
+    weights_app,
+)
+from searchr1.weightsync.manifest import MANIFEST, Manifest, snapshot_manifest
 from tests.support.tiny_lm import build_tiny_lm
 
 
@@ -50,7 +55,7 @@ async def test_a_corrupted_chunk_is_refused_before_anything_is_loaded(redis, mod
     keys = StreamKeys("chunks")
     pub = WeightPublisher(tmp_path / "w", keep=5)
     gen = HfGenerator(str(model_dir), threads=1)
-    loader = WeightLoader(redis, keys, gen, RolloutMetrics(), tmp_path / "dl")
+    loader = WeightLoader(redis, keys, gen, tmp_path / "dl", **RolloutMetrics().loader_callbacks())
     m1 = _model(model_dir, 1)
     pub.write(1, m1, m1.state_dict())
     assert await loader.load(await pub.announce(redis, keys, 1))

@@ -8,8 +8,7 @@ import asyncio
 import shutil
 
 from searchr1.core.schemas import WeightVersion
-from searchr1.core.snapshot_fetch import fetch_snapshot
-from searchr1.core.weights import snapshot_digest
+from searchr1.weightsync import fetch_snapshot, snapshot_digest
 from tests.support.snapshot_server import serve_snapshot
 
 

@@ -1,6 +1,6 @@
 """A rollout worker's event loop keeps running while it verifies and loads a 500 MB snapshot.
 
-Real components: Redis, the weight announcement (`core.weights.announce`), the worker loop (`Worker`),
+Real components: Redis, the weight announcement (`searchr1.weightsync.announce`), the worker loop (`Worker`),
 the loader (`WeightLoader` → `fetch_snapshot`, which hashes the 500 MB safetensors file). The only
 stand-in is the engine: its `reload` records the path (vLLM reloads in its engine-core process, not on
 this loop; a model of this size through the real engine would not fit the test's time budget).
@@ -20,14 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from searchr1.core.schemas import Task, TrajectoryGroup, WeightVersion
-from searchr1.core.streams import StreamKeys, TypedStream
-from searchr1.core.weights import announce, snapshot_digest
 from searchr1.rollout.engine import TurnOutput, TurnRequest
 from searchr1.rollout.metrics import RolloutMetrics
 from searchr1.rollout.sampler import GroupSampler
 from searchr1.rollout.settings import AgentSettings, RewardClientSettings
-from searchr1.rollout.weights import WeightLoader
 from searchr1.rollout.worker import Worker
+from searchr1.streams import StreamKeys, TypedStream
+from searchr1.weightsync import WeightLoader, announce, snapshot_digest
 
 SNAPSHOT_BYTES = 500 * 2**20
 MAX_STALL_S = 0.050
@@ -114,7 +113,7 @@ async def test_worker_loop_does_not_stall_while_loading_a_500mb_snapshot(redis, 
     engine = Engine()
     sampler = GroupSampler(engine, Codec(), None, _search, NoScorer(), AgentSettings(), RewardClientSettings(),
                            metrics)
-    loader = WeightLoader(redis, keys, engine, metrics, tmp_path / "dl")
+    loader = WeightLoader(redis, keys, engine, tmp_path / "dl", **metrics.loader_callbacks())
     worker = Worker(sampler, tasks, groups, loader, metrics, "w", block_ms=20, weight_poll_s=0.05)
     stop = asyncio.Event()
     run = asyncio.create_task(worker.run(stop))

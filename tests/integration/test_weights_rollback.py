@@ -9,10 +9,9 @@ from typer.testing import CliRunner
 
 from searchr1.cli import build_app
 from searchr1.core.schemas import WeightVersion
-from searchr1.core.streams import StreamKeys
-from searchr1.core.weights import announce, announced_fence, latest, rollback, snapshot_digest
 from searchr1.rollout.metrics import RolloutMetrics
-from searchr1.rollout.weights import WeightLoader
+from searchr1.streams import StreamKeys
+from searchr1.weightsync import WeightLoader, announce, announced_fence, latest, rollback, snapshot_digest
 
 
 class _Engine:
@@ -36,7 +35,7 @@ async def test_rollback_re_announces_a_published_version_and_workers_go_back(red
     await announce(redis, keys, v1, fence=7)
     await announce(redis, keys, v2, fence=7)
     engine = _Engine()
-    loader = WeightLoader(redis, keys, engine, RolloutMetrics(), tmp_path / "dl")
+    loader = WeightLoader(redis, keys, engine, tmp_path / "dl", **RolloutMetrics().loader_callbacks())
     assert await loader.maybe_update() and loader.version == 2
 
     again = await rollback(redis, keys, 1)

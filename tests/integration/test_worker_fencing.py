@@ -5,12 +5,10 @@ record written without `announce`, or one whose uri/digest differ from the publi
 
 from __future__ import annotations
 
-from searchr1.core.catchup import record_snapshot
 from searchr1.core.schemas import WeightVersion, encode
-from searchr1.core.streams import StreamKeys
-from searchr1.core.weights import announce, snapshot_digest
 from searchr1.rollout.metrics import RolloutMetrics
-from searchr1.rollout.weights import WeightLoader
+from searchr1.streams import StreamKeys
+from searchr1.weightsync import WeightLoader, announce, record_snapshot, snapshot_digest
 
 
 class _Engine:
@@ -30,14 +28,14 @@ def _snapshot(root, version: int, data: bytes) -> WeightVersion:
     return WeightVersion(version=version, uri=str(d), sha256=snapshot_digest(d))
 
 
-def _loader(redis, keys, tmp_path) -> tuple[WeightLoader, _Engine]:
-    engine = _Engine()
-    return WeightLoader(redis, keys, engine, RolloutMetrics(), tmp_path / "dl"), engine
+def _loader(redis, keys, tmp_path) -> tuple[WeightLoader, _Engine, RolloutMetrics]:
+    engine, metrics = _Engine(), RolloutMetrics()
+    return WeightLoader(redis, keys, engine, tmp_path / "dl", **metrics.loader_callbacks()), engine, metrics
 
 
 async def test_an_announcement_with_an_older_fencing_token_than_seen_is_never_loaded(redis, tmp_path):
     keys = StreamKeys("fence")
-    loader, engine = _loader(redis, keys, tmp_path)
+    loader, engine, metrics = _loader(redis, keys, tmp_path)
     await announce(redis, keys, _snapshot(tmp_path / "w", 1, b"one"), fence=5)
     assert await loader.maybe_update() and loader.version == 1 and loader.fence == 5
     # Redis comes back from older data (or a stale learner rewrote the record): the weights hash no longer
@@ -46,7 +44,7 @@ async def test_an_announcement_with_an_older_fencing_token_than_seen_is_never_lo
     await announce(redis, keys, _snapshot(tmp_path / "w", 2, b"stale"), fence=3)
     assert not await loader.maybe_update() and not await loader.maybe_update()
     assert loader.version == 1 and len(engine.reloads) == 1
-    assert loader.metrics.weight_refusals._value.get() == 1  # refused once, not at every poll
+    assert metrics.weight_refusals._value.get() == 1  # refused once, not at every poll
     # the current learner (token 5 or newer) announces again: loaded
     await announce(redis, keys, _snapshot(tmp_path / "w", 3, b"three"), fence=6)
     assert await loader.maybe_update() and loader.version == 3 and loader.fence == 6
@@ -55,7 +53,7 @@ async def test_an_announcement_with_an_older_fencing_token_than_seen_is_never_lo
 
 async def test_a_version_the_learner_never_published_is_never_loaded(redis, tmp_path):
     keys = StreamKeys("unpublished")
-    loader, engine = _loader(redis, keys, tmp_path)
+    loader, engine, metrics = _loader(redis, keys, tmp_path)
     v1 = _snapshot(tmp_path / "w", 1, b"one")
     await announce(redis, keys, v1, fence=2)
     assert await loader.maybe_update() and loader.version == 1
@@ -67,7 +65,7 @@ async def test_a_version_the_learner_never_published_is_never_loaded(redis, tmp_
     other = _snapshot(tmp_path / "w", 1, b"other")
     await redis.hset(keys.weights, mapping={b"latest": encode(other), b"version": 1, b"fence": 2})
     assert not await loader.maybe_update() and loader.version == 1
-    assert engine.reloads == [engine.reloads[0]] and loader.metrics.weight_refusals._value.get() == 2
+    assert engine.reloads == [engine.reloads[0]] and metrics.weight_refusals._value.get() == 2
     # what the learner publishes is loaded
     v2 = _snapshot(tmp_path / "w", 2, b"two")
     await announce(redis, keys, v2, fence=2)
@@ -76,7 +74,7 @@ async def test_a_version_the_learner_never_published_is_never_loaded(redis, tmp_
 
 async def test_a_stale_learners_recovery_snapshot_is_not_caught_up_from(redis, tmp_path):
     keys = StreamKeys("catchup")
-    loader, engine = _loader(redis, keys, tmp_path)
+    loader, engine, _ = _loader(redis, keys, tmp_path)
     broadcast = WeightVersion(version=4, uri="broadcast://127.0.0.1:1/g0/v4", sha256="a" * 64)
     await record_snapshot(redis, keys, _snapshot(tmp_path / "w", 3, b"old-learner"), fence=3)
     await announce(redis, keys, broadcast, fence=5)

@@ -9,13 +9,12 @@ import asyncio
 import time
 
 from searchr1.core.schemas import Task, WeightVersion
-from searchr1.core.streams import StreamKeys, tasks_stream, trajectories_stream
-from searchr1.core.weights import announce, snapshot_digest
 from searchr1.rollout.metrics import RolloutMetrics
 from searchr1.rollout.sampler import GroupSampler
 from searchr1.rollout.settings import AgentSettings, RewardClientSettings
-from searchr1.rollout.weights import WeightLoader
 from searchr1.rollout.worker import Worker
+from searchr1.streams import StreamKeys, tasks_stream, trajectories_stream
+from searchr1.weightsync import WeightLoader, announce, snapshot_digest
 from tests.integration.test_rollout_worker_redis import Codec, Gen, OkScorer, _search
 
 VISIBILITY_MS = 300
@@ -39,7 +38,7 @@ async def test_a_task_read_before_a_weight_load_is_heartbeaten_through_the_load(
     groups = trajectories_stream(redis, keys)
     gen = SlowReloadGen()
     sampler = GroupSampler(gen, Codec(), None, _search, OkScorer(), AgentSettings(), RewardClientSettings(), metrics)
-    loader = WeightLoader(redis, keys, gen, metrics, tmp_path / "dl")
+    loader = WeightLoader(redis, keys, gen, tmp_path / "dl", **metrics.loader_callbacks())
     worker = Worker(sampler, tasks, groups, loader, metrics, "w1", block_ms=50, weight_poll_s=3600,
                     reclaim_interval_s=3600, heartbeat_s=VISIBILITY_MS / 4000)
     await tasks.ensure_group()
@@ -85,7 +84,7 @@ async def test_tasks_held_through_a_partial_rollout_swap_are_heartbeaten(redis, 
     engine = InterruptibleGenerator(gen, 0, on_interrupt=metrics.turns_interrupted.inc)
     sampler = GroupSampler(engine, CharCodec(), None, _search, OkScorer(), AgentSettings(), RewardClientSettings(),
                            metrics)
-    loader = WeightLoader(redis, keys, gen, metrics, tmp_path / "dl")
+    loader = WeightLoader(redis, keys, gen, tmp_path / "dl", **metrics.loader_callbacks())
     worker = Worker(sampler, tasks, groups, loader, metrics, "w1", block_ms=50, weight_poll_s=0.05,
                     reclaim_interval_s=3600, heartbeat_s=VISIBILITY_MS / 4000, partial=engine)
     await tasks.ensure_group()

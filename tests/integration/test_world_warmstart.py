@@ -13,7 +13,7 @@ import pytest
 
 from searchr1.core.protocol import render_prompt
 from searchr1.core.settings import load_settings
-from searchr1.core.weights import snapshot_digest
+from searchr1.weightsync import snapshot_digest
 from searchr1.world.settings import WarmstartSettings, WorldSettings
 from tests.support.world import SMALL_WORLD_TOML
 

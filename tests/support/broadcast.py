@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import threading
 
-from searchr1.core.broadcast import GroupAddress, Receiver
+from searchr1.weightsync import Receiver
+from searchr1.weightsync.broadcast import GroupAddress
 
 
 def receive_in_thread(rx: Receiver, addr: GroupAddress, version: int, into: dict) -> threading.Thread:

@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from fastapi.responses import FileResponse
 
 from searchr1.core.servers import HttpServer
-from searchr1.core.weights import snapshot_listing
+from searchr1.weightsync import snapshot_listing
 
 
 @contextlib.asynccontextmanager

@@ -28,6 +28,25 @@ def tiny_qwen2(path: str | Path, *, vocab: int = 256, hidden: int = 64, layers: 
     return path
 
 
+def qwen2_layer(path: str | Path, *, vocab: int = 2048, layers: int = 1, seed: int = 0) -> Path:
+    """Write a random Qwen2 causal LM whose decoder layers have Qwen2.5-0.5B's shapes (hidden 896, MLP 4,864,
+    14 query heads and 2 KV heads of 64, tied embeddings; weights N(0, 0.02) as its initialiser draws
+    them), over a small vocabulary, to `path`: the recipe's numerics on real-sized matrices (~15M
+    parameters a layer). Padding id 0, EOS and BOS id 1. Returns the path."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=vocab, hidden_size=896, intermediate_size=4864, num_hidden_layers=layers,
+                         num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=2048,
+                         tie_word_embeddings=True, pad_token_id=0, eos_token_id=1, bos_token_id=1,
+                         initializer_range=0.02)
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    path = Path(path)
+    model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
 def synthetic_group(
     task_id: str,
     *,

@@ -31,8 +31,9 @@ def test_gpu_path_runs_on_cpu_at_a_tiny_shape():
          "--kl-topk", "8"], capture_output=True, text=True, timeout=600, env=env, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
-    assert "bf16, FSDP2 on one cpu device" in out and "gradient checkpointing on" in out
+    assert "bf16 compute over fp32 masters, FSDP2 on one cpu device" in out and "gradient checkpointing on" in out
     rows = [line.split() for line in out.splitlines() if line.startswith("tiny")]
     assert [r[1] for r in rows] == ["top-8", "full"], out
     for r in rows:
-        assert float(r[-4]) > 0 and float(r[-2]) >= 0 and float(r[-1]) >= 0, out  # tokens/s, memory MiB
+        # tokens/s, peak and KL-term MiB; the resident memory reads nan off CUDA
+        assert float(r[-5]) > 0 and float(r[-3]) >= 0 and float(r[-2]) >= 0 and r[-1] == "nan", out

@@ -1,4 +1,4 @@
-"""The broadcast weight transport's wire layout and group (searchr1.core.broadcast): bucket plans, packing
+"""The broadcast weight transport's wire layout and group (`searchr1.weightsync`'s broadcast wire): bucket plans, packing
 round trips, URIs, and real gloo groups on loopback (receivers as threads of this process): tensors and
 digest equal the sender's, a missing receiver raises instead of hanging, the next generation re-forms."""
 
@@ -9,18 +9,9 @@ import hashlib
 import pytest
 import torch
 
-from searchr1.core.broadcast import (
-    Broadcaster,
-    BroadcastFailed,
-    DigestMismatch,
-    GroupAddress,
-    Receiver,
-    group_uri,
-    pack_bucket,
-    parse_group_uri,
-    plan_buckets,
-    unpack_bucket,
-)
+from searchr1.weightsync import Broadcaster, BroadcastFailed, DigestMismatch, Receiver, parse_group_uri
+from searchr1.weightsync.broadcast import GroupAddress, group_uri
+from searchr1.weightsync.buckets import pack_bucket, plan_buckets, unpack_bucket
 from tests.support.broadcast import receive_in_thread
 
 
@@ -144,12 +135,10 @@ def test_the_broadcast_transport_announces_public_host_and_binds_host(tmp_path):
     `host` only."""
     import socket
 
-    from searchr1.core.stream_keys import StreamKeys
-    from searchr1.learner.publisher import WeightPublisher
-    from searchr1.learner.settings_outputs import WeightsSettings
-    from searchr1.learner.transport import BroadcastTransport, build_transport
+    from searchr1.streams import StreamKeys
+    from searchr1.weightsync import BroadcastTransport, PublishSettings, WeightPublisher, build_transport
 
-    weights = WeightsSettings(transport="broadcast", broadcast={"host": "127.0.0.1", "port": 0,
+    weights = PublishSettings(transport="broadcast", broadcast={"host": "127.0.0.1", "port": 0,
                                                                 "public_host": "learner-0.learner"})
     transport = build_transport(weights, WeightPublisher(tmp_path / "w"), object(), StreamKeys("r"), None)
     assert isinstance(transport, BroadcastTransport)
@@ -160,7 +149,7 @@ def test_the_broadcast_transport_announces_public_host_and_binds_host(tmp_path):
             pass
     finally:
         transport.close()
-    unset = build_transport(WeightsSettings(transport="broadcast", broadcast={"host": "127.0.0.1", "port": 0}),
+    unset = build_transport(PublishSettings(transport="broadcast", broadcast={"host": "127.0.0.1", "port": 0}),
                             WeightPublisher(tmp_path / "w2"), object(), StreamKeys("r"), None)
     try:
         assert unset.broadcaster.uri(1).startswith("broadcast://127.0.0.1:")  # type: ignore[attr-defined]

@@ -43,10 +43,11 @@ def test_compose_to_a_file_and_k8s_to_stdout(tmp_path):
 
 @pytest.mark.parametrize("case,text", [
     ("missing", "config file not found"),
-    ("no placement", "rollout.gpus is empty"),
+    ("no placement", "[placement] places nothing"),
     ("contradiction", "[learner] device = \"cpu\" but the placement sets it to cuda"),
     ("bad value", "[placement] gpus: Input should be greater than or equal to 1"),
     ("unknown model", "pass the measured step time"),
+    ("cores only", "[placement] lists no GPUs"),
 ])
 def test_a_config_the_files_could_not_run_is_one_line(case, text, tmp_path):
     config = tmp_path / "run.toml"
@@ -54,7 +55,10 @@ def test_a_config_the_files_could_not_run_is_one_line(case, text, tmp_path):
               '[learner.model]\npath = "models/Qwen2.5-3B"\n')
     body = {"missing": None, "no placement": "[learner]\nseed = 1\n",
             "contradiction": placed + '[learner]\ndevice = "cpu"\n', "bad value": "[placement]\ngpus = 0\n",
-            "unknown model": placed.replace("models/Qwen2.5-3B", "models/Mine")}[case]
+            "unknown model": placed.replace("models/Qwen2.5-3B", "models/Mine"),
+            "cores only": ('[placement]\ncpus = 4\n[placement.rollout]\ncores = "0-1"\n[placement.learner]\n'
+                           'cores = "2-3"\n[placement.retriever]\ncores_with = "rollout"\n[placement.reward]\n'
+                           'cores_with = "rollout"\n[placement.redis]\ncores_with = "rollout"\n')}[case]
     if body is not None:
         config.write_text(body)
     out = tmp_path / "out.yml"

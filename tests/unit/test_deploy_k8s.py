@@ -11,7 +11,7 @@ import shutil
 import pytest
 import yaml
 
-from searchr1.core.streams import TASKS_GROUP, StreamKeys
+from searchr1.streams import TASKS_GROUP, StreamKeys
 from tests.support import kustomize
 from tests.support.kustomize import K8S, K8S_VERSIONS, OVERLAYS, ROOT
 

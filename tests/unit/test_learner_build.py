@@ -12,7 +12,7 @@ from searchr1.learner.metrics import LearnerMetrics
 from searchr1.learner.process import build_learner
 from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.sources.stream import StreamSource
-from searchr1.learner.transport import SnapshotTransport
+from searchr1.weightsync import SnapshotTransport
 
 
 class _Lease:

@@ -96,19 +96,20 @@ _KILLED_SAVE = textwrap.dedent("""
     import sys, torch
     from pathlib import Path
     from torch import nn
+    from searchr1.core.faults import FaultPoints
     from searchr1.learner.train.checkpoint import Checkpointer, Component, TrainState
     torch.manual_seed(1)
     m = nn.Linear(3, 2)
     o = torch.optim.AdamW(m.parameters(), lr=0.1)
     c = Component("policy", m, o, torch.optim.lr_scheduler.LambdaLR(o, lambda s: 1.0))
-    Checkpointer(Path(sys.argv[1]), keep=3).save(TrainState(step=2, version=2), [c])
+    faults = FaultPoints("checkpoint.before_seal")
+    Checkpointer(Path(sys.argv[1]), keep=3, faults=faults).save(TrainState(step=2, version=2), [c])
 """)
 
 
 def test_sigkill_inside_save_leaves_the_previous_checkpoint_loadable(tmp_path):
     _save(tmp_path, 1, 0)
-    env = {**os.environ, "SEARCHR1_FAULT_POINT": "checkpoint.before_seal"}
-    proc = subprocess.run([sys.executable, "-c", _KILLED_SAVE, str(tmp_path)], env=env, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", _KILLED_SAVE, str(tmp_path)], timeout=300)
     assert proc.returncode == -signal.SIGKILL
     assert (tmp_path / ".tmp-step00000002" / "state.json").is_file()  # killed mid-save, not before it
     ck = Checkpointer(tmp_path, keep=3)

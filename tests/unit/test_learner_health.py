@@ -53,7 +53,7 @@ def test_every_health_alert_is_documented_with_a_runbook_section():
     runbooks = {h.strip().lower() for h in re.findall(r"^## (.+)$", (ROOT / "docs/runbooks.md").read_text(), re.M)}
     rules = yaml.safe_load((ROOT / "deploy/prometheus/rules/searchr1.yml").read_text())
     health = [r for g in rules["groups"] if g["name"] == "searchr1-health" for r in g["rules"]]
-    assert len(health) == 8  # the six collapse signals, WorkerOutOfSync and MismatchHigh
+    assert len(health) == 9  # the six collapse signals, WorkerOutOfSync, MismatchHigh, PublishedValuesFrozen
     for rule in health:
         name = rule["alert"]
         assert f"| {name} |" in table, name

@@ -11,9 +11,14 @@ import torch
 from fastapi.testclient import TestClient
 from safetensors.torch import load_file, save
 
-from searchr1.core.snapshot_manifest import MANIFEST, ChunkHasher, Manifest, hash_pool, manifest_digest
-from searchr1.core.weights import snapshot_digest, snapshot_listing
-from searchr1.learner.publisher import WeightPublisher, weights_app, write_safetensors
+from searchr1.weightsync import (
+    WeightPublisher,
+    snapshot_digest,
+    snapshot_listing,
+    weights_app,
+    write_safetensors,
+)
+from searchr1.weightsync.manifest import MANIFEST, ChunkHasher, Manifest, hash_pool, manifest_digest
 
 
 def tiny(seed: int, dtype=torch.float32):

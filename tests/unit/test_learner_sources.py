@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import random
 
-from searchr1.core.streams import Entry
 from searchr1.learner.algo.staleness import StalenessPolicy
 from searchr1.learner.metrics import LearnerMetrics
 from searchr1.learner.settings import LearnerSettings
@@ -15,6 +14,7 @@ from searchr1.learner.sources.archive import ArchiveSource
 from searchr1.learner.sources.stream import StepInput, StreamSource
 from searchr1.learner.tools.archive import ArchiveWriter
 from searchr1.learner.train.checkpoint import TrainState
+from searchr1.streams import Entry
 from tests.support.synthetic import synthetic_group
 
 

@@ -293,8 +293,8 @@ def test_micro_batches_split_and_trim():
 def test_lora_snapshot_is_merged_full_weights(model_path, tmp_path):
     from safetensors.torch import load_file
 
-    from searchr1.learner.publisher import WeightPublisher
     from searchr1.learner.train.model import export_weights
+    from searchr1.weightsync import WeightPublisher
 
     s = _settings(model_path, model={"path": str(model_path), "lora": {"enabled": True, "r": 4}},
                   optim={"lr": 1e-2})

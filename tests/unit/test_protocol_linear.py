@@ -1,4 +1,4 @@
-"""Linear-time tag extraction (`searchr1.core.tag_scan`): the same matches as the non-greedy regular
+"""Linear-time tag extraction (`searchr1.core._tag_scan`): the same matches as the non-greedy regular
 expressions the protocol used, on hand-written and random texts, and a bounded number of characters
 scanned per character of input on floods that cost a regular expression n² steps (counted, not timed)."""
 
@@ -10,7 +10,7 @@ import re
 import pytest
 
 from searchr1.core import protocol
-from searchr1.core.tag_scan import contents, iter_blocks
+from searchr1.core._tag_scan import contents, iter_blocks
 
 TAGS = ("think", "search", "information", "answer")
 

@@ -14,11 +14,11 @@ import pytest
 import redis.asyncio as aioredis
 from pydantic import BaseModel
 
-from searchr1.core.streams import connect
+from searchr1.streams import connect
 
 SETTINGS_MODULES = ["searchr1.core.settings", "searchr1.retriever.settings", "searchr1.reward.settings",
                     "searchr1.rollout.settings", "searchr1.learner.settings", "searchr1.learner.settings_outputs",
-                    "searchr1.launcher.settings",
+                    "searchr1.weightsync.settings", "searchr1.launcher.settings",
                     "searchr1.world.settings"]
 LOOPBACK_NAMES = {"localhost"}
 

@@ -24,8 +24,8 @@ from searchr1.rollout.settings import (
     RetrieverClientSettings,
     RewardClientSettings,
     TaskSettings,
-    WeightSettings,
 )
+from searchr1.weightsync import LoadSettings
 from searchr1.world.settings import WarmstartSettings
 
 MIRRORS = [
@@ -37,7 +37,7 @@ MIRRORS = [
     ("searchr1.rollout.evaluation.evaluate", "EvalConfig", {"template": (AgentSettings, "template")}),
     ("searchr1.rollout.worker", "Worker", {
         **{f: (TaskSettings, f) for f in ("max_concurrent", "block_ms", "reclaim_interval_s", "drain_timeout_s")},
-        "weight_poll_s": (WeightSettings, "poll_interval_s")}),
+        "weight_poll_s": (LoadSettings, "poll_interval_s")}),
     ("searchr1.world.traces", "TraceRates", {f: (WarmstartSettings, f) for f in (
         "p_guess", "p_needless_search", "p_noisy_query", "p_wrong_copy", "topk")}),
     ("searchr1.retriever.indexes", "FaissParams", {

@@ -10,9 +10,8 @@ import struct
 import pytest
 import torch
 
-from searchr1.core.snapshot_manifest import SnapshotError
-from searchr1.learner.publisher import write_safetensors
-from searchr1.rollout.snapshot_load import safetensors_tensors, snapshot_tensors
+from searchr1.weightsync import SnapshotError, snapshot_tensors, write_safetensors
+from searchr1.weightsync.safetensors import safetensors_tensors
 
 
 def _file(tensors) -> memoryview:

@@ -1,8 +1,8 @@
-"""The trim bound of the streams (`searchr1.core.stream_trim.safe_min_id`), against hand-checked ids."""
+"""The trim bound of the streams (`searchr1.streams.safe_min_id`), against hand-checked ids."""
 
 from __future__ import annotations
 
-from searchr1.core.stream_trim import GroupView, format_id, parse_id, safe_min_id
+from searchr1.streams import GroupView, format_id, parse_id, safe_min_id
 
 
 def test_no_group_means_no_trim():

@@ -9,18 +9,16 @@ import shutil
 
 import pytest
 
-from searchr1.core.snapshot_manifest import (
+from searchr1.weightsync import SnapshotError, read_verified, snapshot_digest
+from searchr1.weightsync.manifest import (
     MANIFEST,
     ChunkHasher,
     Manifest,
     ManifestBuilder,
-    SnapshotError,
     hash_pool,
     manifest_digest,
     snapshot_manifest,
 )
-from searchr1.core.snapshot_read import read_verified
-from searchr1.core.weights import snapshot_digest
 
 CHUNK = 4096
 

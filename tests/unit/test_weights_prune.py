@@ -1,11 +1,11 @@
-"""A worker's local weight copies older than the version it runs are deleted (`core.snapshot_fetch.prune_copies`):
+"""A worker's local weight copies older than the version it runs are deleted (`searchr1.weightsync.prune_copies`):
 kept, pinned hard links would hold every version's bytes after the publisher pruned its own."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from searchr1.core.snapshot_fetch import prune_copies
+from searchr1.weightsync import prune_copies
 
 
 def _copy(root: Path, name: str) -> Path:

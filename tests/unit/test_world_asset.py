@@ -6,7 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
-from searchr1.core.weights import snapshot_digest
+from searchr1.weightsync import snapshot_digest
 
 ASSET = Path(__file__).resolve().parents[2] / "assets" / "tiny-world" / "warmstart"
 

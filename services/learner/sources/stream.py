@@ -16,7 +16,7 @@ Stages of `next_step`:
    aside groups whose advantages are all zero and read more until the step holds `groups_per_step`
    informative groups.
 
-Every entry read is held until it is acked or dead-lettered (`holding`); `ack` acks the committed and
+Every entry read is held until it is acked or dead-lettered (`holding`: the stream's `Held`); `ack` acks the committed and
 set-aside ones together, after the loop's checkpoint (`ack(checkpointed=False)`, for a read that held only
 groups set aside, acks those and leaves the committed ones for their checkpoint).
 
@@ -37,15 +37,15 @@ from typing import Any, Protocol
 
 from searchr1.core.metrics import in_stage
 from searchr1.core.schemas import TrajectoryGroup
-from searchr1.core.streams import Entry, TypedStream
 from searchr1.learner.algo.group_filters import split_flat_groups
-from searchr1.learner.algo.poison import group_problem
+from searchr1.learner.algo.poison import batch_problem, group_problem
 from searchr1.learner.algo.staleness import Dropped, StalenessPolicy
 from searchr1.learner.algo.temperature import temperature_mismatch
 from searchr1.learner.metrics import LearnerMetrics
 from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.sources.base import StepGroups
 from searchr1.learner.train.checkpoint import TrainState
+from searchr1.streams import Entry, Held, TypedStream
 
 log = logging.getLogger("searchr1.learner")
 
@@ -130,8 +130,8 @@ class StreamSource:
         """The policy's vocabulary size: token ids at or past it are poison (None: not checked)."""
         self._step_tasks: set[str] = set()
         """Task ids of the groups kept by the reads of the step in hand (reset by `next_step`)."""
-        self.holding: set[str] = set()
-        """Ids of the entries read and not yet acked or dead-lettered."""
+        self.held = Held(trajectories, settings.consumer)
+        """The entries read and not yet acked or dead-lettered, heartbeaten before each read."""
         self._state = TrainState()
 
     async def start(self) -> None:
@@ -214,7 +214,8 @@ class StreamSource:
                 got.replays.append(e)
             elif (reason := temperature_mismatch(e.value)) is not None:
                 got.wrong_temperature.append(Dropped(e, reason))
-            elif (reason := group_problem(e.value, self.vocab_size)) is not None:
+            elif (reason := group_problem(e.value, self.vocab_size)
+                  or batch_problem(e.value, max_seq_len=self.s.batch.max_seq_len)) is not None:
                 got.poison.append(Dropped(e, reason))
             else:
                 seen.add(tid)
@@ -306,12 +307,16 @@ class StreamSource:
         if checkpointed:
             self.committed.clear()
 
+    @property
+    def holding(self) -> set[str]:
+        """Ids of the entries read and not yet acked or dead-lettered."""
+        return self.held.ids
+
     async def heartbeat(self) -> None:
         """Reset the idle time of every entry held (the stream's atomic heartbeat: only entries still this
         consumer's, delivery count unchanged), so a reclaim never mistakes them for a dead learner's and
         an entry another learner reclaimed is never taken back."""
-        if self.holding:
-            await self.trajectories.heartbeat(self.s.consumer, self.holding)
+        await self.held.beat()
 
     def grant(self, trained: int, version: int) -> None:
         """Let the dispatcher publish the tasks the staleness policy grants for `trained` groups (or

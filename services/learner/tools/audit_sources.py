@@ -26,9 +26,9 @@ from pathlib import Path
 import redis as redis_py
 
 from searchr1.core.schemas import TASK_ID_PATTERN, SchemaError, Task, TrajectoryGroup, decode, read_envelope
-from searchr1.core.streams import PAYLOAD_FIELD, TASKS_GROUP, TRAJECTORIES_GROUP, StreamKeys
 from searchr1.learner.algo.consumed import decode as decode_consumed
 from searchr1.learner.tools.audit import CheckpointRecord, DeadRecord, StreamRecord, TrainedRow
+from searchr1.streams import PAYLOAD_FIELD, TASKS_GROUP, TRAJECTORIES_GROUP, StreamKeys
 
 _RESUMED = re.compile(r"resumed from step (\d+) \(version (\d+)\)")
 _DROPPED = re.compile(r"dropping group of task (\S+): (.+)$")
@@ -133,7 +133,7 @@ def read_streams(url: str, run: str, *, timeout_s: float = REDIS_TIMEOUT_S,
             tid = dead_task_id(model, f.get(b"payload", b""))
             dead.append(DeadRecord(source, tid, _sid(f.get(b"reason", b""))))
         announced = None
-        with contextlib.suppress(ValueError, TypeError):  # the hash's plain `version` field (core.weights)
+        with contextlib.suppress(ValueError, TypeError):  # the hash's plain `version` field (`searchr1.weightsync.announce`)
             announced = int(client.hget(keys.weights, "version") or b"")
     finally:
         client.close()

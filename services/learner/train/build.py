@@ -16,6 +16,7 @@ from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.train.checkpoint import Component
 from searchr1.learner.train.model import DistInfo, load_critic, load_policy, load_reference, resolve_device
 from searchr1.learner.train.optim import build_optimizer
+from searchr1.learner.train.precision import precision, publish_dtype
 from searchr1.learner.train.trainer import Trainer
 
 
@@ -26,6 +27,8 @@ class Training:
     trainer: Trainer
     components: list[Component]
     pad_id: int
+    publish_dtype: torch.dtype = torch.float32
+    """The dtype versions are published in (`weights.dtype`, cast from the fp32 masters)."""
 
     def vocab_size(self) -> int | None:
         """The policy's input vocabulary (the embedding's rows), None when it cannot be told."""
@@ -62,4 +65,5 @@ def build_training(settings: LearnerSettings, info: DistInfo, stage_clock: Stage
                       stage_clock=stage_clock, **critic_kw)
     config = getattr(policy, "config", None)
     pad = getattr(config, "pad_token_id", None)
-    return Training(trainer, components, int(pad) if pad is not None else 0)
+    published = publish_dtype(settings.weights.dtype, precision(settings.model.dtype, device))
+    return Training(trainer, components, int(pad) if pad is not None else 0, published)

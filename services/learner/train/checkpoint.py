@@ -6,11 +6,14 @@ Everything is safetensors + JSON (nothing is unpickled): optimizer state is flat
 plus a JSON description. A checkpoint is written to a dot-directory, fsynced with a manifest of digests
 and renamed when complete (`durable.py`), so a crash mid-write leaves the previous checkpoint as the
 latest, and a checkpoint whose files do not match its manifest is skipped for the newest older one that
-verifies. Each records the fencing token of the learner that wrote it (`core/lease.py`), which writes it
+verifies. Each records the fencing token of the learner that wrote it (`searchr1.streams.Lease`), which writes it
 into a temporary directory of its own token (`.tmp-t{token}-step…`); the loader prefers the highest token
 and never loads one a newer learner's takeover made stale, and a learner whose token is older than a
-recorded takeover (or than the checkpoint it would replace) refuses to write (`fences.py`). The task ids
-already trained on are stored compressed (`algo/consumed.py`). Collective under FSDP (state dicts are
+recorded takeover (or than the checkpoint it would replace) refuses to write (`fences.py`). A save that
+fails (a full disk, a lost lease) removes its temporary directory before the error goes on, and a start
+removes the ones its own token or older ones left (a process killed mid-save), so a brief disk-full does
+not leave a partial copy taking the room the next save needs. The task ids already trained on are stored
+compressed (`algo/consumed.py`). Collective under FSDP (state dicts are
 gathered to rank 0, which alone writes).
 """
 
@@ -28,12 +31,12 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from searchr1.core.faults import fault_point
-from searchr1.core.lease import Lease, LeaseLost
+from searchr1.core.faults import NO_FAULTS, Faults
 from searchr1.learner.algo import consumed as consumed_ids
 from searchr1.learner.train.durable import problem, restore_old_copies, seal
 from searchr1.learner.train.fences import newest, read_takeovers, record_takeover, stale
-from searchr1.learner.train.model import DistInfo, full_state_dict, load_full_state_dict
+from searchr1.learner.train.model import DistInfo, full_state_dict, is_sharded, load_full_state_dict
+from searchr1.streams import Lease, LeaseLost
 
 _PREFIX = "step"
 log = logging.getLogger("searchr1.learner")
@@ -81,7 +84,7 @@ def _unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict[str, Any])
 
 
 def _optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, info: DistInfo) -> dict[str, Any]:
-    if info.enabled:
+    if is_sharded(model):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
         return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(
@@ -90,7 +93,7 @@ def _optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, info: D
 
 
 def _load_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, sd: dict[str, Any], info: DistInfo) -> None:
-    if info.enabled:
+    if is_sharded(model):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         set_optimizer_state_dict(model, optimizer, sd, options=StateDictOptions(
@@ -117,13 +120,16 @@ class Component:
 class Checkpointer:
     """Saves and restores `Component`s plus a `TrainState` under `root`."""
 
-    def __init__(self, root: Path, keep: int, info: DistInfo | None = None, *, lease: Lease | None = None) -> None:
+    def __init__(self, root: Path, keep: int, info: DistInfo | None = None, *, lease: Lease | None = None,
+                 faults: Faults = NO_FAULTS) -> None:
         self.root = Path(root)
         self.keep = keep
         self.info = info or DistInfo()
         self.lease = lease
         """The learner's lease (rank 0 on Redis): checked before each write; its token goes into each
         checkpoint and names the temporary directory it is written in."""
+        self.faults = faults
+        """The fault suite's hook (`checkpoint.before_seal`); never fires outside it."""
 
     @property
     def fence(self) -> int:
@@ -147,6 +153,7 @@ class Checkpointer:
         if self.info.is_main:
             for path in restore_old_copies(self.root):
                 log.warning("restored checkpoint %s from a re-save cut between its renames", path)
+            self._remove_leftovers()
         takeovers = read_takeovers(self.root)
         for fence, step, path in reversed(self._done()):
             newer = stale(fence, step, takeovers)
@@ -186,6 +193,18 @@ class Checkpointer:
         final = self.root / f"{_PREFIX}{state.step:08d}"
         tmp = self.root / (f".tmp-t{self.fence}-{final.name}" if self.fence else f".tmp-{final.name}")
         shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            self._write(state, gathered, tmp, final)
+        except BaseException as exc:  # a full disk, a lost lease: the partial copy goes now, not at the next save
+            shutil.rmtree(tmp, ignore_errors=True)
+            log.error("checkpoint of step %d failed (%s: %s); its temporary directory %s was removed",
+                      state.step, type(exc).__name__, exc, tmp)
+            raise
+        self._prune()
+        return final
+
+    def _write(self, state: TrainState, gathered: list, tmp: Path, final: Path) -> None:
+        """Write the checkpoint into `tmp` and seal it as `final` (rank 0)."""
         tmp.mkdir(parents=True)
         meta: dict[str, Any] = {
             "step": state.step, "version": state.version, **consumed_ids.encode(state.consumed),
@@ -202,11 +221,9 @@ class Checkpointer:
             meta["components"][c.name] = {"optimizer": opt_meta, "scheduler": _jsonable(c.scheduler.state_dict())}
         save_file({"cpu": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
         (tmp / "state.json").write_text(json.dumps(meta))
-        fault_point("checkpoint.before_seal")  # test hook (core/faults.py): off unless its env var is set
+        self.faults.kill_at("checkpoint.before_seal")  # the fault suite's hook: a torn checkpoint
         self._check_fence(state.step)  # a takeover while this one was written: not sealed
         seal(tmp, final)
-        self._prune()
-        return final
 
     def load(self, components: list[Component], path: Path | None = None) -> TrainState | None:
         """Restore the latest (or given) checkpoint into `components`; None when there is none.
@@ -245,19 +262,26 @@ class Checkpointer:
         if self.lease is not None and self.info.is_main and self.lease.token > 0:
             record_takeover(self.root, self.lease.token, step)
 
-    def _prune(self) -> None:
-        """Keep the newest `keep` checkpoints of this token and older ones (with a lease, a newer token's
-        are never touched); remove dot-directories a killed save of this token or an older one left behind."""
-        def mine(fence: int) -> bool:
-            return self.lease is None or fence <= self.fence
+    def _mine(self, fence: int) -> bool:
+        """Whether this learner may remove what token `fence` wrote: its own or an older token's (with a
+        lease, a newer token's are never touched)."""
+        return self.lease is None or fence <= self.fence
 
-        done = sorted((step, path) for fence, step, path in self._done() if mine(fence))
+    def _prune(self) -> None:
+        """Keep the newest `keep` checkpoints of this token and older ones; remove dot-directories a killed
+        save of this token or an older one left behind."""
+        done = sorted((step, path) for fence, step, path in self._done() if self._mine(fence))
         for _step, old in done[: max(0, len(done) - self.keep)]:
             shutil.rmtree(old, ignore_errors=True)
-        for left in self.root.glob(".tmp-*"):
-            if mine(_tmp_fence(left.name)):
-                shutil.rmtree(left, ignore_errors=True)
+        self._remove_leftovers()
         restore_old_copies(self.root)
+
+    def _remove_leftovers(self) -> None:
+        """Remove the temporary directories of saves of this token or an older one that never finished."""
+        for left in self.root.glob(".tmp-*"):
+            if left.is_dir() and self._mine(_tmp_fence(left.name)):
+                log.warning("removing %s, left by a checkpoint save that never finished", left)
+                shutil.rmtree(left, ignore_errors=True)
 
 
 def _fence_of(path: Path) -> int:

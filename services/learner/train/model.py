@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from searchr1.learner.settings import LearnerSettings
+from searchr1.learner.train.precision import Precision, precision
 
 
 @dataclass(frozen=True)
@@ -47,81 +48,110 @@ def resolve_device(setting: str) -> torch.device:
     return torch.device(setting)
 
 
-def resolve_dtype(setting: str, device: torch.device) -> torch.dtype:
-    """The parameters' dtype for `model.dtype` (`precision.py`: float16 stores fp32 master weights)."""
-    from searchr1.learner.train.precision import stored_dtype
+def ensure_process_group(device: torch.device) -> None:
+    """A process group for FSDP2 to shard over: torchrun's when the process was launched as one of several
+    ranks (`distributed.init_distributed` joined it), else a group of one over an in-process store — a
+    mixed-precision policy needs a mesh even on one rank."""
+    if dist.is_initialized():
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
 
-    return stored_dtype(setting, device)
+
+def is_sharded(model: nn.Module) -> bool:
+    """Whether `model` is under FSDP2 (its state dicts are then gathered and scattered collectively)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
 
 
-def _shard(model: nn.Module, info: DistInfo, device: torch.device) -> nn.Module:
+def shard_model(model: nn.Module, device: torch.device, prec: Precision) -> nn.Module:
+    """FSDP2 over every rank (one unit per decoder layer, and the root), with `prec`'s mixed-precision
+    policy: fp32 shards, compute-dtype copies for the forward and backward, fp32 gradient reduction."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mesh = init_device_mesh(device.type, (info.world,))
+    ensure_process_group(device)
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    policy = prec.mp_policy() or MixedPrecisionPolicy()
     inner = getattr(model, "model", None) or getattr(model, "base_model", None)
     for layer in getattr(inner, "layers", []) or []:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
 
 
+def _sharded(info: DistInfo, prec: Precision) -> bool:
+    """A trained model is sharded on several ranks, and on one rank when it computes in reduced precision
+    (FSDP2's mixed-precision policy keeps its fp32 masters)."""
+    return info.enabled or prec.mixed
+
+
 def load_policy(settings: LearnerSettings, device: torch.device, info: DistInfo) -> nn.Module:
-    """The trainable policy (LoRA-wrapped if configured, sharded when world > 1)."""
+    """The trainable policy: fp32 master weights, LoRA-wrapped if configured (then a frozen base in the
+    compute dtype and fp32 adapters, unsharded), else sharded when world > 1 or the compute is reduced
+    (`precision.py`)."""
     from transformers import AutoModelForCausalLM
 
-    dtype = resolve_dtype(settings.model.dtype, device)
+    prec = precision(settings.model.dtype, device)
+    lora_on = settings.model.lora.enabled
+    if lora_on and info.enabled:
+        raise ValueError("LoRA with more than one rank is not supported yet; use full fine-tuning")
+    dtype = prec.frozen if lora_on else prec.master
     model = AutoModelForCausalLM.from_pretrained(settings.model.path, dtype=dtype).to(device)
     model.config.use_cache = False
     if settings.model.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if settings.model.lora.enabled:
-        if info.enabled:
-            raise ValueError("LoRA with more than one rank is not supported yet; use full fine-tuning")
+    if lora_on:
         from peft import LoraConfig, get_peft_model
 
         lora = settings.model.lora
-        model = get_peft_model(model, LoraConfig(
+        return get_peft_model(model, LoraConfig(
             r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-            target_modules=list(lora.target_modules), task_type="CAUSAL_LM"))
+            target_modules=list(lora.target_modules), task_type="CAUSAL_LM")).train()
     model.train()
-    if info.enabled:
-        model = _shard(model, info, device)
+    if _sharded(info, prec):
+        model = shard_model(model, device, prec)
     return model
 
 
 def load_reference(settings: LearnerSettings, device: torch.device, info: DistInfo | None = None) -> nn.Module:
-    """Frozen copy of the initial policy, for the KL term. Every rank keeps a full copy, except with an EMA
-    anchor (`ref_ema_tau < 1`) on more than one rank: then it is sharded like the policy, so that
-    `reference.ema_update_` averages local shards (and its forward is a collective, like the policy's)."""
+    """Frozen copy of the initial policy, for the KL term, stored in the compute dtype: every rank keeps a
+    full copy and its forward runs the arithmetic of the policy's mixed-precision forward. With an EMA
+    anchor (`ref_ema_tau < 1`) the reference is state that moves a little each step: fp32, sharded exactly
+    like the policy (same mesh, same mixed-precision policy) so that `reference.ema_update_` averages local
+    fp32 shards."""
     from transformers import AutoModelForCausalLM
 
     info = dist_info() if info is None else info
+    prec = precision(settings.model.dtype, device)
+    ema = settings.algorithm.ref_ema_tau < 1.0
     ref = AutoModelForCausalLM.from_pretrained(
-        settings.model.path, dtype=resolve_dtype(settings.model.dtype, device)).to(device)
+        settings.model.path, dtype=prec.master if ema else prec.frozen).to(device)
     ref.config.use_cache = False
     ref.eval().requires_grad_(False)
-    if settings.algorithm.ref_ema_tau < 1.0 and info.enabled:
-        ref = _shard(ref, info, device)
+    if ema and _sharded(info, prec):
+        ref = shard_model(ref, device, prec)
     return ref
 
 
 def load_critic(settings: LearnerSettings, device: torch.device, info: DistInfo) -> nn.Module:
-    """Critic = the policy's backbone with a scalar token head (veRL: TokenClassification, 1 label)."""
+    """Critic = the policy's backbone with a scalar token head (veRL: TokenClassification, 1 label); fp32
+    masters, sharded like the policy."""
     from transformers import AutoConfig, AutoModelForTokenClassification
 
+    prec = precision(settings.model.dtype, device)
     path = settings.model.critic_path or settings.model.path
     # classifier_dropout 0 as veRL sets it: dropout on the value head would make values (and the
     # "old values" of the clipped value loss) random
     config = AutoConfig.from_pretrained(path, num_labels=1)
     config.classifier_dropout = 0.0
-    critic = AutoModelForTokenClassification.from_pretrained(
-        path, config=config, dtype=resolve_dtype(settings.model.dtype, device)).to(device)
+    critic = AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=prec.master).to(device)
     if settings.model.gradient_checkpointing:
         critic.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     critic.train()
-    if info.enabled:
-        critic = _shard(critic, info, device)
+    if _sharded(info, prec):
+        critic = shard_model(critic, device, prec)
     return critic
 
 
@@ -236,16 +266,16 @@ def forward_values(critic: nn.Module, input_ids: Tensor, attention_mask: Tensor)
 def full_state_dict(model: nn.Module, info: DistInfo) -> dict[str, Tensor]:
     """Every parameter and buffer as full CPU tensors (gathered on rank 0 under FSDP; other ranks get
     an empty dict). A collective under FSDP: call it on every rank."""
-    if info.enabled:
+    if is_sharded(model):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}  # never the live tensors
 
 
 def load_full_state_dict(model: nn.Module, state: dict[str, Tensor], info: DistInfo) -> None:
     """Inverse of `full_state_dict` (rank 0's tensors are broadcast under FSDP)."""
-    if info.enabled:
+    if is_sharded(model):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
         set_model_state_dict(model, state, options=StateDictOptions(
@@ -254,8 +284,10 @@ def load_full_state_dict(model: nn.Module, state: dict[str, Tensor], info: DistI
     model.load_state_dict(state)
 
 
-def export_weights(model: nn.Module, info: DistInfo) -> tuple[Any, dict[str, Tensor]]:
-    """(HF model to call `save_pretrained` on, its full state dict with LoRA merged). Collective."""
+def export_weights(model: nn.Module, info: DistInfo,
+                   dtype: torch.dtype | None = None) -> tuple[Any, dict[str, Tensor]]:
+    """(HF model to call `save_pretrained` on, its full state dict with LoRA merged, floating tensors cast
+    to `dtype` — the published dtype — when given). Collective."""
     if hasattr(model, "merge_adapter") and hasattr(model, "get_base_model"):  # peft
         model.merge_adapter()
         try:
@@ -267,8 +299,20 @@ def export_weights(model: nn.Module, info: DistInfo) -> tuple[Any, dict[str, Ten
                 state[k.replace(".base_layer.", ".")] = v.detach().cpu().clone()
         finally:
             model.unmerge_adapter()
-        return base, _untie(base, state)
-    return model, _untie(model, full_state_dict(model, info))
+        return base, cast_floating(_untie(base, state), dtype)
+    return model, cast_floating(_untie(model, full_state_dict(model, info)), dtype)
+
+
+def cast_floating(state: dict[str, Tensor], dtype: torch.dtype | None) -> dict[str, Tensor]:
+    """`state`'s floating-point tensors cast to `dtype` (round to nearest even), in place one tensor at a
+    time so that the wider copy of each is freed as the next is cast; `dtype` None: unchanged."""
+    if dtype is None:
+        return state
+    for k in list(state):
+        v = state[k]
+        if v.is_floating_point() and v.dtype != dtype:
+            state[k] = v.to(dtype)
+    return state
 
 
 def _untie(model: nn.Module, state: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -55,7 +55,7 @@ from searchr1.learner.algo.reference import ema_due, ema_update_
 from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.train.kl_term import KLTerm, MicroBatch, PolicyForward
 from searchr1.learner.train.model import DistInfo, forward_values
-from searchr1.learner.train.precision import autocast, grad_scaler
+from searchr1.learner.train.precision import precision
 from searchr1.learner.train.prepass import PrePass, PrePassModels, run_prepass
 from searchr1.learner.train.step_figures import (
     CriticFigures,
@@ -112,17 +112,16 @@ class Trainer:
         self._correcting = a.mismatch_correction != "tis" or a.tis_cap is not None
         self.mismatch = MismatchSums()
         """The step's train–inference mismatch sums over its on-policy tokens (reset by `train_step`)."""
-        self.scaler = grad_scaler(settings.model.dtype, device)
+        prec = precision(settings.model.dtype, device)
+        self.scaler = prec.grad_scaler(device)
         """The policy's dynamic loss scaler (`model.dtype` float16; `precision.py`), else None."""
+        self.critic_scaler = prec.grad_scaler(device) if critic is not None else None
+        """The critic's own loss scaler (its gradients have their own scale)."""
         # the KL loss's forwards and per-token values, in the shape chosen here (kl_term.py)
         self.kl_term = KLTerm(a, enabled=a.kl_loss_on)
         # per-step state, set by `_place` at the start of each `train_step`
         self._lengths: list[int] = []  # attention lengths of this rank's rows (micro-batch grouping)
         self._dummy: Batch | None = None  # one real row standing in for an empty micro-batch (_micro_rows)
-
-    def autocast(self):
-        """The policy forward's precision context (`precision.py`)."""
-        return autocast(self.s.model.dtype, self.device)
 
     # ------------------------------------------------------------------ stages
 
@@ -190,8 +189,7 @@ class Trainer:
             return PrePass()
         models = PrePassModels(self.policy, self.kl_term, self.reference, self.critic, want_old=need_old,
                                want_ref=self.is_ppo and a.kl_in_reward, want_values=self.is_ppo)
-        with self.autocast():
-            return run_prepass(models, local, self._micro_rows(list(range(local.size))), self._dummy, self.device)
+        return run_prepass(models, local, self._micro_rows(list(range(local.size))), self._dummy, self.device)
 
     def _micro_rows(self, rows: list[int]) -> list[list[int]]:
         """`rows` in micro-batches of at most `micro_batch_size`, longest sequences first: rows of similar
@@ -275,10 +273,9 @@ class Trainer:
 
     def _forward(self, mb: Batch, pre: PrePass) -> PolicyForward:
         """The policy's forward with grad, and the KL term's per-token values (its shape chosen at start)."""
-        with self.autocast():
-            return self.kl_term.forward(self.policy, self.reference, MicroBatch(
-                mb.input_ids, mb.attention_mask, mb.response_mask, entropy=self.s.algorithm.entropy_coef != 0,
-                old_log_prob=pre.old, topk_ids=pre.topk_ids))
+        return self.kl_term.forward(self.policy, self.reference, MicroBatch(
+            mb.input_ids, mb.attention_mask, mb.response_mask, entropy=self.s.algorithm.entropy_coef != 0,
+            old_log_prob=pre.old, topk_ids=pre.topk_ids))
 
     def _off_policy_weights(self, mb: Batch, r: list[int], stale: Tensor, old: Tensor,
                             mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -334,7 +331,8 @@ class Trainer:
                 continue
             vl = value_loss(v, mb.returns, pre.rows(r, width).values, mb.response_mask, a.value_clip)
             w = float(mb.response_mask.sum()) / tokens * self.info.world
-            (vl.loss * w).backward()
+            scaled = vl.loss * w
+            (self.critic_scaler.scale(scaled) if self.critic_scaler is not None else scaled).backward()
             fig.value_loss += float(vl.loss.detach()) * w / self.info.world
             fig.value_clip_frac += float(vl.clip_frac) * w / self.info.world
         grad_norm = self._optimizer_step(self.critic, self.critic_optimizer)
@@ -346,7 +344,7 @@ class Trainer:
         """Clip `model`'s gradients and apply `optimizer`; returns the norm before clipping. A NaN or
         infinite norm skips the update (gradients dropped, optimizer state untouched) and is counted in
         `nonfinite_skips`: one poisoned batch does not turn every weight into NaN."""
-        scaler = self.scaler if optimizer is self.optimizer else None
+        scaler = self.scaler if optimizer is self.optimizer else self.critic_scaler
         if scaler is not None:  # fp16: true gradients before clipping; an overflow lowers the scale
             scaler.unscale_(optimizer)
         grad_norm = self._clip(model)

@@ -11,13 +11,13 @@ from typing import Any
 import httpx
 
 from searchr1.core.redaction import redact_url
-from searchr1.core.streams import connect
 from searchr1.retriever.web.backend import WebBackend
 from searchr1.retriever.web.cache import Cache, NoCache, RedisCache, SqliteCache
 from searchr1.retriever.web.limits import Budget, LocalCounter, RedisCounter
 from searchr1.retriever.web.metrics import WebMetrics
 from searchr1.retriever.web.pages import PageReader, encoder_scorer
 from searchr1.retriever.web.settings import WebSettings
+from searchr1.streams import connect
 
 
 def redis_prefix(run: str) -> str:

@@ -1,0 +1,85 @@
+"""Weight sync's settings sections: how the learner publishes (`PublishSettings`, the learner's
+`[learner.weights]`, with the broadcast transport's `[learner.weights.broadcast]`) and how a rollout worker
+loads (`LoadSettings`, the rollout's `[rollout.weights]`). The services' settings classes hold these
+sections under those names.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from searchr1.core.settings import Section
+
+
+class BroadcastSettings(Section):
+    """The `broadcast` weight transport (`transport.BroadcastTransport`): the learner is rank 0 of a process
+    group whose other ranks are the rollout engines."""
+
+    receivers: int = Field(default=1, ge=1, le=4096)
+    """Rollout engines in the group (one per worker); a generation forms once all of them have joined."""
+    host: str = "127.0.0.1"
+    """Address the group's store listens on (only this one) and announces to the workers. Each version
+    is signed with `weights.token` (HMAC-SHA256) and the workers reject one their token does not verify;
+    the store itself takes no token: keep its port on the cluster's private network."""
+    public_host: str | None = None
+    """Host name the workers use to reach the store, if not `host`."""
+    port: int = Field(default=29510, ge=0, le=65535)
+    """The store's port (0 = any free port)."""
+    backend: Literal["gloo", "nccl"] = "gloo"
+    """gloo (CPU tensors) or NCCL (GPU tensors)."""
+    timeout_s: float = Field(default=120.0, gt=0, le=3600)
+    """How long a broadcast waits for every receiver; past it the group is re-formed and the version
+    written as a snapshot for the late ones to catch up from."""
+    bucket_mb: int = Field(default=64, ge=1, le=4096)
+    """Bucket size: tensors are packed into buckets of about this many MiB per collective."""
+    snapshot_every: int = Field(default=10, ge=1)
+    """A recovery snapshot is written every this many versions (and after any failed broadcast)."""
+
+
+class PublishSettings(Section):
+    """Where and how the learner publishes weight versions (`[learner.weights]`)."""
+
+    transport: Literal["snapshot", "broadcast"] = "snapshot"
+    """How versions reach the rollout engines: snapshot files (directory or HTTP), or tensors broadcast
+    over a process group (`broadcast`), with snapshots kept for recovery."""
+    broadcast: BroadcastSettings = Field(default_factory=BroadcastSettings)
+    """The broadcast transport (used when `transport = "broadcast"`)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """The dtype versions are published in, cast from the fp32 master weights: auto = the learner's compute
+    dtype (`model.dtype`), which is the engine's `engine.dtype` in every shipped config. Publishing fp32 to
+    a bf16 engine doubles the bytes and the engine rounds them itself."""
+    dir: Path = Path("weights")
+    """Where snapshots `v{version:08d}/` are written (a shared volume for dir-mode workers)."""
+    keep: int = Field(default=3, ge=1)
+    """Snapshots kept on disk (older ones are pruned)."""
+    http: bool = False
+    """Serve snapshots over HTTP and announce `http://public_host:port/weights/{version}`."""
+    host: str = "127.0.0.1"
+    """HTTP bind address."""
+    port: int = Field(default=0, ge=0, le=65535)
+    """HTTP port (0 = any free port)."""
+    public_host: str | None = None
+    """Host name workers use to reach the learner (default: `host`)."""
+    token: str | None = None
+    """Bearer token the snapshot server requires (workers send their `weights.token`). None: no auth."""
+
+
+class LoadSettings(Section):
+    """How a rollout worker follows the announced weight versions (`[rollout.weights]`)."""
+
+    poll_interval_s: float = Field(default=2.0, gt=0)
+    """How often the latest announced weight version is checked."""
+    download_dir: str = ".searchr1/rollout-weights"
+    """Where the worker keeps its local copies of the snapshots it loads (downloaded over HTTP, or
+    hard-linked from a shared volume and verified there), relative to the working directory; copies older
+    than the loaded version are deleted. `searchr1 up` gives each worker its own under the run directory."""
+    token: str | None = None
+    """Bearer token for downloading snapshots."""
+    partial_rollouts: bool = False
+    """True: a new weight version interrupts the turns in flight at their next token, loads, and resumes
+    them from their prefix under the new weights (each token records the version that sampled it:
+    `Trajectory.segments`), instead of letting every in-flight group finish first. Off for Search-R1
+    parity runs (every group sampled by one version)."""

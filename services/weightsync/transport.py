@@ -1,0 +1,123 @@
+"""How a new policy version reaches the rollout engines, the learner's side (docs/architecture.md, "Weight
+sync"): one `WeightTransport` interface, two implementations, chosen by `weights.transport`
+(`build_transport`).
+
+- `SnapshotTransport` (default): write the snapshot (`WeightPublisher.write`), announce it (without Redis —
+  `train --replay` — write it only).
+- `BroadcastTransport`: announce a `broadcast://` URI (the group's address, generation and the
+  version), then send the tensors over the process group (`broadcast.py`) to every receiver
+  engine; no file. A snapshot is still written every `snapshot_every` versions, and at once after a
+  failed broadcast, and recorded as the catch-up point (`catchup.py`): a worker that missed a
+  broadcast loads it, then joins the next generation. A failed broadcast (a receiver dead, late or slow
+  beyond `timeout_s`) never stops training: the version still counts, the group is re-formed for the
+  next one.
+
+The announcement's `sha256` for a broadcast URI is the digest of the publication's header (version,
+tensor names, dtypes, shapes); the digest of the tensors themselves travels in-band after the last
+bucket and every receiver checks it (and acknowledges it with the version it loaded).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from searchr1.core.schemas import WeightVersion
+from searchr1.streams import Lease, RedisLink, StreamKeys
+from searchr1.weightsync.announce import announce
+from searchr1.weightsync.broadcast import Broadcaster, BroadcastFailed
+from searchr1.weightsync.catchup import record_snapshot
+from searchr1.weightsync.publish import WeightPublisher, drop_shared
+from searchr1.weightsync.settings import PublishSettings
+
+log = logging.getLogger("searchr1.weightsync.transport")
+
+
+class WeightTransport(Protocol):
+    """Delivers and announces one version (called on rank 0 with the gathered weights)."""
+
+    async def publish(self, version: int, model: Any, state: dict) -> WeightVersion | None:
+        """Deliver and announce `version`; the announcement (None when nothing was announced)."""
+
+    def close(self) -> None: ...
+
+
+async def _call(link: RedisLink | None, fn, what: str):
+    return await (link.call(fn, what) if link is not None else fn())
+
+
+@dataclass
+class SnapshotTransport:
+    """A snapshot on disk per version, announced on Redis (`redis` None: written, not announced)."""
+
+    publisher: WeightPublisher
+    redis: Any
+    keys: StreamKeys
+    link: RedisLink | None = None
+
+    async def publish(self, version: int, model: Any, state: dict) -> WeightVersion | None:
+        await asyncio.to_thread(self.publisher.write, version, model, state)
+        if self.redis is None:
+            return None
+        return await self.publisher.announce(self.redis, self.keys, version, link=self.link)
+
+    def close(self) -> None:
+        return None
+
+
+@dataclass
+class BroadcastTransport:
+    publisher: WeightPublisher
+    broadcaster: Broadcaster
+    redis: Any
+    keys: StreamKeys
+    link: RedisLink | None = None
+    snapshot_every: int = 10
+    failures: int = 0
+    lease: Lease | None = None
+    """The learner's lease: the recovery-snapshot record is fenced by its token inside Redis."""
+
+    async def _snapshot(self, version: int, model: Any, state: dict) -> None:
+        await asyncio.to_thread(self.publisher.write, version, model, state)
+        digest = await asyncio.to_thread(self.publisher.digest, version)
+        wv = WeightVersion(version=version, uri=self.publisher.uri(version), sha256=digest)
+        await _call(self.link, lambda: record_snapshot(self.redis, self.keys, wv, fence=self.publisher.fence,
+                                                       lease=self.lease), "record snapshot")
+        await asyncio.to_thread(self.publisher.prune, version)
+
+    async def publish(self, version: int, model: Any, state: dict) -> WeightVersion:
+        snapshot = version % self.snapshot_every == 0
+        if snapshot:
+            await self._snapshot(version, model, state)
+        named = sorted(drop_shared(model, state).items())
+        wv = WeightVersion(version=version, uri=self.broadcaster.uri(version),
+                           sha256=self.broadcaster.header_digest(version, named))
+        await _call(self.link, lambda: announce(self.redis, self.keys, wv, fence=self.publisher.fence),
+                    "announce weights")
+        try:
+            await asyncio.to_thread(self.broadcaster.send, version, named)
+        except BroadcastFailed as exc:
+            self.failures += 1
+            log.warning("broadcast of version %d failed (%s); group re-formed as generation %d", version, exc,
+                        self.broadcaster.generation)
+            if not snapshot:
+                await self._snapshot(version, model, state)
+        return wv
+
+    def close(self) -> None:
+        self.broadcaster.close()
+
+
+def build_transport(weights: PublishSettings, publisher: WeightPublisher, redis: Any, keys: StreamKeys,
+                    link: RedisLink | None, lease: Lease | None = None) -> WeightTransport:
+    """The transport `weights.transport` names; without Redis (`train --replay`) snapshots written only.
+    `lease` fences the broadcast transport's recovery-snapshot record inside Redis."""
+    if weights.transport == "snapshot" or redis is None:
+        return SnapshotTransport(publisher, redis, keys, link)
+    b = weights.broadcast
+    bc = Broadcaster(b.host, b.port, b.receivers + 1, backend=b.backend, timeout_s=b.timeout_s,
+                     bucket_bytes=b.bucket_mb << 20, key=(weights.token or "").encode(),  # signs each version
+                     public_host=b.public_host)
+    return BroadcastTransport(publisher, bc, redis, keys, link, snapshot_every=b.snapshot_every, lease=lease)
