@@ -28,7 +28,7 @@ import pytest
 
 from searchr1.core.servers import free_port
 from searchr1.core.settings import load_settings
-from searchr1.core.streams import StreamKeys, trajectories_stream
+from searchr1.streams import StreamKeys, trajectories_stream
 from tests.support.synthetic import synthetic_group, tiny_qwen2
 
 ROOT = Path(__file__).resolve().parents[2]
