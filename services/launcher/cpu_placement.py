@@ -125,7 +125,7 @@ def _check(role: str, cores: list[int], exists: frozenset[int]) -> None:
 
 
 def plan_cores(own: Mapping[str, list[int]], shared: Mapping[str, str | None], workers: int,
-               exists: Iterable[int], colocate: bool = False) -> dict[str, CoreShare]:
+               exists: Iterable[int], *, colocate: bool) -> dict[str, CoreShare]:
     """Each process's cores: `own` maps a role (`rollout`, `learner`, `retriever`, `reward`, `redis`) to
     the cores it lists, `shared` a small role to the main role whose cores it shares (or None), `workers`
     is how many rollout workers the rollout cores are cut into, `exists` the node's cores. Keys of the

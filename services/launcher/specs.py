@@ -121,8 +121,8 @@ class ProcessSpec:
     """Processes of one stage start together (then are gated together) and stop together."""
     gates: list[Gate] = field(default_factory=list)
     """Health checks that must all pass before the next stage starts."""
-    health_timeout_s: float = 60.0
-    """How long the gates (or a one-shot process) may take."""
+    health_timeout_s: float = field(kw_only=True)
+    """How long the gates (or a one-shot process) may take (the process's `health_timeout_s` setting)."""
     oneshot: bool = False
     """Runs to completion (exit 0 required) before the next stage, e.g. the index build."""
     main: bool = False

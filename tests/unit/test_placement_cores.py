@@ -51,7 +51,7 @@ def test_core_lists_read_and_written():
 
 def test_two_cores_disaggregated_small_services_beside_rollout():
     shares = plan_cores({"rollout": [0], "learner": [1]}, {"retriever": "rollout", "reward": "rollout",
-                                                            "redis": "rollout"}, 1, {0, 1})
+                                                            "redis": "rollout"}, 1, {0, 1}, colocate=False)
     assert {n: (s.cores, s.with_role) for n, s in shares.items()} == {
         "rollout-0": ((0,), None), "learner": ((1,), None), "retriever": ((0,), "rollout"),
         "reward": ((0,), "rollout"), "redis": ((0,), "rollout")}
@@ -59,7 +59,7 @@ def test_two_cores_disaggregated_small_services_beside_rollout():
 
 def test_sixteen_cores_two_workers_cut_in_order():
     shares = plan_cores({"rollout": list(range(8)), "learner": list(range(8, 14)), "retriever": [14],
-                         "reward": [15], "redis": []}, {"redis": "learner"}, 2, range(16))
+                         "reward": [15], "redis": []}, {"redis": "learner"}, 2, range(16), colocate=False)
     assert shares["rollout-0"].cpuset == "0-3" and shares["rollout-1"].cpuset == "4-7"
     assert shares["learner"].count == 6 and shares["redis"].cpuset == "8-13"
     assert shares["retriever"].cores == (14,) and shares["reward"].with_role is None
@@ -84,7 +84,7 @@ def test_colocated_every_process_on_every_core():
 def test_impossible_core_placements_are_named(own, shared, workers, message):
     shared = {k: v["cores_with"] if isinstance(v, dict) else v for k, v in shared.items()}
     with pytest.raises(CorePlacementError, match=message):
-        plan_cores(own, shared, workers, {0, 1})
+        plan_cores(own, shared, workers, {0, 1}, colocate=False)
 
 
 def test_cpu_only_placement_sets_the_threads_each_process_gets():
