@@ -204,7 +204,7 @@ def rehearsal_config(shipped: dict[str, Any], stand_ins: StandIns, *, name: str,
         cfg["reward"]["workers"] = 1
     _set(cfg, "launcher.rollout.workers", 1)
     _set(cfg, "launcher.rollout.env", {"VLLM_CPU_KVCACHE_SPACE": str(stand_ins.kv_cache_gib)})
-    _set(cfg, "launcher.commands.learner", [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+    _set(cfg, "launcher.commands.learner", [sys.executable, "-m", "searchr1.learner.torchrun", "--nnodes", "1",
                                             "--nproc-per-node", "2", "-m", "searchr1.cli"])
     _set(cfg, "learner.device", "cpu")
     _set(cfg, "learner.threads", 1)
