@@ -43,6 +43,7 @@ from searchr1.weightsync.announce import (
     is_published,
     latest,
     latest_fenced,
+    newest_full,
     published,
     request_resync,
     resync_key,
@@ -64,34 +65,56 @@ from searchr1.weightsync.catchup import (
     latest_snapshot_fenced,
     record_snapshot,
 )
+from searchr1.weightsync.delta import (
+    DELTA_FILE,
+    BaseWeights,
+    Delta,
+    DeltaRefused,
+    Diff,
+    checksum,
+    checksums,
+    diff,
+)
 from searchr1.weightsync.fetch import fetch_snapshot, prune_copies
 from searchr1.weightsync.loader import Reloadable, WeightLoader, is_broadcast
 from searchr1.weightsync.manifest import SnapshotError, snapshot_digest, snapshot_files, snapshot_listing
 from searchr1.weightsync.publish import WEIGHTS_FILE, WeightPublisher, drop_shared, weights_app
 from searchr1.weightsync.read import read_verified
 from searchr1.weightsync.safetensors import snapshot_tensors, write_safetensors
-from searchr1.weightsync.settings import BroadcastSettings, LoadSettings, PublishSettings
+from searchr1.weightsync.settings import BroadcastSettings, DeltaSettings, LoadSettings, PublishSettings
 from searchr1.weightsync.transport import (
     BroadcastTransport,
     SnapshotTransport,
     WeightTransport,
     build_transport,
 )
-from searchr1.weightsync.vllm_ext import WORKER_EXTENSION, LoadTimes, receive_broadcast, reload_engine
+from searchr1.weightsync.versions import Plan, VersionChain
+from searchr1.weightsync.vllm_ext import (
+    WORKER_EXTENSION,
+    LoadTimes,
+    apply_engine_delta,
+    base_of,
+    receive_broadcast,
+    reload_engine,
+)
 
 __all__ = [
     # settings sections
-    "PublishSettings", "BroadcastSettings", "LoadSettings",
+    "PublishSettings", "BroadcastSettings", "DeltaSettings", "LoadSettings",
     # the announcement, its record and re-sync requests (Redis)
-    "announce", "latest", "latest_fenced", "published", "is_published", "rollback", "announced_fence",
+    "announce", "latest", "latest_fenced", "published", "is_published", "newest_full", "rollback",
+    "announced_fence",
     "FencedOff", "request_resync", "take_resync", "resync_key",
     # the learner's end
     "WeightTransport", "SnapshotTransport", "BroadcastTransport", "build_transport", "WeightPublisher",
-    "weights_app", "drop_shared", "WEIGHTS_FILE",
+    "weights_app", "drop_shared", "WEIGHTS_FILE", "VersionChain", "Plan",
+    # deltas between versions
+    "diff", "Diff", "checksum", "checksums", "Delta", "BaseWeights", "DeltaRefused", "DELTA_FILE",
     # the worker's end
     "WeightLoader", "Reloadable", "is_broadcast",
     # the engine's reload protocol (inside vLLM's worker, called through collective_rpc)
-    "WORKER_EXTENSION", "reload_engine", "receive_broadcast", "LoadTimes", "WEIGHTS_KEY_ENV",
+    "WORKER_EXTENSION", "reload_engine", "apply_engine_delta", "receive_broadcast", "LoadTimes", "WEIGHTS_KEY_ENV",
+    "base_of",
     # the snapshot wire
     "snapshot_digest", "snapshot_files", "snapshot_listing", "fetch_snapshot", "prune_copies", "read_verified",
     "write_safetensors", "snapshot_tensors", "SnapshotError",
