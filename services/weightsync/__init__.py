@@ -78,6 +78,7 @@ from searchr1.weightsync.delta import (
 from searchr1.weightsync.fetch import fetch_snapshot, prune_copies
 from searchr1.weightsync.loader import Reloadable, WeightLoader, is_broadcast
 from searchr1.weightsync.manifest import SnapshotError, snapshot_digest, snapshot_files, snapshot_listing
+from searchr1.weightsync.materialize import materialize, newest_version, version_tensors
 from searchr1.weightsync.publish import WEIGHTS_FILE, WeightPublisher, drop_shared, weights_app
 from searchr1.weightsync.read import read_verified
 from searchr1.weightsync.safetensors import snapshot_tensors, write_safetensors
@@ -110,6 +111,7 @@ __all__ = [
     "weights_app", "drop_shared", "WEIGHTS_FILE", "VersionChain", "Plan",
     # deltas between versions
     "diff", "Diff", "checksum", "checksums", "Delta", "BaseWeights", "DeltaRefused", "DELTA_FILE",
+    "materialize", "newest_version", "version_tensors",
     # the worker's end
     "WeightLoader", "Reloadable", "is_broadcast",
     # the engine's reload protocol (inside vLLM's worker, called through collective_rpc)

@@ -167,3 +167,34 @@ def test_the_chain_plans_full_versions_every_k_and_when_a_delta_is_too_big():
     off.plan(0, base)
     p = off.plan(1, nudged)
     assert p.full and p.delta is None and p.figures["published_changed_frac"] == 0.005
+
+
+def test_the_newest_version_is_rebuilt_as_a_full_snapshot(tmp_path):
+    """Written without Redis (as `train --replay` does): fulls at 0 and 3, deltas between and after; the
+    newest version (5, a delta) is rebuilt from full 3 and deltas 4 and 5, bit for bit, and loads."""
+    import asyncio
+
+    from safetensors.torch import load_file
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from searchr1.streams import StreamKeys
+    from searchr1.weightsync import SnapshotTransport, WeightPublisher, materialize, newest_version
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=1, num_key_value_heads=1, tie_word_embeddings=True))
+    masters = {k: v.detach().clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    pub = WeightPublisher(tmp_path / "w", keep=2)
+    transport = SnapshotTransport(pub, None, StreamKeys("m"), chain=VersionChain(full_every=3, max_share=1.0))
+    states = []
+    for v in range(6):
+        for t in masters.values():
+            t.add_(torch.randn(t.shape) * 1e-3)
+        states.append({k: t.to(torch.bfloat16) for k, t in masters.items()})
+        asyncio.run(transport.publish(v, model, dict(states[-1])))
+    assert pub.versions() == [0, 3] and pub.deltas() == [1, 2, 3, 4, 5] and newest_version(pub.root) == 5
+    path = materialize(pub.root)
+    assert path == pub.path(5) and pub.versions() == [0, 3, 5]
+    got = load_file(str(path / "model.safetensors"))
+    assert got.keys() == states[5].keys() and all(torch.equal(got[k], states[5][k]) for k in got)
+    assert (path / "config.json").is_file() and materialize(pub.root) == path  # written once
