@@ -78,9 +78,9 @@ from searchr1.weightsync.delta import (
 from searchr1.weightsync.fetch import fetch_snapshot, prune_copies
 from searchr1.weightsync.loader import Reloadable, WeightLoader, is_broadcast
 from searchr1.weightsync.manifest import SnapshotError, snapshot_digest, snapshot_files, snapshot_listing
-from searchr1.weightsync.materialize import materialize, newest_version, version_tensors
 from searchr1.weightsync.publish import WEIGHTS_FILE, WeightPublisher, drop_shared, weights_app
 from searchr1.weightsync.read import read_verified
+from searchr1.weightsync.rebuild import materialize, newest_version, version_tensors
 from searchr1.weightsync.safetensors import snapshot_tensors, write_safetensors
 from searchr1.weightsync.settings import BroadcastSettings, DeltaSettings, LoadSettings, PublishSettings
 from searchr1.weightsync.transport import (

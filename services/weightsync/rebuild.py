@@ -72,9 +72,9 @@ def materialize(root: str | Path, version: int | None = None) -> Path | None:
     tmp = pub.root / f".materialize-{version:08d}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    for f in source.iterdir():
-        if f.is_file() and f.name not in (WEIGHTS_FILE, MANIFEST):
-            shutil.copy2(f, tmp / f.name)
+    for src in source.iterdir():
+        if src.is_file() and src.name not in (WEIGHTS_FILE, MANIFEST):
+            shutil.copy2(src, tmp / src.name)
     meta = {"searchr1_version": str(version),
             "searchr1_checksums": json.dumps(base.sums, sort_keys=True, separators=(",", ":"))}
     with (tmp / WEIGHTS_FILE).open("wb") as f:
