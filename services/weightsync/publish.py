@@ -21,9 +21,15 @@ its first bad chunk (its manifest digest, or a chunk's), and the restarted learn
 would put the disk's write-back rate on the path of every publication (docs/performance.md, "Weight
 sync") for a durability nothing needs.
 
+A version may instead (or also) be written as a delta against the version before
+(`write_delta`: `d{version:08d}/` holding `model.delta` and its manifest, written and hashed the same
+way; its content is `delta.py`'s), announced with `WeightVersion.base`. What is kept on disk (`prune`):
+the newest `keep` full versions and every delta after the oldest of them.
+
 The URI is the snapshot's absolute path (shared volume), or `{base_url}/weights/{version}` when the
 learner serves snapshots over HTTP with `weights_app` (`GET /weights/{v}/files`,
-`GET /weights/{v}/files/{name}` — the protocol `fetch.fetch_snapshot` consumes). How a version reaches
+`GET /weights/{v}/files/{name}` — the protocol `fetch.fetch_snapshot` consumes; deltas under
+`/deltas/{v}/…`). How a version reaches
 the engines, as a snapshot or a broadcast, is `transport.py`'s.
 """
 

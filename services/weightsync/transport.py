@@ -2,15 +2,17 @@
 sync"): one `WeightTransport` interface, two implementations, chosen by `weights.transport`
 (`build_transport`).
 
-- `SnapshotTransport` (default): write the snapshot (`WeightPublisher.write`), announce it (without Redis —
-  `train --replay` — write it only).
+- `SnapshotTransport` (default): plan the version (`versions.VersionChain`: full, a delta against the
+  version before, or both), write it (`WeightPublisher.write`, `write_delta`) and announce it (without
+  Redis — `train --replay` — write it only). After a publication that failed, the next goes out full.
 - `BroadcastTransport`: announce a `broadcast://` URI (the group's address, generation and the
   version), then send the tensors over the process group (`broadcast.py`) to every receiver
   engine; no file. A snapshot is still written every `snapshot_every` versions, and at once after a
   failed broadcast, and recorded as the catch-up point (`catchup.py`): a worker that missed a
   broadcast loads it, then joins the next generation. A failed broadcast (a receiver dead, late or slow
   beyond `timeout_s`) never stops training: the version still counts, the group is re-formed for the
-  next one.
+  next one. Every broadcast sends the whole version (the wire has no delta form); the figures of each
+  version (the share of values changed) are computed all the same.
 
 The announcement's `sha256` for a broadcast URI is the digest of the publication's header (version,
 tensor names, dtypes, shapes); the digest of the tensors themselves travels in-band after the last
