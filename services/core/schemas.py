@@ -70,6 +70,12 @@ class SamplingParams(_Wire):
     """Optional seed for reproducible sampling."""
 
 
+TRAINED_MAGNITUDE = 1e18
+"""The largest magnitude of a trajectory's `reward` and of each behaviour log-prob: the learner trains on
+them in float32 (at most 3.4e38), where a group's sum of rewards and PPO's squared returns must stay
+finite too. A value past it would crash the learner's batch building (it does not fit float32) or turn a
+step's loss to NaN; Search-R1's rewards are in [0, 1]."""
+
 TASK_ID_PATTERN = r"^[^\s\x00-\x1f\x7f]+$"
 """A task id: printable characters, no whitespace (a newline in an id could forge a log line)."""
 
@@ -144,10 +150,16 @@ class Trajectory(_Wire):
             raise ValueError(f"behavior_logprobs has {len(self.behavior_logprobs)} entries, response_ids has {n}")
         if any(i < 0 for i in self.prompt_ids) or any(i < 0 for i in self.response_ids):
             raise ValueError("token ids must be non-negative")
-        if not all(math.isfinite(x) and x <= 1e-4 for x in self.behavior_logprobs):
-            raise ValueError("behavior_logprobs must be finite log-probabilities (<= 0, not NaN or -inf)")
+        if not all(math.isfinite(x) and -TRAINED_MAGNITUDE <= x <= 1e-4 for x in self.behavior_logprobs):
+            bad = next(x for x in self.behavior_logprobs
+                       if not (math.isfinite(x) and -TRAINED_MAGNITUDE <= x <= 1e-4))
+            raise ValueError(f"behavior_logprobs must be finite log-probabilities in [-{TRAINED_MAGNITUDE:g}, 0] "
+                             f"(the range the learner trains in, float32), got {bad!r}")
         if not math.isfinite(self.reward):
             raise ValueError("reward must be finite")
+        if abs(self.reward) > TRAINED_MAGNITUDE:
+            raise ValueError(f"reward {self.reward!r} is outside [-{TRAINED_MAGNITUDE:g}, {TRAINED_MAGNITUDE:g}], "
+                             "the range the learner trains in (float32)")
         if not all(math.isfinite(v) for v in self.reward_components.values()):
             raise ValueError("reward_components must be finite")
         if self.segments:

@@ -1,7 +1,9 @@
 """Server plumbing shared by the services, so no service copies it: an asyncio gRPC server with the
 standard health service, reflection, optional bearer auth and a clear INVALID_ARGUMENT for request bytes
 that do not parse (bad wire format, non-UTF-8 string fields); a uvicorn HTTP server that can run on
-port 0 inside an existing event loop; and graceful shutdown on SIGINT/SIGTERM.
+port 0 inside an existing event loop, behind the connection guard (`searchr1.core._http_guard`: request
+heads time out, open connections are bounded and idle ones give way); and graceful shutdown on
+SIGINT/SIGTERM.
 
 Services pass their servicers / FastAPI app in; this module knows nothing about retrieval or rewards.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import logging
 import random
 import signal
 import socket
@@ -24,6 +27,13 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from searchr1.core._body_limit import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, BodyLimit
+from searchr1.core._http_guard import (
+    DEFAULT_HEAD_TIMEOUT_S,
+    DEFAULT_MAX_CONNECTIONS,
+    AcceptErrorThrottle,
+    ConnectionGuard,
+    connection_bound,
+)
 from searchr1.core.aio import stop_task
 from searchr1.core.auth import BearerAuthInterceptor
 
@@ -92,6 +102,10 @@ class GrpcServer:
                 ("grpc.max_receive_message_length", max_receive_bytes or max_message_bytes),
                 ("grpc.max_send_message_length", max_message_bytes),
                 ("grpc.so_reuseport", 0),
+                # flow-control windows stay at HTTP/2's 64 KiB per stream unless a read asks for a whole
+                # message: a call refused unread (no token) then leaves at most a window buffered, where
+                # bandwidth-delay probing grew them to megabytes (96 refused 12 MB calls: +340 MiB RSS)
+                ("grpc.http2.bdp_probe", 0),
             ],
         )
         self._health = health.aio.HealthServicer()
@@ -133,30 +147,54 @@ class GrpcServer:
         await self._server.wait_for_termination()
 
 
+ACCEPT_BACKLOG = 128
+"""The HTTP listening socket's backlog, which is also how many connections the event loop accepts in one
+pass before any of them reaches the connection guard (uvicorn's 2,048 let a burst of idle connections
+take every descriptor of a 1,024 limit before the guard closed one)."""
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to `host:port` (port 0: a free one), for an `HttpServer` whose port must be known
+    before its app is built (a server whose app announces its own URL)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets whose proto is TCP, and accepted
+    # sockets inherit proto 0 otherwise (Nagle + delayed ACK then add ~40 ms to every small response)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"cannot bind HTTP server to {host}:{port}: {exc.strerror}") from exc
+    return sock
+
+
 class HttpServer:
     """uvicorn serving an ASGI app inside the current event loop, on a socket bound up front so port 0
     works and the real port is known before the first request; request bodies over `max_body_bytes` are
-    answered 413 and bodies slower than `body_timeout_s` 408 (`searchr1.core._body_limit`)."""
+    answered 413 and bodies slower than `body_timeout_s` 408 (`searchr1.core._body_limit`); a connection
+    that sends no complete request head within `head_timeout_s` is closed, and at most `max_connections`
+    are open (lowered to half the descriptor limit), idle ones closed first (`searchr1.core._http_guard`;
+    `guard.counts` says what it closed)."""
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning",
-                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S) -> None:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets whose proto is TCP, and accepted
-        # sockets inherit proto 0 otherwise (Nagle + delayed ACK then add ~40 ms to every small response)
-        self._sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            self._sock.bind((host, port))
-        except OSError as exc:
-            self._sock.close()
-            raise OSError(f"cannot bind HTTP server to {host}:{port}: {exc.strerror}") from exc
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, *, sock: socket.socket | None = None,
+                 log_level: str = "warning", max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                 body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S, max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                 head_timeout_s: float = DEFAULT_HEAD_TIMEOUT_S) -> None:
+        """`sock`: a socket already bound (`bind_socket`) to `host:port`, used instead of binding one."""
+        from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+        self._sock = sock if sock is not None else bind_socket(host, port)
         self.host = host
         self.port: int = self._sock.getsockname()[1]
+        self.guard = ConnectionGuard(connection_bound(max_connections), head_timeout_s)
         # bodies over max_body_bytes get 413 before the app parses them, slow ones 408
-        config = uvicorn.Config(BodyLimit(app, max_body_bytes, body_timeout_s), log_level=log_level, lifespan="on", access_log=False)
+        config = uvicorn.Config(BodyLimit(app, max_body_bytes, body_timeout_s), log_level=log_level, lifespan="on",
+                                access_log=False, http=self.guard.protocol(AutoHTTPProtocol), backlog=ACCEPT_BACKLOG)
         self._server = uvicorn.Server(config)
         setattr(self._server, "install_signal_handlers", lambda: None)  # noqa: B010 - we own the signals
         self._task: asyncio.Task | None = None
+        self._throttle = AcceptErrorThrottle()
 
     @property
     def url(self) -> str:
@@ -164,6 +202,7 @@ class HttpServer:
         return f"http://{host}:{self.port}"
 
     async def start(self) -> int:
+        logging.getLogger("asyncio").addFilter(self._throttle)  # accept failures: one line every 10 s
         self._task = asyncio.create_task(self._server.serve(sockets=[self._sock]))
         while not self._server.started:
             if self._task.done():
@@ -181,6 +220,7 @@ class HttpServer:
                 self._server.force_exit = True
             await stop_task(self._task, timeout=timeout)
         self._sock.close()
+        logging.getLogger("asyncio").removeFilter(self._throttle)
 
 
 def install_shutdown_signals(stop: asyncio.Event, signals: Iterable[int] = (signal.SIGINT, signal.SIGTERM)) -> None:

@@ -15,7 +15,15 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from searchr1.core.commandline import INSECURE_HELP, error, fail, field_help, settings_or_exit, token_or_exit
+from searchr1.core.commandline import (
+    INSECURE_HELP,
+    error,
+    fail,
+    field_help,
+    redis_or_exit,
+    settings_or_exit,
+    token_or_exit,
+)
 
 if TYPE_CHECKING:
     from searchr1.cli import Groups
@@ -44,6 +52,7 @@ def run_train(settings: LearnerSettings, max_steps: int | None) -> int:
     logging.getLogger("searchr1.learner").info("OpenMP waits: %s", waits)
     from searchr1.learner.process import run_learner
     from searchr1.learner.redis_budget import RedisBudgetError
+    from searchr1.learner.tools.data import DatasetError
     from searchr1.streams import LeaseHeld, LeaseLost
 
     stop = asyncio.Event()  # set by SIGTERM/SIGINT (run_learner installs the handlers)
@@ -53,6 +62,8 @@ def run_train(settings: LearnerSettings, max_steps: int | None) -> int:
     except (LeaseHeld, LeaseLost) as exc:  # another learner runs this run: nothing was written
         return error(str(exc), 3)
     except RedisBudgetError as exc:  # the run's settings, not a fault: nothing was written
+        return error(str(exc), 2)
+    except DatasetError as exc:  # a row the wire refuses, named: nothing was dispatched
         return error(str(exc), 2)
     typer.echo(f"stopped at step {state.step} (policy version {state.version})")
     last = max_steps if max_steps is not None else settings.optim.total_steps
@@ -188,8 +199,8 @@ async def _rollback(redis_url: str, run: str, version: int):
 
 def weights_rollback(
     version: Annotated[int, typer.Argument(min=0, help="A version the learner announced.")],
-    redis_url: Annotated[str, typer.Option("--redis", help="Redis URL.")] = "redis://127.0.0.1:6379/0",
-    run: Annotated[str, typer.Option(help="Run name (keys are searchr1:{run}:…).")] = "default",
+    redis_url: Annotated[str | None, typer.Option("--redis", help=field_help(LEARNER_SETTINGS, "redis.url"))] = None,
+    run: Annotated[str | None, typer.Option(help=field_help(LEARNER_SETTINGS, "redis.run"))] = None,
 ) -> None:
     """Announce again the learner's own announcement of VERSION (same uri and digest), so rollout workers
     reload it. Only versions the learner announced can be chosen, and the snapshot must still exist
@@ -197,7 +208,8 @@ def weights_rollback(
     import asyncio
 
     try:
-        wv = asyncio.run(_rollback(redis_url, run, version))
+        redis = redis_or_exit(redis_url, run)
+        wv = asyncio.run(_rollback(redis.url, redis.run, version))
     except LookupError as exc:
         fail(str(exc), 1)
     typer.echo(f"announced version {wv.version} again: {wv.uri} (sha256 {wv.sha256})")

@@ -2,7 +2,10 @@
 
 `Lease.acquire` sets `searchr1:{run}:{name}:lease` with SET NX PX and, in the same Lua script, takes
 the next fencing token from `searchr1:{run}:{name}:fence` (INCR: strictly increasing over the run's
-life, never reused). The lease value is `"{token} {holder}"`. A second process finds the key set and
+life, never reused). Redis can lose the counter (data lost since its last fsync, a restore from an older
+copy, a new instance), so `acquire` takes a `floor` — the highest token the holder's own durable records
+hold (the learner's checkpoints: `learner/train/fences.py`) — and a counter at or below it is raised
+past it in the same script, with a warning: a token that wrote anything is never handed out again. The lease value is `"{token} {holder}"`. A second process finds the key set and
 `acquire` raises `LeaseHeld` naming the holder and how long its lease still runs, unless the holder
 (`host:pid/…`) is a process of this host that no longer runs, or this very process id (a container
 restarted under the same hostname): its lease is taken over at once instead of after its TTL.
@@ -38,10 +41,15 @@ log = logging.getLogger("searchr1.streams.lease")
 _ACQUIRE = """
 if redis.call('SET', KEYS[1], 'claiming', 'NX', 'PX', ARGV[2]) then
   local token = redis.call('INCR', KEYS[2])
+  local given = token
+  if token <= tonumber(ARGV[3]) then
+    token = tonumber(ARGV[3]) + 1
+    redis.call('SET', KEYS[2], token)
+  end
   redis.call('SET', KEYS[1], token .. ' ' .. ARGV[1], 'PX', ARGV[2])
-  return {token, ''}
+  return {token, '', given}
 end
-return {0, redis.call('GET', KEYS[1]) or ''}
+return {0, redis.call('GET', KEYS[1]) or '', 0}
 """
 
 _RENEW = """
@@ -154,13 +162,14 @@ class Lease:
         if not int(ok):
             raise self.fenced_error(f"lease {self.key!r} check")
 
-    async def acquire(self, wait_s: float = 0.0) -> int:
-        """Take the lease and a new fencing token; raise `LeaseHeld` naming the holder if it is still
-        taken after `wait_s` seconds (a crashed holder's lease runs out within one TTL)."""
+    async def acquire(self, wait_s: float = 0.0, floor: int = 0) -> int:
+        """Take the lease and a new fencing token, above `floor` (the module docstring); raise `LeaseHeld`
+        naming the holder if it is still taken after `wait_s` seconds (a crashed holder's lease runs out
+        within one TTL)."""
         deadline = time.monotonic() + wait_s
         while True:
             try:
-                return await self._acquire_once()
+                return await self._acquire_once(floor)
             except LeaseHeld as exc:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -168,9 +177,10 @@ class Lease:
                 log.warning("%s; trying again", exc)
                 await asyncio.sleep(min(left, self.ttl_ms / 3000))
 
-    async def _acquire_once(self) -> int:
+    async def _acquire_once(self, floor: int) -> int:
         sent = time.monotonic()
-        token, current = await self.redis.eval(_ACQUIRE, 2, self.key, self.fence_key, self.holder, self.ttl_ms)
+        token, current, given = await self.redis.eval(_ACQUIRE, 2, self.key, self.fence_key, self.holder,
+                                                      self.ttl_ms, floor)
         current = current.decode() if isinstance(current, bytes) else str(current)
         if not int(token) and _dead_here(current.partition(" ")[2]):
             # this host's previous incarnation (a restarted process or container) died holding it
@@ -178,8 +188,8 @@ class Lease:
                         self.key, current)
             await self.redis.eval(_RELEASE, 1, self.key, current)
             sent = time.monotonic()
-            token, current = await self.redis.eval(_ACQUIRE, 2, self.key, self.fence_key, self.holder,
-                                                   self.ttl_ms)
+            token, current, given = await self.redis.eval(_ACQUIRE, 2, self.key, self.fence_key, self.holder,
+                                                          self.ttl_ms, floor)
             current = current.decode() if isinstance(current, bytes) else str(current)
         if not int(token):
             left = await self.redis.pttl(self.key)
@@ -188,6 +198,10 @@ class Lease:
                 f"another learner holds run's lease {self.key!r}: {who or current} (fencing token {tok}), "
                 f"for {max(left, 0) / 1000:.1f} s more unless it renews it; stop that learner first (a "
                 "crashed one's lease expires by itself)")
+        if int(given) != int(token):
+            log.warning("fence counter %s handed out token %d, not past token %d already used (recorded on disk): "
+                        "Redis lost it (data lost, or an older copy restored); raised to %d", self.fence_key,
+                        int(given), floor, int(token))
         self.token, self.lost = int(token), None
         self._valid_until = sent + self.ttl_ms / 1000 * (1 - self.margin)
         log.info("holding lease %s with fencing token %d", self.key, self.token)

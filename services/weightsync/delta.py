@@ -239,7 +239,7 @@ class DeltaHeader:
         return header
 
 
-def encode_patches(d: Diff, current: Mapping[str, Any], *, base: int, version: int, codec: Codec = "zstd",
+def encode_patches(d: Diff, current: Mapping[str, Any], *, base: int, version: int, codec: Codec,
                    sums: Mapping[str, str] | None = None) -> tuple[dict[str, Any], dict[str, str]]:
     """(the delta file's tensors: uint8 segments `{name}:idx` and `{name}:val`, its metadata): the patches
     of `d`, with the checksum of every tensor of `current` (`sums` when already computed). Blocking."""

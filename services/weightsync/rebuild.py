@@ -24,7 +24,7 @@ from searchr1.weightsync.safetensors import snapshot_tensors, write_safetensors
 
 def newest_version(root: str | Path) -> int | None:
     """The newest version under `root` in either form (a full `v…` or a delta `d…` directory), or None."""
-    pub = WeightPublisher(Path(root))
+    pub = WeightPublisher(Path(root), keep=1)  # read only: nothing is pruned
     return max(pub.versions() + pub.deltas(), default=None)
 
 
@@ -38,7 +38,7 @@ def version_tensors(root: str | Path, version: int) -> BaseWeights:
     after it, applied verified. Raises `SnapshotError` when the chain on disk does not reach it."""
     from searchr1.weightsync.vllm_ext import base_of
 
-    pub = WeightPublisher(Path(root))
+    pub = WeightPublisher(Path(root), keep=1)  # read only: nothing is pruned
     fulls = [v for v in pub.versions() if v <= version]
     if not fulls:
         raise SnapshotError(f"no full version at or before {version} under {pub.root}")
@@ -61,7 +61,7 @@ def materialize(root: str | Path, version: int | None = None) -> Path | None:
     the chain when only a delta holds it; None when `root` holds no version."""
     import json
 
-    pub = WeightPublisher(Path(root))
+    pub = WeightPublisher(Path(root), keep=1)  # read only: nothing is pruned
     version = newest_version(root) if version is None else version
     if version is None:
         return None

@@ -33,7 +33,7 @@ from searchr1.weightsync.announce import announce
 from searchr1.weightsync.broadcast import Broadcaster, BroadcastFailed
 from searchr1.weightsync.catchup import record_snapshot
 from searchr1.weightsync.publish import WeightPublisher, drop_shared
-from searchr1.weightsync.settings import PublishSettings
+from searchr1.weightsync.settings import DeltaSettings, PublishSettings
 from searchr1.weightsync.versions import VersionChain
 
 log = logging.getLogger("searchr1.weightsync.transport")
@@ -65,7 +65,7 @@ class SnapshotTransport:
     redis: Any
     keys: StreamKeys
     link: RedisLink | None = None
-    chain: VersionChain = field(default_factory=lambda: VersionChain(enabled=False))
+    chain: VersionChain = field(default_factory=lambda: VersionChain(DeltaSettings(enabled=False)))
     figures: dict[str, float] = field(default_factory=dict)
 
     async def publish(self, version: int, model: Any, state: dict) -> WeightVersion | None:
@@ -98,11 +98,12 @@ class BroadcastTransport:
     redis: Any
     keys: StreamKeys
     link: RedisLink | None = None
-    snapshot_every: int = 10
+    snapshot_every: int = field(kw_only=True)
+    """`weights.broadcast.snapshot_every`: every this many versions also a snapshot (the catch-up point)."""
     failures: int = 0
     lease: Lease | None = None
     """The learner's lease: the recovery-snapshot record is fenced by its token inside Redis."""
-    chain: VersionChain = field(default_factory=lambda: VersionChain(enabled=False))
+    chain: VersionChain = field(default_factory=lambda: VersionChain(DeltaSettings(enabled=False)))
     """Computes each version's figures (the share of values changed); every broadcast sends the whole version."""
     figures: dict[str, float] = field(default_factory=dict)
     figures_sums: dict[str, str] | None = None
@@ -145,13 +146,11 @@ def build_transport(weights: PublishSettings, publisher: WeightPublisher, redis:
                     link: RedisLink | None, lease: Lease | None = None) -> WeightTransport:
     """The transport `weights.transport` names; without Redis (`train --replay`) snapshots written only.
     `lease` fences the broadcast transport's recovery-snapshot record inside Redis."""
-    d = weights.delta
-    chain = VersionChain(enabled=d.enabled, full_every=d.full_every, max_share=d.max_share, codec=d.codec)
     if weights.transport == "snapshot" or redis is None:
-        return SnapshotTransport(publisher, redis, keys, link, chain=chain)
+        return SnapshotTransport(publisher, redis, keys, link, chain=VersionChain(weights.delta))
     b = weights.broadcast
     bc = Broadcaster(b.host, b.port, b.receivers + 1, backend=b.backend, timeout_s=b.timeout_s,
                      bucket_bytes=b.bucket_mb << 20, key=(weights.token or "").encode(),  # signs each version
                      public_host=b.public_host)
     return BroadcastTransport(publisher, bc, redis, keys, link, snapshot_every=b.snapshot_every, lease=lease,
-                              chain=VersionChain(enabled=False))
+                              chain=VersionChain(DeltaSettings(enabled=False)))

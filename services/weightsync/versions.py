@@ -26,7 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from searchr1.weightsync.delta import Codec, checksums, diff, encode_patches
+from searchr1.weightsync.delta import checksums, diff, encode_patches
+from searchr1.weightsync.settings import DeltaSettings
 
 
 @dataclass
@@ -57,11 +58,8 @@ def nbytes(state: Mapping[str, Any]) -> int:
 class VersionChain:
     """Plans each published version against the previous one (see the module docstring)."""
 
-    enabled: bool = True
-    """False: every version full (the figures are still computed)."""
-    full_every: int = 10
-    max_share: float = 0.5
-    codec: Codec = "zstd"
+    settings: DeltaSettings = field(default_factory=DeltaSettings)
+    """`[learner.weights.delta]`; `enabled = False`: every version full (the figures are still computed)."""
     previous: dict[str, Any] | None = field(default=None, repr=False)
     previous_version: int | None = None
 
@@ -84,13 +82,14 @@ class VersionChain:
             plan.figures["published_delta"] = 0.0
             return self._done(plan, t0, full_bytes)
         plan.figures["published_changed_frac"] = d.density
-        if self.enabled:
-            tensors, meta = encode_patches(d, state, base=prev_version, version=version, codec=self.codec, sums=sums)
+        s = self.settings
+        if s.enabled:
+            tensors, meta = encode_patches(d, state, base=prev_version, version=version, codec=s.codec, sums=sums)
             delta_bytes = sum(t.numel() for t in tensors.values())
             plan.figures["published_delta_bytes"] = float(delta_bytes)
-            if delta_bytes <= self.max_share * full_bytes:
+            if delta_bytes <= s.max_share * full_bytes:
                 plan.delta, plan.delta_metadata = tensors, meta
-                plan.full = version % self.full_every == 0
+                plan.full = version % s.full_every == 0
         plan.figures["published_delta"] = 1.0 if plan.delta is not None else 0.0
         return self._done(plan, t0, full_bytes)
 

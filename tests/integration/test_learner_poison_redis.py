@@ -29,7 +29,7 @@ def _group(task: str, **change) -> TrajectoryGroup:
 async def test_poison_groups_are_dead_lettered_alone_and_their_batch_mates_train(redis):
     settings = LearnerSettings(batch={"groups_per_step": 3}, read_block_ms=50)
     keys = StreamKeys("t")
-    traj = trajectories_stream(redis, keys)
+    traj = trajectories_stream(redis, keys, visibility_timeout_ms=60_000, max_deliveries=3)
     source = StreamSource(settings, traj, tasks_stream(redis, keys), StalenessPolicy.from_settings(settings),
                           LearnerMetrics(), vocab_size=128)
     await source.start()
@@ -78,7 +78,7 @@ async def test_a_group_the_schema_refuses_is_replaced_and_the_lockstep_step_trai
     replacement, so a lockstep step that counted on it still fills."""
     settings = LearnerSettings(algorithm={"max_staleness": 0}, batch={"groups_per_step": 2}, read_block_ms=50)
     keys = StreamKeys("t")
-    traj = trajectories_stream(redis, keys)
+    traj = trajectories_stream(redis, keys, visibility_timeout_ms=60_000, max_deliveries=3)
     dispatcher = _Dispatcher(traj.publish)
     source = StreamSource(settings, traj, tasks_stream(redis, keys), StalenessPolicy.from_settings(settings),
                           LearnerMetrics(), vocab_size=128, dispatcher=dispatcher)
@@ -96,3 +96,30 @@ async def test_a_group_the_schema_refuses_is_replaced_and_the_lockstep_step_trai
     assert [g for g in dispatcher.granted if g[0]] == [(1, 0)]  # one task replaced, at version 0
     dead = await redis.xrange(keys.dead)
     assert len(dead) == 1 and b"is outside the vocabulary [0, 128)" in dead[0][1][b"reason"], dead
+
+
+async def test_a_reward_float32_cannot_hold_and_a_group_the_batch_builder_refuses_are_buried_alone(redis):
+    """A reward of 3.5e38 (finite in float64, past float32) is refused by the schema when the group is read;
+    a group with a token id past int64 and no vocabulary to check it against passes the schema and the
+    screen and is refused by the trial build. Each is dead-lettered alone with its own reason, its task
+    replaced, and the lockstep step trains on its batch-mates and the replacements (in a batch, `build_batch`
+    would raise mid-step, and restarts would dead-letter the whole step's groups as past `max_deliveries`)."""
+    settings = LearnerSettings(algorithm={"max_staleness": 0}, batch={"groups_per_step": 3}, read_block_ms=50)
+    keys = StreamKeys("t")
+    traj = trajectories_stream(redis, keys, visibility_timeout_ms=60_000, max_deliveries=3)
+    dispatcher = _Dispatcher(traj.publish)
+    source = StreamSource(settings, traj, tasks_stream(redis, keys), StalenessPolicy.from_settings(settings),
+                          LearnerMetrics(), vocab_size=None, dispatcher=dispatcher)
+    await source.start()
+    ids = [2**63, *_group("wide").trajectories[1].response_ids[1:]]
+    await traj.publish(_group("ok1"))
+    await traj.publish(_group("huge", reward=3.5e38))
+    await traj.publish(_group("wide", response_ids=ids))
+    step = await asyncio.wait_for(source.next_step(asyncio.Event(), TrainState()), timeout=30)
+    assert sorted(g.task.task_id for g in step.groups)[0] == "ok1" and len(step.groups) == 3
+    assert sum(n for n, _ in dispatcher.granted) == 2  # both tasks replaced
+    reasons = {decode(TrajectoryGroup, f[b"payload"]).task.task_id if b"Overflow" in f[b"reason"] else "huge":
+               f[b"reason"].decode() for _, f in await redis.xrange(keys.dead)}
+    assert len(reasons) == 2, reasons
+    assert "reward 3.5e+38 is outside [-1e+18, 1e+18], the range the learner trains in" in reasons["huge"]
+    assert reasons["wide"] == "the batch builder refuses it: ValueError: Overflow when unpacking long long"

@@ -19,7 +19,14 @@ import torch
 
 from searchr1.rollout.hf_engine import HfGenerator
 from searchr1.streams import StreamKeys
-from searchr1.weightsync import SnapshotTransport, VersionChain, WeightLoader, WeightPublisher, weights_app
+from searchr1.weightsync import (
+    DeltaSettings,
+    SnapshotTransport,
+    VersionChain,
+    WeightLoader,
+    WeightPublisher,
+    weights_app,
+)
 from tests.support.delta_versions import Versions
 from tests.support.tiny_lm import build_tiny_lm
 
@@ -52,7 +59,7 @@ def _worker(redis, gen, root, forms=None, **kw) -> WeightLoader:
 async def test_workers_follow_a_chain_of_deltas(redis, model_dir, tmp_path):
     versions = Versions.of(model_dir)
     pub = WeightPublisher(tmp_path / "weights", keep=2)
-    transport = SnapshotTransport(pub, redis, KEYS, chain=VersionChain(full_every=4))
+    transport = SnapshotTransport(pub, redis, KEYS, chain=VersionChain(DeltaSettings(full_every=4)))
     a_forms = Forms()
     a = _worker(redis, HfGenerator(str(model_dir)), tmp_path / "a", a_forms)
     await versions.publish(transport, 0)
@@ -104,7 +111,7 @@ async def _published(redis, version):
 async def test_an_altered_delta_is_refused_and_the_catch_up_stops_before_it(redis, model_dir, tmp_path):
     versions = Versions.of(model_dir)
     pub = WeightPublisher(tmp_path / "weights", keep=2)
-    transport = SnapshotTransport(pub, redis, KEYS, chain=VersionChain(full_every=10))
+    transport = SnapshotTransport(pub, redis, KEYS, chain=VersionChain(DeltaSettings(full_every=10)))
     for v in range(4):
         await versions.publish(transport, v)
     raw = bytearray((pub.delta_path(2) / "model.delta").read_bytes())
@@ -128,7 +135,7 @@ async def test_deltas_over_http(redis, model_dir, tmp_path):
     await server.start()
     try:
         pub.base_url = f"http://127.0.0.1:{server.port}"
-        transport = SnapshotTransport(pub, redis, KEYS, chain=VersionChain(full_every=3))
+        transport = SnapshotTransport(pub, redis, KEYS, chain=VersionChain(DeltaSettings(full_every=3)))
         forms = Forms()
         w = _worker(redis, HfGenerator(str(model_dir)), tmp_path / "w", forms, token="t0k")
         for v in range(5):

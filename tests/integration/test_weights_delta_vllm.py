@@ -18,6 +18,7 @@ from searchr1.streams import StreamKeys
 from searchr1.weightsync import (
     WORKER_EXTENSION,
     DeltaRefused,
+    DeltaSettings,
     SnapshotTransport,
     VersionChain,
     WeightLoader,
@@ -60,7 +61,7 @@ async def test_deltas_update_the_engine_in_place(engine, model_dir, redis_server
     await redis.flushdb()
     versions = Versions.of(model_dir, step=0.005)
     pub = WeightPublisher(tmp_path / "weights", keep=2)
-    transport = SnapshotTransport(pub, redis, KEYS, chain=VersionChain(full_every=10, max_share=1.0))
+    transport = SnapshotTransport(pub, redis, KEYS, chain=VersionChain(DeltaSettings(full_every=10, max_share=1.0)))
     forms: list[str] = []
     loader = WeightLoader(redis, KEYS, engine, tmp_path / "dl", on_form=forms.append)
     await versions.publish(transport, 0)
@@ -84,7 +85,7 @@ async def test_deltas_update_the_engine_in_place(engine, model_dir, redis_server
     assert await _greedy(engine, "after-refusal") == by_delta
 
     # the same version as a full snapshot, reloaded: the same tokens and log-probs
-    full = WeightPublisher(tmp_path / "full")
+    full = WeightPublisher(tmp_path / "full", keep=1)
     full.write(2, versions.model, versions.state(2))
     await engine.reload(str(full.path(2)), full.digest(2))
     assert await _greedy(engine, "v2-full") == by_delta

@@ -27,7 +27,14 @@ import pytest
 from searchr1.core.servers import HttpServer
 from searchr1.rollout.hf_engine import HfGenerator
 from searchr1.streams import StreamKeys
-from searchr1.weightsync import SnapshotTransport, VersionChain, WeightLoader, WeightPublisher, weights_app
+from searchr1.weightsync import (
+    DeltaSettings,
+    SnapshotTransport,
+    VersionChain,
+    WeightLoader,
+    WeightPublisher,
+    weights_app,
+)
 from searchr1.world.settings import ModelSettings
 from tests.support.delta_versions import Versions
 from tests.support.tiny_lm import build_tiny_lm
@@ -72,7 +79,7 @@ async def test_dead_and_stopped_downloads_block_nobody(redis, model_dir, tmp_pat
     killed = stopped = None
     try:
         pub.base_url = f"http://127.0.0.1:{server.port}"
-        transport = SnapshotTransport(pub, redis, KEYS, chain=VersionChain(full_every=3))
+        transport = SnapshotTransport(pub, redis, KEYS, chain=VersionChain(DeltaSettings(full_every=3)))
         healthy = WeightLoader(redis, KEYS, HfGenerator(str(model_dir)), tmp_path / "healthy")
         figures: dict[str, list[float]] = {"publish_before": [], "reload_before": [], "publish_during": [],
                                            "reload_during": []}

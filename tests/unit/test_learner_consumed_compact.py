@@ -12,6 +12,7 @@ from torch import nn
 
 from searchr1.learner.algo import consumed
 from searchr1.learner.train.checkpoint import Checkpointer, Component, TrainState
+from searchr1.learner.train.durable import seal
 
 IDS = {f"nq_train_{i}@e{e}" for e in range(3) for i in range(283_334)}
 
@@ -37,7 +38,10 @@ def test_an_older_checkpoints_list_of_task_ids_still_loads(tmp_path):
     for k in ("consumed_z", "consumed_count"):
         del meta[k]
     (path / "state.json").write_text(json.dumps({**meta, "consumed": ["a", "b"]}))
-    (path / "manifest.json").unlink()  # an older checkpoint: no manifest either
+    resealed = path.with_name(".reseal")
+    path.rename(resealed)
+    (resealed / "manifest.json").unlink()
+    seal(resealed, path)  # its manifest written again over the edited state.json
     assert ck.load([_component()]).consumed == {"a", "b"}
 
 

@@ -13,6 +13,7 @@ from searchr1.weightsync import (
     BaseWeights,
     Delta,
     DeltaRefused,
+    DeltaSettings,
     VersionChain,
     checksum,
     diff,
@@ -144,7 +145,7 @@ def _state(seed, scale=1.0, dtype=torch.bfloat16):
 
 
 def test_the_chain_plans_full_versions_every_k_and_when_a_delta_is_too_big():
-    chain = VersionChain(full_every=3, max_share=0.5)
+    chain = VersionChain(DeltaSettings(full_every=3, max_share=0.5))
     base = _state(0)
     p0 = chain.plan(0, base)
     assert p0.full and p0.delta is None and "published_changed_frac" not in p0.figures
@@ -163,7 +164,7 @@ def test_the_chain_plans_full_versions_every_k_and_when_a_delta_is_too_big():
     assert p4.full and p4.delta is None and p4.figures["published_changed_frac"] > 0.9
     p6 = chain.plan(6, _state(1))  # not the version after the previous one: full
     assert p6.full and p6.delta is None
-    off = VersionChain(enabled=False)
+    off = VersionChain(DeltaSettings(enabled=False))
     off.plan(0, base)
     p = off.plan(1, nudged)
     assert p.full and p.delta is None and p.figures["published_changed_frac"] == 0.005
@@ -185,7 +186,7 @@ def test_the_newest_version_is_rebuilt_as_a_full_snapshot(tmp_path):
                                          num_attention_heads=1, num_key_value_heads=1, tie_word_embeddings=True))
     masters = {k: v.detach().clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
     pub = WeightPublisher(tmp_path / "w", keep=2)
-    transport = SnapshotTransport(pub, None, StreamKeys("m"), chain=VersionChain(full_every=3, max_share=1.0))
+    transport = SnapshotTransport(pub, None, StreamKeys("m"), chain=VersionChain(DeltaSettings(full_every=3, max_share=1.0)))
     states = []
     for v in range(6):
         for t in masters.values():

@@ -38,7 +38,7 @@ from typing import Any, Protocol
 from searchr1.core.metrics import in_stage
 from searchr1.core.schemas import TrajectoryGroup
 from searchr1.learner.algo.group_filters import split_flat_groups
-from searchr1.learner.algo.poison import group_problem
+from searchr1.learner.algo.poison import batch_problem, group_problem
 from searchr1.learner.algo.staleness import Dropped, StalenessPolicy
 from searchr1.learner.algo.temperature import temperature_mismatch
 from searchr1.learner.metrics import LearnerMetrics
@@ -214,7 +214,8 @@ class StreamSource:
                 got.replays.append(e)
             elif (reason := temperature_mismatch(e.value)) is not None:
                 got.wrong_temperature.append(Dropped(e, reason))
-            elif (reason := group_problem(e.value, self.vocab_size)) is not None:
+            elif (reason := group_problem(e.value, self.vocab_size)
+                  or batch_problem(e.value, max_seq_len=self.s.batch.max_seq_len)) is not None:
                 got.poison.append(Dropped(e, reason))
             else:
                 seen.add(tid)

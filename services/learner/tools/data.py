@@ -9,6 +9,11 @@ index}`. We take the raw `question` (the rollout worker applies the template its
 `reward_model.ground_truth.target`, else `golden_answers`.
 
 Our JSONL: one object per line `{"task_id"?, "question", "golden_answers", "data_source"?, "metadata"?}`.
+
+Every row is validated at load against the wire `Task` the dispatcher will make of it at any epoch — its
+task id with the longest epoch suffix (`{id}@e{epoch}`, epochs below 10¹⁰), its question, answers, source
+and metadata — so a row the wire would refuse stops the start with its row number and the field, instead
+of stopping the dispatcher the first time that row comes up, a whole epoch into the run.
 """
 
 from __future__ import annotations
@@ -17,18 +22,55 @@ import dataclasses
 import json
 from pathlib import Path
 
-from searchr1.core.datasets import DatasetError, Question, parse_row, read_rows
+from pydantic import ValidationError
 
-__all__ = ["DatasetError", "Question", "load_tasks", "oversample", "prepare"]
+from searchr1.core.datasets import DatasetError, Question, parse_row, read_rows
+from searchr1.core.schemas import Task
+
+__all__ = ["DatasetError", "Question", "check_question", "load_tasks", "oversample", "prepare"]
+
+LONGEST_EPOCH_SUFFIX = "@e" + "9" * 10
+"""The longest suffix the dispatcher appends to a dataset task id (`{id}@e{epoch}`) in a run of fewer
+than 10¹⁰ epochs: a row's id must leave room for it within the wire's 256 characters."""
+
+
+def check_question(q: Question, where: str, *, copy_suffix: str = "") -> None:
+    """Raise `DatasetError` naming `where` (a row) and each field when the wire `Task` the dispatcher makes
+    of `q` at any epoch would be refused; `copy_suffix` is an oversampled copy's (`~k`)."""
+    try:
+        Task(task_id=f"{q.task_id}{copy_suffix}{LONGEST_EPOCH_SUFFIX}", question=q.question,
+             golden_answers=q.golden_answers, data_source=q.data_source, metadata=q.metadata)
+    except ValidationError as exc:
+        problems = []
+        for e in exc.errors():
+            field = ".".join(str(part) for part in e["loc"]) or "row"
+            if field == "task_id" and e["type"] == "string_too_long":
+                most = 256 - len(LONGEST_EPOCH_SUFFIX) - len(copy_suffix)
+                problems.append(f"task id of {len(q.task_id)} characters: at most {most} leave room for the "
+                                f"dispatcher's epoch suffix `@e<epoch>`" + (f" and `{copy_suffix}`" if copy_suffix
+                                                                            else ""))
+            elif field == "task_id" and e["type"] == "string_pattern_mismatch":
+                problems.append(f"task id {q.task_id[:80]!r} has whitespace or control characters")
+            else:
+                problems.append(f"{field}: {e['msg']}")
+        raise DatasetError(f"{where} (task id {q.task_id[:80]!r}): {'; '.join(problems)}") from None
 
 
 def load_tasks(path: str | Path) -> list[Question]:
-    """Read a `.parquet` (Search-R1) or `.jsonl` dataset. Tasks carry the raw question (rollout workers
-    apply the template), so a row's templated `prompt` messages are not kept (~1 KB a question)."""
-    specs = [dataclasses.replace(parse_row(r, i, default_split="train"), messages=None)
-             for i, r in enumerate(read_rows(path))]
-    if len({s.task_id for s in specs}) != len(specs):
-        raise DatasetError(f"{path}: task ids are not unique")
+    """Read a `.parquet` (Search-R1) or `.jsonl` dataset, every row checked against the wire `Task`
+    (`check_question`; errors name the row, counted from 0 among the file's rows). Tasks carry the raw
+    question (rollout workers apply the template), so a row's templated `prompt` messages are not kept
+    (~1 KB a question)."""
+    specs = []
+    first_row: dict[str, int] = {}
+    for i, r in enumerate(read_rows(path)):
+        q = dataclasses.replace(parse_row(r, i, default_split="train"), messages=None)
+        check_question(q, f"{path}: row {i}")
+        if q.task_id in first_row:
+            raise DatasetError(f"{path}: row {i}: task id {q.task_id[:80]!r} is also row {first_row[q.task_id]}'s "
+                               "(task ids must be unique)")
+        first_row[q.task_id] = i
+        specs.append(q)
     return specs
 
 
@@ -46,9 +88,12 @@ def oversample(specs: list[Question], repeats: dict[str, int]) -> list[Question]
     if bad:
         raise DatasetError(f"source repeats must be integers >= 1, got {bad}")
     out: list[Question] = []
-    for s in specs:
+    for i, s in enumerate(specs):
         out.append(s)
-        for k in range(2, repeats.get(s.data_source, 1) + 1):
+        copies = repeats.get(s.data_source, 1)
+        if copies > 1:
+            check_question(s, f"source repeats: task {i}'s copy {copies}", copy_suffix=f"~{copies}")
+        for k in range(2, copies + 1):
             out.append(dataclasses.replace(s, task_id=f"{s.task_id}~{k}"))
     if len({s.task_id for s in out}) != len(out):
         raise DatasetError("source repeats: a copy's task id `{id}~k` collides with a dataset task id")

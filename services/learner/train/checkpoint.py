@@ -9,8 +9,11 @@ latest, and a checkpoint whose files do not match its manifest is skipped for th
 verifies. Each records the fencing token of the learner that wrote it (`searchr1.streams.Lease`), which writes it
 into a temporary directory of its own token (`.tmp-t{token}-step…`); the loader prefers the highest token
 and never loads one a newer learner's takeover made stale, and a learner whose token is older than a
-recorded takeover (or than the checkpoint it would replace) refuses to write (`fences.py`). The task ids
-already trained on are stored compressed (`algo/consumed.py`). Collective under FSDP (state dicts are
+recorded takeover (or than the checkpoint it would replace) refuses to write (`fences.py`). A save that
+fails (a full disk, a lost lease) removes its temporary directory before the error goes on, and a start
+removes the ones its own token or older ones left (a process killed mid-save), so a brief disk-full does
+not leave a partial copy taking the room the next save needs. The task ids already trained on are stored
+compressed (`algo/consumed.py`). Collective under FSDP (state dicts are
 gathered to rank 0, which alone writes).
 """
 
@@ -150,6 +153,7 @@ class Checkpointer:
         if self.info.is_main:
             for path in restore_old_copies(self.root):
                 log.warning("restored checkpoint %s from a re-save cut between its renames", path)
+            self._remove_leftovers()
         takeovers = read_takeovers(self.root)
         for fence, step, path in reversed(self._done()):
             newer = stale(fence, step, takeovers)
@@ -189,6 +193,18 @@ class Checkpointer:
         final = self.root / f"{_PREFIX}{state.step:08d}"
         tmp = self.root / (f".tmp-t{self.fence}-{final.name}" if self.fence else f".tmp-{final.name}")
         shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            self._write(state, gathered, tmp, final)
+        except BaseException as exc:  # a full disk, a lost lease: the partial copy goes now, not at the next save
+            shutil.rmtree(tmp, ignore_errors=True)
+            log.error("checkpoint of step %d failed (%s: %s); its temporary directory %s was removed",
+                      state.step, type(exc).__name__, exc, tmp)
+            raise
+        self._prune()
+        return final
+
+    def _write(self, state: TrainState, gathered: list, tmp: Path, final: Path) -> None:
+        """Write the checkpoint into `tmp` and seal it as `final` (rank 0)."""
         tmp.mkdir(parents=True)
         meta: dict[str, Any] = {
             "step": state.step, "version": state.version, **consumed_ids.encode(state.consumed),
@@ -208,8 +224,6 @@ class Checkpointer:
         self.faults.kill_at("checkpoint.before_seal")  # the fault suite's hook: a torn checkpoint
         self._check_fence(state.step)  # a takeover while this one was written: not sealed
         seal(tmp, final)
-        self._prune()
-        return final
 
     def load(self, components: list[Component], path: Path | None = None) -> TrainState | None:
         """Restore the latest (or given) checkpoint into `components`; None when there is none.
@@ -248,19 +262,26 @@ class Checkpointer:
         if self.lease is not None and self.info.is_main and self.lease.token > 0:
             record_takeover(self.root, self.lease.token, step)
 
-    def _prune(self) -> None:
-        """Keep the newest `keep` checkpoints of this token and older ones (with a lease, a newer token's
-        are never touched); remove dot-directories a killed save of this token or an older one left behind."""
-        def mine(fence: int) -> bool:
-            return self.lease is None or fence <= self.fence
+    def _mine(self, fence: int) -> bool:
+        """Whether this learner may remove what token `fence` wrote: its own or an older token's (with a
+        lease, a newer token's are never touched)."""
+        return self.lease is None or fence <= self.fence
 
-        done = sorted((step, path) for fence, step, path in self._done() if mine(fence))
+    def _prune(self) -> None:
+        """Keep the newest `keep` checkpoints of this token and older ones; remove dot-directories a killed
+        save of this token or an older one left behind."""
+        done = sorted((step, path) for fence, step, path in self._done() if self._mine(fence))
         for _step, old in done[: max(0, len(done) - self.keep)]:
             shutil.rmtree(old, ignore_errors=True)
-        for left in self.root.glob(".tmp-*"):
-            if mine(_tmp_fence(left.name)):
-                shutil.rmtree(left, ignore_errors=True)
+        self._remove_leftovers()
         restore_old_copies(self.root)
+
+    def _remove_leftovers(self) -> None:
+        """Remove the temporary directories of saves of this token or an older one that never finished."""
+        for left in self.root.glob(".tmp-*"):
+            if left.is_dir() and self._mine(_tmp_fence(left.name)):
+                log.warning("removing %s, left by a checkpoint save that never finished", left)
+                shutil.rmtree(left, ignore_errors=True)
 
 
 def _fence_of(path: Path) -> int:

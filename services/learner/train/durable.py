@@ -10,7 +10,9 @@ dot-directory the loader ignores (and removes); a host that loses its
 page cache after the rename still finds every byte the manifest names, because the data reached the disk
 before the rename did. A checkpoint whose files do not match its manifest (a truncated file, a torn write
 on a filesystem that lied about fsync, bit rot) is skipped in favour of the newest older one that
-verifies. A checkpoint without a manifest (written before manifests existed) is accepted as it is.
+verifies. A checkpoint without a manifest is skipped the same way and named: every save writes one, so a
+step directory without it was not sealed here (written before manifests existed, copied in part, or
+edited by hand), and nothing says its files are whole.
 """
 
 from __future__ import annotations
@@ -109,11 +111,11 @@ def restore_old_copies(root: Path) -> list[Path]:
 
 
 def problem(path: Path, *, digests: bool = True) -> str | None:
-    """Why the checkpoint at `path` cannot be loaded (None: it verifies). Without a manifest, only
-    `state.json` must be present (a checkpoint from before manifests)."""
+    """Why the checkpoint at `path` cannot be loaded (None: it verifies against its manifest)."""
     manifest = path / MANIFEST
     if not manifest.is_file():
-        return None if (path / "state.json").is_file() else "no state.json and no manifest"
+        return (f"no {MANIFEST}: its files cannot be verified (every save writes one; this directory was "
+                "written before manifests, copied in part or edited)")
     try:
         files = json.loads(manifest.read_text())["files"]
     except (ValueError, KeyError, TypeError) as exc:
