@@ -43,7 +43,7 @@ _RECEIVER = textwrap.dedent("""
     from searchr1.weightsync import Receiver, latest, latest_snapshot, parse_group_uri, read_verified
 
     async def main(url, run, timeout):
-        redis, keys, rx, seen = connect(url), StreamKeys(run), Receiver(timeout_s=timeout), 0
+        redis, keys, rx, seen = connect(url), StreamKeys(run), Receiver(backend="gloo", timeout_s=timeout), 0
         import torch.distributed  # noqa: F401 - loaded before the first announcement
         await redis.ping()
         print("ready", flush=True)
@@ -114,7 +114,7 @@ async def test_a_stopped_receiver_costs_the_learner_its_timeout_and_nobody_hangs
                                                  dtype=torch.float32)  # ~40 MB: more than sockets buffer
     state = model.state_dict()
     keys = StreamKeys("bstop")
-    bc = Broadcaster("127.0.0.1", 0, 3, timeout_s=TIMEOUT_S)
+    bc = Broadcaster("127.0.0.1", 0, 3, backend="gloo", timeout_s=TIMEOUT_S)
     transport = BroadcastTransport(WeightPublisher(tmp_path / "weights", keep=2), bc, redis, keys,
                                    snapshot_every=1000)
     a, b = Receiver(redis_server.url, "bstop"), Receiver(redis_server.url, "bstop")

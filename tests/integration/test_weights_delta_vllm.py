@@ -50,7 +50,8 @@ async def engine(model_dir):
 
 
 async def _greedy(gen: VllmGenerator, tag: str):
-    out = await gen.generate(TurnRequest(prompt_ids=list(range(5, 25)), max_tokens=12, temperature=0.0), tag)
+    out = await gen.generate(TurnRequest(prompt_ids=list(range(5, 25)), max_tokens=12, temperature=0.0, top_p=1.0,
+                                         top_k=-1), tag)
     return out.token_ids, out.logprobs
 
 
