@@ -73,10 +73,12 @@ class SnapshotTransport:
         named = drop_shared(model, state)
         plan = await asyncio.to_thread(self.chain.plan, version, named)
         try:
+            written = []
             if plan.full:
-                await asyncio.to_thread(self.publisher.write, version, model, named, plan.sums)
+                written.append(await asyncio.to_thread(self.publisher.write, version, model, named, plan.sums))
             if plan.delta is not None:
-                await asyncio.to_thread(self.publisher.write_delta, version, plan.delta, plan.delta_metadata)
+                written.append(await asyncio.to_thread(self.publisher.write_delta, version, plan.delta,
+                                                       plan.delta_metadata))
             wv = None
             if self.redis is not None:
                 wv = await self.publisher.announce(self.redis, self.keys, version, link=self.link,
@@ -84,7 +86,9 @@ class SnapshotTransport:
         except BaseException:
             self.chain.forget()  # what was announced is unknown: the next version goes out full
             raise
-        self.figures = {**plan.figures, "publish_seconds": time.perf_counter() - t0}
+        self.figures = {**plan.figures, "publish_seconds": time.perf_counter() - t0,
+                        "published_bytes": float(sum(f.stat().st_size for d in written for f in d.iterdir()
+                                                     if f.is_file()))}  # as written: headers and manifests too
         return wv
 
     def close(self) -> None:

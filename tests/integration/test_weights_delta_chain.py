@@ -68,7 +68,8 @@ async def test_workers_follow_a_chain_of_deltas(redis, model_dir, tmp_path):
         await versions.publish(transport, v)
         f = transport.figures
         assert f["published_delta"] == 1.0 and 0 < f["published_changed_frac"] < 0.5
-        assert f["published_bytes"] == f["published_delta_bytes"] + (f["published_full_bytes"] if v == 4 else 0)
+        expected = f["published_delta_bytes"] + (f["published_full_bytes"] if v == 4 else 0)
+        assert expected <= f["published_bytes"] <= expected + (64 << 10)  # + headers, manifests, config files
         assert await a.maybe_update() and a.version == v
         assert _runs(a.generator, versions.published[v])
     # v1: the engine started on the model's own weights (no verified copy): the newest full and the delta
