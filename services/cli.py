@@ -27,6 +27,7 @@ SERVICE_COMMAND_MODULES = (
     "searchr1.launcher.commands",
     "searchr1.viewer.commands",
     "searchr1.simulator.commands",
+    "searchr1.deploy.commands",
 )
 
 
@@ -57,10 +58,14 @@ class Groups:
     archive: typer.Typer = field(default_factory=lambda: typer.Typer(
         help="The trajectory archive of a run (every trained group): list its parts, show trajectories, export.",
         no_args_is_help=True))
+    deploy: typer.Typer = field(default_factory=lambda: typer.Typer(
+        help="Deployment files from a run config's placement table: a compose project for one GPU node, the "
+             "Kubernetes placement patch.", no_args_is_help=True))
 
     def named(self) -> dict[str, typer.Typer]:
         return {"serve": self.serve, "index": self.index, "data": self.data, "world": self.world,
-                "rollout": self.rollout, "models": self.models, "streams": self.streams, "archive": self.archive}
+                "rollout": self.rollout, "models": self.models, "streams": self.streams, "archive": self.archive,
+                "deploy": self.deploy}
 
 
 REDIS_SETTINGS = "searchr1.core.settings:RedisSettings"

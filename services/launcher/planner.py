@@ -122,9 +122,9 @@ class _Planner:
         if kind == "learner" and self.placed is not None and self.placed.learner.command_prefix:
             prefix = list(self.placed.learner.command_prefix)
             literal = [*prefix, "-m", "searchr1.cli"]
-            if not self.settings.command and prefix[:1] == ["torchrun"]:
-                # torchrun of the interpreter that runs every other service (no PATH lookup)
-                prefix[:1] = [sys.executable, "-m", "torch.distributed.run"]
+            if not self.settings.command and prefix[:1] == ["python"]:
+                # the interpreter that runs every other service (no PATH lookup)
+                prefix[:1] = [sys.executable]
             torchrun = [*prefix, "-m", "searchr1.cli"]
             configured = self.settings.commands.get("learner")
             if configured and list(configured) not in (torchrun, literal):
@@ -211,6 +211,17 @@ class _Planner:
         return workers
 
 
+SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+TORCHRUN_EXIT_S = 10
+"""The part of `grace_period_s` left for torchrun's own exit after its ranks'."""
+
+
+def torchrun_timeout_s(grace_period_s: float) -> int:
+    """torchrun's wait between forwarding SIGTERM to the learner's ranks and killing them, under a launcher
+    that kills torchrun itself `grace_period_s` after SIGTERM."""
+    return max(1, int(grace_period_s) - TORCHRUN_EXIT_S)
+
+
 def web_search_backend(config: Path) -> bool:
     """Whether the run's retriever answers from a web search API (`[retriever] backend = "web"`, or
     RETRIEVER_BACKEND): it needs no index, so none is built."""
@@ -269,6 +280,8 @@ def build_plan(settings: LauncherSettings, config: str | Path, run_dir: str | Pa
                                  f"let the launcher use (it may run on {core_list(here)})")
     # a `broadcast` weight transport's group is the learner and every worker (unless the env says otherwise)
     plan.specs[-1].env.setdefault("LEARNER_WEIGHTS__BROADCAST__RECEIVERS", str(workers))
+    if plan.placed is not None:  # torchrun lets its ranks finish within the launcher's own grace
+        plan.specs[-1].env.setdefault(SHUTDOWN_TIMEOUT_ENV, str(torchrun_timeout_s(settings.grace_period_s)))
     jsonl = Path(render_template("metrics_jsonl", [le.metrics_jsonl], {"run": settings.run,
                                                                         "run_dir": str(run_root)})[0])
     return LaunchPlan(

@@ -188,8 +188,10 @@ class LauncherSettings(ServiceSettings):
     templates: dict[str, list[str]] = Field(default_factory=dict)
     """Per-process argument templates overriding the built-in ones (keys `index-build`, `retriever`,
     `reward`, `rollout`, `learner`; see `searchr1.launcher.specs.DEFAULT_TEMPLATES`)."""
-    grace_period_s: float = Field(default=10.0, gt=0, le=600)
-    """After SIGTERM, how long a process may take to exit before it is killed."""
+    grace_period_s: float = Field(default=10.0, gt=0, le=7200)
+    """After SIGTERM, how long a process may take to exit before it is killed. A learner on GPUs needs a
+    whole step and its checkpoint (`searchr1.learner.stop_budget`; the Search-R1 configs set it so); its
+    torchrun gets this less 10 s (`TORCH_ELASTIC_SHUTDOWN_TIMEOUT`)."""
     log_tail_lines: int = Field(default=20, ge=0, le=1000)
     """Lines of a failed process's log shown in the failure message."""
     die_with_launcher: bool = True

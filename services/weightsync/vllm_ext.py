@@ -82,7 +82,9 @@ class WeightReceiverExtension:
     def _searchr1_receiver(self) -> Receiver:
         rx = getattr(self, "_searchr1_rx", None)
         if rx is None:
-            device = "cpu" if self.device.type == "cpu" else str(self.device)  # type: ignore[attr-defined]
+            # the worker's device (vLLM 0.19's CPU worker leaves `device` None; its model runner has it)
+            where = getattr(self, "device", None) or self.model_runner.device  # type: ignore[attr-defined]
+            device = "cpu" if where.type == "cpu" else str(where)
             rx = Receiver(backend="gloo" if device == "cpu" else "nccl",
                           timeout_s=float(os.environ.get(TIMEOUT_ENV, "60")), device=device,
                           key=os.environ.get(WEIGHTS_KEY_ENV, "").encode())  # the run's weight token
