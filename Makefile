@@ -32,7 +32,7 @@ help:
 	@echo "make demo      the tiny world end to end (searchr1 demo; see README)"
 	@echo "make demo-real  a real pretrained LM (SmolLM2-135M) on the tiny world: warm start, eval, GRPO, eval (~45 min on 2 cores); REAL_DTYPE=bfloat16 for the bf16 route"
 	@echo "make bench     run benchmarks/ (prints figures against in-run baselines)"
-	@echo "make bench-weights  weight sync (write, hash, announce, transfer, verify, reload) against model size; snapshot vs broadcast"
+	@echo "make bench-weights  weight sync (write, hash, announce, transfer, verify, reload) against model size; snapshot vs broadcast; deltas vs full versions on real training"
 	@echo "make bench-system  lockstep colocated vs asynchronous disaggregated training, paired runs, where the time goes (BENCH_ARGS=...)"
 	@echo "make image     the CPU image (Dockerfile) as searchr1:cpu"
 	@echo "make image-cuda  the GPU image (Dockerfile.cuda) as searchr1:gpu (large; not part of CI)"
@@ -160,6 +160,7 @@ bench-system: $(STAMP)
 bench-weights: $(STAMP)
 	$(BIN)/python benchmarks/weight_sync.py $(BENCH_ARGS)
 	$(BIN)/python benchmarks/weight_broadcast.py
+	$(BIN)/python benchmarks/weight_delta.py
 
 demo: $(STAMP)
 	$(BIN)/searchr1 demo --config configs/tiny-cpu.toml

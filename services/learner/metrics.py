@@ -49,7 +49,10 @@ STEP_GAUGES = {
     "worker_mismatch_max": "Largest per-worker mean |Δ log p| of the step's groups (desync screen).",
     "worker_mismatch_median": "Median per-worker mean |Δ log p| of the step's groups (desync screen).",
     "published_changed_frac": "Share of the published version's values whose bits differ from the previous "
-                              "version's (0 while the loss moves: updates are not reaching the engine).",
+                              "version's: the density of its delta (0 while the loss moves: updates are not "
+                              "reaching the engine).",
+    "published_bytes": "Bytes the latest version wrote for the workers: its delta, its full snapshot, or both "
+                       "(every weights.delta.full_every versions).",
     **HEALTH_GAUGES,
 }
 
