@@ -2,12 +2,16 @@
 `trainer.val_before_train`): the learner's snapshots evaluated on a held-out set while it trains, against the
 run's own retriever and reward service, and the curve recorded.
 
-One loop, beside the supervisor's watch: look at the learner's snapshot directory every `poll_interval_s`;
-stage every due version at once (the snapshot's files hard-linked, the base model's tokenizer and config
-copied, into `RUN_DIR/validation/v########/model`, so the learner pruning old snapshots loses nothing) and
-queue it; evaluate the queue in order, one `searchr1 eval` subprocess at a time (greedy, `--out
-RUN_DIR/validation/v########`, its output appended to RUN_DIR/logs/validation.log), with the rollout workers'
-environment (tokens, engine settings) less their Redis URL. Each result goes to `RUN_DIR/validation.jsonl`
+Two loops beside the supervisor's watch. Discovery looks at the learner's weights directory every
+`poll_interval_s` and stages every due version at once: what rebuilds it — the newest full version at or
+before it and the deltas after it (`v########/`, `d########/`, the learner's layout) — hard-linked into
+`RUN_DIR/validation/v########/chain`, so the learner pruning its old versions loses nothing. Evaluation
+takes the queue in order, one version at a time: `searchr1 weights export` of the staged chain into
+`…/model` (a loadable folder: the version rebuilt and verified, the base model's tokenizer), then
+`searchr1 eval` of it (greedy, `--out RUN_DIR/validation/v########`), each a subprocess whose output is
+appended to RUN_DIR/logs/validation.log, with the rollout workers' environment (tokens, engine settings)
+less their Redis URL; the chain and the folder are deleted after (the reports stay). Step 0
+(`eval_before_train`) evaluates the base model itself. Each result goes to `RUN_DIR/validation.jsonl`
 (one JSON object per validation: step, version, the greedy scores, failures, the fingerprint id, the
 outcome), to the Prometheus gauges (`metrics.ValidationMetrics`), to TensorBoard and W&B when asked, and to
 the console. When the learner ends, `finish` validates its last version (`eval_after_train`) and waits for
@@ -28,6 +32,7 @@ import os
 import re
 import shutil
 import signal
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -37,21 +42,55 @@ from typing import Any
 from searchr1.launcher.metrics import SCORE_METRICS, ValidationMetrics
 from searchr1.launcher.settings import ValidationSettings
 
-SNAPSHOT = re.compile(r"^v(\d{8})$")
+VERSION_DIR = re.compile(r"^([vd])(\d{8,})$")
+"""A published version's directory: `v` a full snapshot, `d` a delta against the version before."""
+WEIGHTS_FILE = "model.safetensors"
+DELTA_FILE = "model.delta"
+"""What a complete full snapshot and a complete delta hold (the learner renames a finished one into place)."""
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 SKIP_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json", "snapshot.manifest.json")
 
 
-def published_versions(weights_dir: Path) -> list[int]:
-    """Versions with a complete snapshot (the publisher renames a finished one into place)."""
+def published(weights_dir: Path) -> dict[int, set[str]]:
+    """Version → the forms it is on disk in (`v` full, `d` delta), complete ones only."""
+    out: dict[int, set[str]] = {}
     if not weights_dir.is_dir():
-        return []
-    out = []
+        return out
     for p in weights_dir.iterdir():
-        m = SNAPSHOT.match(p.name)
-        if m and p.is_dir() and (p / "model.safetensors").is_file():
-            out.append(int(m.group(1)))
-    return sorted(out)
+        m = VERSION_DIR.match(p.name)
+        if m and p.is_dir() and (p / (WEIGHTS_FILE if m.group(1) == "v" else DELTA_FILE)).is_file():
+            out.setdefault(int(m.group(2)), set()).add(m.group(1))
+    return out
+
+
+def published_versions(weights_dir: Path) -> list[int]:
+    """Every version published, full or as a delta."""
+    return sorted(published(weights_dir))
+
+
+def stage_chain(weights_dir: Path, version: int, out: Path) -> Path:
+    """Hard-link into `out` what `version` is rebuilt from: the newest full version at or before it, and every
+    delta after that one up to it (just the full one when `version` is full). OSError when the chain on disk
+    does not reach it."""
+    forms = published(weights_dir)
+    fulls = [v for v, f in forms.items() if v <= version and "v" in f]
+    if not fulls:
+        raise OSError(f"no full version at or before {version} in {weights_dir}")
+    start = max(fulls)
+    names = [f"v{start:08d}"] + [f"d{k:08d}" for k in range(start + 1, version + 1)]
+    missing = [n for n in names if not (weights_dir / n).is_dir()]
+    if missing:
+        raise OSError(f"version {version} cannot be rebuilt: {', '.join(missing)} not in {weights_dir}")
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    for name in names:
+        (tmp / name).mkdir(parents=True)
+        for f in (weights_dir / name).iterdir():
+            if f.is_file():
+                _link(f, tmp / name / f.name)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
 
 
 def _link(src: Path, dst: Path) -> None:
@@ -100,11 +139,12 @@ class Validator:
     """Runs the validations of one `searchr1 up` run (module docstring)."""
 
     def __init__(self, settings: ValidationSettings, *, run_dir: Path, weights_dir: Path, base_model: Path,
-                 command: Callable[[Path, Path], list[str]], env: dict[str, str],
-                 say: Callable[[str, str], None], metrics: ValidationMetrics | None = None,
+                 command: Callable[[Path, Path], list[str]], export_command: Callable[[Path, int, Path], list[str]],
+                 env: dict[str, str], say: Callable[[str, str], None], metrics: ValidationMetrics | None = None,
                  trackers: list[Any] | None = None, metrics_host: str | None = None,
                  metrics_port: int | None = None) -> None:
-        """`command(model_dir, out_dir)`: the eval argv; `env`: what the eval process adds to the
+        """`command(model_dir, out_dir)`: the eval argv; `export_command(chain_dir, version, model_dir)`:
+        the argv that rebuilds a staged version into a model folder; `env`: what both processes add to the
         launcher's environment; `say(message, style)`: the console; `metrics` are served on
         `metrics_host:metrics_port` while the loop runs (None: not served)."""
         self.s = settings
@@ -112,6 +152,7 @@ class Validator:
         self.weights_dir = weights_dir
         self.base = base_model
         self.command = command
+        self.export_command = export_command
         self.env = env
         self.say = say
         self.metrics = metrics
@@ -128,6 +169,7 @@ class Validator:
         self.metrics_host = metrics_host
         self.metrics_port = metrics_port
         self._server: Any = None
+        self._discovering = threading.Lock()
 
     # ------------------------------------------------------------------ discovery
     def due(self, version: int) -> bool:
@@ -135,30 +177,31 @@ class Validator:
         return every > 0 and version > 0 and version % every == 0
 
     def discover(self, final: bool = False) -> None:
-        """Stage and queue every new due version (and, with `final`, the newest if it is not validated)."""
-        if self.seen < 0:  # eval_before_train: the initial policy, as step 0
-            self.seen = 0
-            self.queue.append((0, stage_model(self.base, None, self.root / "v00000000" / "model")))
-        versions = published_versions(self.weights_dir)
-        fresh = [v for v in versions if v > self.seen]
-        for v in fresh:
-            if self.due(v):
-                self._enqueue(v)
-        if final and versions and self.s.eval_every > 0 and self.s.eval_after_train:
-            last = versions[-1]
-            if last not in self.done and all(v != last for v, _ in self.queue):
-                self._enqueue(last)
-        if fresh:
-            self.seen = fresh[-1]
+        """Stage and queue every new due version (and, with `final`, the newest if it is not validated).
+        Blocking file work, called from a thread; one discovery at a time."""
+        with self._discovering:
+            if self.seen < 0:  # eval_before_train: the initial policy, as step 0
+                self.seen = 0
+                self.queue.append((0, stage_model(self.base, None, self.root / "v00000000" / "model")))
+            versions = published_versions(self.weights_dir)
+            fresh = [v for v in versions if v > self.seen]
+            for v in fresh:
+                if self.due(v):
+                    self._enqueue(v)
+            if final and versions and self.s.eval_every > 0 and self.s.eval_after_train:
+                last = versions[-1]
+                if last not in self.done and all(v != last for v, _ in self.queue):
+                    self._enqueue(last)
+            if fresh:
+                self.seen = fresh[-1]
 
     def _enqueue(self, v: int) -> None:
-        snap = self.weights_dir / f"v{v:08d}"
         try:
-            model = stage_model(self.base, snap, self.root / f"v{v:08d}" / "model")
+            chain = stage_chain(self.weights_dir, v, self.root / f"v{v:08d}" / "chain")
         except OSError as exc:  # pruned between listing and linking: nothing to validate
-            self.say(f"validation: snapshot v{v:08d} is gone before it could be staged ({exc})", "yellow")
+            self.say(f"validation: version {v} is gone before it could be staged ({exc})", "yellow")
             return
-        self.queue.append((v, model))
+        self.queue.append((v, chain))
 
     # ------------------------------------------------------------------ the loop
     def start(self) -> None:
@@ -171,13 +214,24 @@ class Validator:
         self._task = asyncio.create_task(self.run(), name="validation")
 
     async def run(self) -> None:
-        """Discover, then evaluate the queue in order, until `finish` (after the evaluation in progress)."""
-        while not self.finishing:
+        """Evaluate the queue in order, until `finish` (after the evaluation in progress), while discovery
+        stages new versions beside it."""
+        discovery = asyncio.create_task(self._discover_loop(), name="validation-discovery")
+        try:
+            while not self.finishing:
+                if self.queue:
+                    await self._next()
+                else:
+                    await asyncio.sleep(min(self.s.poll_interval_s, 0.5))
+        finally:
+            discovery.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await discovery
+
+    async def _discover_loop(self) -> None:
+        while True:
             await asyncio.to_thread(self.discover)
-            if self.queue:
-                await self._next()
-            else:
-                await asyncio.sleep(self.s.poll_interval_s)
+            await asyncio.sleep(self.s.poll_interval_s)
 
     async def finish(self) -> None:
         """The learner ended: let the evaluation in progress end, validate the last version if it is due
@@ -213,37 +267,55 @@ class Validator:
             await task
 
     async def _next(self) -> None:
-        step, model = self.queue.popleft()
+        step, staged = self.queue.popleft()
         self.busy = True
         try:
-            await self._evaluate(step, model)
+            await self._evaluate(step, staged)
         finally:
             self.busy = False
             self.done.add(step)
 
-    async def _evaluate(self, step: int, model: Path) -> None:
-        out = model.parent
-        argv = self.command(model, out)
+    async def _subprocess(self, argv: list[str], what: str, timeout_s: float) -> int:
+        """Run `argv` with its output appended to RUN_DIR/logs/validation.log; its exit code (-1: stopped
+        after `timeout_s`)."""
         log = self.run_dir / "logs" / "validation.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        self.say(f"validating step {step} …", "")
-        t0 = time.monotonic()
         with log.open("ab") as f:
-            f.write(f"\n==> step {step}: {' '.join(argv)}\n".encode())
+            f.write(f"\n==> {what}: {' '.join(argv)}\n".encode())
             f.flush()
             self._proc = await asyncio.create_subprocess_exec(
                 *argv, stdout=f, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
                 env={**os.environ, **self.env}, start_new_session=True)
             try:
-                rc = await asyncio.wait_for(self._proc.wait(), self.s.timeout_s)
+                return await asyncio.wait_for(self._proc.wait(), max(timeout_s, 1.0))
             except TimeoutError:
                 await self._kill()
-                rc = -1
+                return -1
             except asyncio.CancelledError:
                 await self._kill()
                 raise
             finally:
                 self._proc = None
+
+    async def _evaluate(self, step: int, staged: Path) -> None:
+        """Step 0: the staged base model; a version: its staged chain rebuilt into a model folder first."""
+        out = staged.parent
+        model = out / "model"
+        log = self.run_dir / "logs" / "validation.log"
+        self.say(f"validating step {step} …", "")
+        t0 = time.monotonic()
+        try:
+            rc = 0
+            if step > 0:
+                rc = await self._subprocess(self.export_command(staged, step, model), f"step {step}: rebuild",
+                                            self.s.timeout_s)
+            if rc == 0:
+                rc = await self._subprocess(self.command(model, out), f"step {step}: evaluate",
+                                            self.s.timeout_s - (time.monotonic() - t0))
+        finally:  # the reports stay; the staged weights go
+            await asyncio.to_thread(shutil.rmtree, model, True)
+            if staged != model:
+                await asyncio.to_thread(shutil.rmtree, staged, True)
         wall = time.monotonic() - t0
         doc = None
         with contextlib.suppress(OSError, ValueError):

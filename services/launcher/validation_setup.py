@@ -92,7 +92,12 @@ def make_validator(settings: LauncherSettings, plan: LaunchPlan, say: Callable[[
                 *(["--limit", str(v.limit)] if v.limit else []), *v.args]
 
     env = {k: val for k, val in eval_env(plan).items() if k != "CUDA_VISIBLE_DEVICES"}  # a worker's GPUs are its own
+    def export(chain: Path, version: int, model: Path) -> list[str]:
+        return [*plan.base_command, "weights", "export", str(chain), "--version", str(version), "--out", str(model),
+                "--base", str(base), "--force"]
+
     return Validator(v, run_dir=plan.run_dir, weights_dir=weights.resolve(), base_model=base, command=command,
+                     export_command=export,
                      env={**env, **v.env}, say=say, metrics=ValidationMetrics.create(),
                      trackers=trackers_for(v, plan.run, plan.run_dir), metrics_host=settings.host,
                      metrics_port=plan.validation_metrics_port)

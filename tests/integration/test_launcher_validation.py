@@ -1,10 +1,11 @@
-"""Validation during training (`searchr1.launcher.validation`): snapshots the learner's publisher writes are
-staged (hard-linked, with the base model's tokenizer) as they appear and evaluated in order — step 0 when
-asked, the due versions, the last version when training ends — by a stand-in of `searchr1 eval` (a script that
-writes an eval.json whose score is the version / 10); the curve goes to validation.jsonl, the Prometheus
-gauges, TensorBoard event files and an offline W&B run. A slow test runs the whole thing under `searchr1 up`
-with the real retriever, reward service and `searchr1 eval` (transformers engine on the tiny-world warm
-start) and a stand-in learner that publishes two snapshots."""
+"""Validation during training (`searchr1.launcher.validation`): the versions the learner publishes are staged
+as they appear (the newest full at or before each and the deltas after it, hard-linked) and evaluated in
+order — step 0 when asked, the due versions, the last version when training ends — by stand-ins of
+`searchr1 weights export` (a script that makes the model folder) and `searchr1 eval` (one that writes an
+eval.json whose score is the version / 10); the curve goes to validation.jsonl, the Prometheus gauges,
+TensorBoard event files and an offline W&B run. A slow test runs the whole thing under `searchr1 up` with the
+real retriever, reward service, exporter and `searchr1 eval` (transformers engine on the tiny-world warm
+start) while snapshots the learner's publisher wrote appear."""
 
 from __future__ import annotations
 
@@ -20,8 +21,18 @@ from pathlib import Path
 import pytest
 
 from searchr1.launcher.settings import ValidationSettings
-from searchr1.launcher.validation import Validator, published_versions, stage_model
+from searchr1.launcher.validation import Validator, published_versions, stage_chain, stage_model
 from tests.conftest import WARMSTART
+
+FAKE_EXPORT = r'''
+import shutil, sys
+from pathlib import Path
+chain, version, model = Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
+model.mkdir(parents=True)
+for name in ("config.json", "model.safetensors"):
+    shutil.copy2(chain / f"v{version:08d}" / name, model / name)
+shutil.copy2(Path(sys.argv[4]) / "tokenizer.json", model / "tokenizer.json")
+'''
 
 FAKE_EVAL = r'''
 import json, sys
@@ -50,6 +61,36 @@ def _publish(weights: Path, version: int) -> None:
     tmp.rename(weights / f"v{version:08d}")
 
 
+def test_a_version_is_staged_with_the_full_and_deltas_it_is_rebuilt_from(tmp_path):
+    weights = tmp_path / "weights"
+    for name, file in (("v00000002", "model.safetensors"), ("d00000003", "model.delta"), ("d00000004", "model.delta"),
+                       ("v00000004", "model.safetensors")):
+        (weights / name).mkdir(parents=True)
+        (weights / name / file).write_bytes(name.encode())
+    (weights / ".tmp-v00000005").mkdir()  # being written: not a version yet
+    assert published_versions(weights) == [2, 3, 4]
+    chain = stage_chain(weights, 3, tmp_path / "s3")
+    assert sorted(p.name for p in chain.iterdir()) == ["d00000003", "v00000002"]
+    assert (chain / "d00000003" / "model.delta").stat().st_ino == (weights / "d00000003" / "model.delta").stat().st_ino
+    assert sorted(p.name for p in stage_chain(weights, 4, tmp_path / "s4").iterdir()) == ["v00000004"]
+    shutil.rmtree(weights / "v00000002")  # pruned: 3 can no longer be rebuilt
+    with pytest.raises(OSError, match="no full version at or before 3"):
+        stage_chain(weights, 3, tmp_path / "s3b")
+
+
+def _publish_real(weights: Path, versions) -> None:
+    """Snapshots through the learner's own publisher (config, weights, manifest): the warm start's weights."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from searchr1.weightsync import WeightPublisher
+
+    model = AutoModelForCausalLM.from_pretrained(WARMSTART, dtype=torch.float32)
+    pub = WeightPublisher(weights, keep=3)
+    for v in versions:
+        pub.write(v, model, model.state_dict())
+
+
 def test_staging_links_the_snapshot_and_copies_the_tokenizer(tmp_path):
     _publish(tmp_path / "weights", 3)
     assert published_versions(tmp_path / "weights") == [3]
@@ -72,6 +113,8 @@ async def test_due_versions_the_curve_gauges_tensorboard_and_wandb(tmp_path, mon
     monkeypatch.setenv("WANDB_SILENT", "true")
     script = tmp_path / "fake_eval.py"
     script.write_text(FAKE_EVAL)
+    exporter = tmp_path / "fake_export.py"
+    exporter.write_text(FAKE_EXPORT)
     run_dir, weights = tmp_path / "run", tmp_path / "run" / "weights"
     weights.mkdir(parents=True)
     settings = ValidationSettings(eval_every=2, eval_before_train=True, data="unused", poll_interval_s=0.05,
@@ -79,9 +122,11 @@ async def test_due_versions_the_curve_gauges_tensorboard_and_wandb(tmp_path, mon
     said: list[str] = []
     metrics = ValidationMetrics.create()
     v = Validator(settings, run_dir=run_dir, weights_dir=weights, base_model=WARMSTART,
-                  command=lambda model, out: [sys.executable, str(script), str(model), str(out)], env={},
-                  say=lambda m, style: said.append(m), metrics=metrics, trackers=trackers_for(settings, "r", run_dir),
-                  metrics_port=0)
+                  command=lambda model, out: [sys.executable, str(script), str(model), str(out)],
+                  export_command=lambda chain, v, model: [sys.executable, str(exporter), str(chain), str(v), str(model),
+                                                          str(WARMSTART)],
+                  env={}, say=lambda m, style: said.append(m), metrics=metrics,
+                  trackers=trackers_for(settings, "r", run_dir), metrics_port=0)
     v.start()
     try:
         for version in (1, 2, 3, 4, 5):
@@ -107,6 +152,8 @@ async def test_due_versions_the_curve_gauges_tensorboard_and_wandb(tmp_path, mon
     offline = list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(offline) == 1 and offline[0].stat().st_size > 0
     assert any("validation, step 4: Search-R1 EM 0.400" in m for m in said)
+    assert not list((run_dir / "validation").glob("*/model")) and not list((run_dir / "validation").glob("*/chain"))
+    assert (run_dir / "validation" / "v00000004" / "eval.json").is_file()  # the staged weights go, the reports stay
 
 
 async def test_a_failed_validation_is_recorded_not_fatal(tmp_path):
@@ -115,7 +162,8 @@ async def test_a_failed_validation_is_recorded_not_fatal(tmp_path):
     _publish(weights, 1)
     settings = ValidationSettings(eval_every=1, data="unused", poll_interval_s=0.05)
     v = Validator(settings, run_dir=run_dir, weights_dir=weights, base_model=WARMSTART,
-                  command=lambda model, out: [sys.executable, "-c", "import sys; sys.exit(3)"], env={},
+                  command=lambda model, out: [sys.executable, "-c", "import sys; sys.exit(3)"],
+                  export_command=lambda chain, v, model: [sys.executable, "-c", "pass"], env={},
                   say=lambda m, style: None)
     v.start()
     try:
@@ -174,8 +222,7 @@ def test_validation_under_searchr1_up(tmp_path, tiny_world):
         wait_for(lambda: (tmp_path / "learner.json").exists()
                  and "healthy_at" in json.loads((tmp_path / "learner.json").read_text()), timeout=300,
                  what="the learner stand-in to be up")
-        for version in (1, 2):
-            _publish(run_dir / "weights", version)
+        _publish_real(run_dir / "weights", (1, 2))
         connection = json.loads((run_dir / "connection.json").read_text())
         wait_for(lambda: (run_dir / "validation.jsonl").exists(), timeout=300, what="a first validation")
         body = urllib.request.urlopen(connection["validation_metrics"], timeout=10).read().decode()

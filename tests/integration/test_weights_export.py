@@ -109,7 +109,7 @@ def test_dtype_and_refusals(run, tmp_path):
     bad = _export(str(run_dir), "--out", str(tmp_path / "x"), "--base", str(WARMSTART), "--dtype", "int8")
     assert bad.exit_code == 2 and "--dtype must be one of" in bad.stderr
     missing = _export(str(run_dir), "--out", str(tmp_path / "x"), "--base", str(WARMSTART), "--version", "9")
-    assert missing.exit_code == 2 and "no snapshot of version 9" in missing.stderr and "[3]" in missing.stderr
+    assert missing.exit_code == 2 and "no published version 9" in missing.stderr and "[3]" in missing.stderr
     nobase = _export(str(run_dir), "--out", str(tmp_path / "x"))
     assert nobase.exit_code == 2 and "give --base DIR" in nobase.stderr
     torn = tmp_path / "torn"
@@ -120,6 +120,35 @@ def test_dtype_and_refusals(run, tmp_path):
     weights.write_bytes(bytes(data))
     r = _export(str(torn), "--out", str(tmp_path / "y"), "--base", str(WARMSTART))
     assert r.exit_code == 2 and "do not match its manifest" in r.stderr and not (tmp_path / "y").exists()
+
+
+def test_a_version_published_as_a_delta_is_rebuilt(tmp_path):
+    """Versions 0–4 published by the real snapshot transport with a full every 3 (fulls 0 and 3, deltas 1–4):
+    the newest, 4, exists only as a delta; the export rebuilds it and the folder holds its exact tensors."""
+    import asyncio
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from searchr1.streams import StreamKeys
+    from searchr1.weightsync import DeltaSettings, SnapshotTransport, VersionChain, WeightPublisher
+    from tests.support.delta_versions import Versions
+
+    run = tmp_path / "run"
+    versions = Versions.of(WARMSTART)
+    pub = WeightPublisher(run / "weights", keep=2)
+    transport = SnapshotTransport(pub, None, StreamKeys("x"),
+                                  chain=VersionChain(DeltaSettings(full_every=3, max_share=1.0)))
+    for v in range(5):
+        asyncio.run(versions.publish(transport, v))
+    assert pub.versions() == [0, 3] and pub.deltas() == [1, 2, 3, 4]
+    r = _export(str(run), "--out", str(tmp_path / "out"), "--base", str(WARMSTART))
+    assert r.exit_code == 0, r.output
+    assert "exported version 4 (bfloat16)" in r.stdout
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out").state_dict()
+    expected = versions.state(4)
+    assert all(torch.equal(loaded[k], expected[k]) for k in expected)
+    assert "published as a delta: rebuilt from the newest full version" in (tmp_path / "out" / "README.md").read_text()
 
 
 def test_push_to_a_hub(run, tmp_path, monkeypatch):

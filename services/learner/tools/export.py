@@ -2,8 +2,9 @@
 (`AutoModelForCausalLM.from_pretrained`) and vLLM (`LLM(model=…)`) load as it is, with a model card; and
 its upload to the Hub (`push_folder`).
 
-A snapshot (`RUN_DIR/weights/v########/`) holds what the learner publishes: config.json,
-generation_config.json, model.safetensors and the manifest of its chunk digests. The folder adds what a
+A full snapshot (`RUN_DIR/weights/v########/`) holds what the learner publishes: config.json,
+generation_config.json, model.safetensors and the manifest of its chunk digests; a version published as a
+delta (`d########/`) is rebuilt into one first (`weightsync.materialize`). The folder adds what a
 user needs to run it: the base model's tokenizer files and chat template (the learner trains the policy on
 the base model's tokenizer and never changes it), the weights in the dtype asked for, and README.md — the
 model card: how to prompt it (Search-R1's template, the stop strings `</search>`/`</answer>`, the
@@ -51,34 +52,57 @@ class ExportResult:
     snapshot_digest: str
     weights_sha256: str
     dtype: str
+    rebuilt: bool = False
+    """The version was published as a delta and rebuilt from the newest full before it."""
     files: list[str] = field(default_factory=list)
 
 
+def _versions(directory: Path) -> set[int]:
+    """Versions with a directory under `directory`, full (`v########`) or delta (`d########`)."""
+    out = set()
+    for p in directory.iterdir() if directory.is_dir() else ():
+        if p.is_dir() and p.name[:1] in ("v", "d") and p.name[1:].isdigit():
+            out.add(int(p.name[1:]))
+    return out
+
+
 def snapshots_dir(run: Path) -> Path:
-    """Where a run keeps its snapshots: RUN/weights (as `searchr1 up` lays it out), or RUN itself."""
+    """Where a run keeps its published versions: RUN/weights (as `searchr1 up` lays it out), or RUN itself."""
     for d in (run / "weights", run):
-        if d.is_dir() and any(p.is_dir() and p.name[:1] == "v" and p.name[1:].isdigit() for p in d.iterdir()):
+        if _versions(d):
             return d
-    raise ExportError(f"no snapshots (v########/ directories) in {run / 'weights'} or {run}")
+    raise ExportError(f"no published versions (v########/ or d########/ directories) in {run / 'weights'} or {run}")
 
 
-def pick_snapshot(run: Path, version: int | None) -> tuple[int, Path]:
-    """The snapshot of `version` (default: the newest with weights)."""
+def pick_snapshot(run: Path, version: int | None) -> tuple[int, Path, bool]:
+    """(version, its full snapshot directory, whether it was rebuilt) for `version` (default: the newest on
+    disk, full or delta). A version published as a delta is rebuilt as a full snapshot beside the others
+    (`weightsync.materialize`: the newest full before it and each delta after, every one read verified
+    against its own manifest and applied with its checksums checked)."""
+    from searchr1.weightsync import SnapshotError, materialize, newest_version
+
     root = snapshots_dir(run)
-    found = {int(p.name[1:]): p for p in root.iterdir()
-             if p.is_dir() and p.name[:1] == "v" and p.name[1:].isdigit() and (p / WEIGHTS_FILE).is_file()}
-    if not found:
-        raise ExportError(f"no snapshot with {WEIGHTS_FILE} in {root}")
-    if version is None:
-        version = max(found)
-    if version not in found:
-        raise ExportError(f"no snapshot of version {version} in {root}; there are {sorted(found)}")
-    return version, found[version]
+    on_disk = _versions(root)
+    version = newest_version(root) if version is None else version
+    if version is None or version not in on_disk:
+        raise ExportError(f"no published version {version} in {root}; there are {sorted(on_disk)}")
+    rebuilt = not (root / f"v{version:08d}" / WEIGHTS_FILE).is_file()
+    try:
+        snapshot = materialize(root, version)
+    except (SnapshotError, ValueError, OSError) as exc:
+        raise ExportError(f"version {version} in {root} cannot be rebuilt from its full version and deltas: "
+                          f"{exc}") from None
+    if snapshot is None:
+        raise ExportError(f"no published version in {root}")
+    return version, snapshot, rebuilt
 
 
-def verify_snapshot(snapshot: Path) -> str:
-    """The snapshot's digest after checking every file against its manifest (ExportError when they differ
-    or the manifest is missing)."""
+def verify_snapshot(snapshot: Path, rebuilt: bool = False) -> str:
+    """The snapshot's digest after checking every file against its manifest (ExportError when they differ,
+    or when a published one has no manifest). A rebuilt one was verified piece by piece as it was rebuilt:
+    its digest is computed from its files."""
+    if rebuilt:
+        return snapshot_digest(snapshot)
     stored = snapshot / MANIFEST
     if not stored.is_file():
         raise ExportError(f"{snapshot} has no {MANIFEST}: not a snapshot the learner published")
@@ -135,7 +159,7 @@ def export_snapshot(run: Path, out: Path, *, base: Path, version: int | None = N
     """Write the folder (module docstring) for `version` of `run` into `out`, tokenizer from `base`."""
     if dtype not in DTYPES:
         raise ExportError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    version, snapshot = pick_snapshot(run, version)
+    version, snapshot, rebuilt = pick_snapshot(run, version)
     if not (base / "config.json").is_file():
         raise ExportError(f"base model directory {base} not found or has no config.json (its tokenizer and chat "
                           "template go into the folder): pass --base DIR")
@@ -143,7 +167,7 @@ def export_snapshot(run: Path, out: Path, *, base: Path, version: int | None = N
         raise ExportError(f"base model {base} has no tokenizer files")
     if out.exists() and any(out.iterdir()) and not force:
         raise ExportError(f"{out} exists and is not empty: choose another --out or pass --force")
-    digest = verify_snapshot(snapshot)
+    digest = verify_snapshot(snapshot, rebuilt)
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -163,7 +187,7 @@ def export_snapshot(run: Path, out: Path, *, base: Path, version: int | None = N
     (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     _generation_config(tmp, base)
     result = ExportResult(out=out, version=version, snapshot_digest=digest,
-                          weights_sha256=_sha256(tmp / WEIGHTS_FILE), dtype=stored)
+                          weights_sha256=_sha256(tmp / WEIGHTS_FILE), dtype=stored, rebuilt=rebuilt)
     from searchr1.learner.tools.model_card import model_card
 
     (tmp / "README.md").write_text(model_card(run, result, base=base, config=config, model_config=cfg),

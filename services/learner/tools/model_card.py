@@ -174,8 +174,10 @@ def model_card(run: Path, result: Any, *, base: Path, config: Path | None, model
     else:
         lines.append("No evaluation recorded one.")
     lines += ["", "## Files", "",
-              f"- snapshot v{result.version:08d} of the run `{run.name}`, digest `{result.snapshot_digest}` (its files "
-              "verified against its manifest before the export)",
+              f"- version {result.version} of the run `{run.name}`, digest `{result.snapshot_digest}` " + (
+                  "(published as a delta: rebuilt from the newest full version before it and the deltas after, "
+                  "each verified against its own manifest, every tensor against its checksum)" if result.rebuilt
+                  else "(its files verified against its manifest before the export)"),
               f"- model.safetensors sha256 `{result.weights_sha256}`",
               f"- tokenizer and chat template from `{base.name}`", ""]
     return "\n".join(lines)
