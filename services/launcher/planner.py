@@ -5,8 +5,8 @@ there says what a plan holds).
 The order is the dependency order: Redis → index build if the index is missing → retriever → reward →
 rollout workers → learner. Ports configured as 0 are resolved here to free ones, so every process's
 address is known before the first one starts; what is wrong (a port taken, `redis-server` not found, a
-corpus missing, a `[launcher.*]` entry or a service-table value that contradicts the placement) is collected in
-`plan.problems`.
+corpus missing, a service table its settings class refuses (`tables.py`), a `[launcher.*]` entry or a
+service-table value that contradicts the placement) is collected in `plan.problems`.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from searchr1.core.redis_server import RedisNotFound, find_redis_server
+from searchr1.core.run_connection import RunConnection
 from searchr1.core.servers import free_port, port_is_free
 from searchr1.core.settings import ConfigError, load_settings, read_config_file
 from searchr1.launcher.cpu_placement import core_list
@@ -39,6 +40,8 @@ from searchr1.launcher.specs import (
     render_env,
     render_template,
 )
+from searchr1.launcher.tables import table_problems
+from searchr1.launcher.validation_setup import validation_problems
 
 
 class _Ports:
@@ -244,10 +247,14 @@ def build_plan(settings: LauncherSettings, config: str | Path, run_dir: str | Pa
     run_root = Path(run_dir if run_dir is not None else settings.run_dir).resolve()
     placed = plan_placement(placement, workers=settings.rollout.workers) if placement is not None else None
     plan = _Planner(settings, config_path, run_root, placed)
+    notes: list[str] = []
     if not config_found:
         plan.problems.append(f"run config not found: {config_path}")
-    elif plan.placed is not None:  # a service table saying otherwise than the placement
-        plan.problems += placement_conflicts(read_config_file(config_path), plan.placed)
+    else:
+        table_issues, notes = table_problems(config_path)  # every service's table, as the service loads it
+        plan.problems += table_issues
+        if plan.placed is not None:  # a service table saying otherwise than the placement
+            plan.problems += placement_conflicts(read_config_file(config_path), plan.placed)
     redis_url = plan.redis()
     host, r = settings.host, settings.retriever
     index_dir = Path(r.index_dir).resolve() if r.index_dir else run_root / "index"
@@ -284,9 +291,20 @@ def build_plan(settings: LauncherSettings, config: str | Path, run_dir: str | Pa
         plan.specs[-1].env.setdefault(SHUTDOWN_TIMEOUT_ENV, str(torchrun_timeout_s(settings.grace_period_s)))
     jsonl = Path(render_template("metrics_jsonl", [le.metrics_jsonl], {"run": settings.run,
                                                                         "run_dir": str(run_root)})[0])
+    v = settings.validation
+    vport = None
+    if v.enabled:
+        plan.problems += validation_problems(v, config_path, placed=plan.placed is not None)
+        if v.metrics_port is not None:
+            vport = plan.ports.get(v.metrics_port, "validation metrics")
     return LaunchPlan(
         specs=plan.specs, run_dir=run_root, redis_url=redis_url, run=settings.run,
         learner_metrics_url=f"http://{host}:{lport}/metrics", metrics_jsonl=jsonl.resolve(),
         problems=plan.problems, preflight_gates=plan.preflight, values=common, base_command=plan.default_base,
         placement=plan.placed,
+        connection=RunConnection(run=settings.run, redis_url=redis_url, token=common["token"],
+                                 retriever=common["retriever_grpc"], retriever_http=common["retriever_http"],
+                                 reward=common["reward_url"], config=str(config_path),
+                                 validation_metrics=f"http://{host}:{vport}/metrics" if vport else ""),
+        validation_metrics_port=vport, notes=notes,
     )

@@ -90,7 +90,14 @@ from searchr1.weightsync.delta import (
 )
 from searchr1.weightsync.fetch import fetch_snapshot, prune_copies
 from searchr1.weightsync.loader import Reloadable, WeightLoader, is_broadcast
-from searchr1.weightsync.manifest import SnapshotError, snapshot_digest, snapshot_files, snapshot_listing
+from searchr1.weightsync.manifest import (
+    MANIFEST,
+    SnapshotError,
+    manifest_digest,
+    snapshot_digest,
+    snapshot_files,
+    snapshot_listing,
+)
 from searchr1.weightsync.publish import WEIGHTS_FILE, WeightPublisher, drop_shared, weights_app
 from searchr1.weightsync.read import read_verified
 from searchr1.weightsync.rebuild import materialize, newest_version, version_tensors
@@ -132,6 +139,7 @@ __all__ = [
     "base_of",
     # the snapshot wire
     "snapshot_digest", "snapshot_files", "snapshot_listing", "fetch_snapshot", "prune_copies", "read_verified",
+    "MANIFEST", "manifest_digest",
     "write_safetensors", "snapshot_tensors", "SnapshotError",
     # the broadcast wire and its catch-up
     "Broadcaster", "Receiver", "parse_group_uri", "BroadcastFailed", "DigestMismatch", "record_snapshot",
