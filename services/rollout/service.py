@@ -23,13 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from searchr1.core.aio import stop_task
 from searchr1.core.clients.retriever import RetrieverClient
 from searchr1.core.clients.reward import RewardClient
 from searchr1.core.commandline import EXIT_FAILED, error
 from searchr1.core.faults import NO_FAULTS, Faults
 from searchr1.core.metrics import MetricsServer, start_metrics_server
 from searchr1.core.servers import install_shutdown_signals
+from searchr1.core.supervise import Supervisor, TaskDied
 from searchr1.core.watchdog import Watchdog
 from searchr1.rollout.batcher import SearchBatcher
 from searchr1.rollout.engine import Generator, GeneratorDead, HfCodec
@@ -82,14 +82,18 @@ class RolloutService:
         return f"http://{self.settings.metrics_host}:{self.metrics_server.port}/metrics"
 
     async def run(self, stop: asyncio.Event) -> None:
-        watch = None
-        if self.link is not None:
-            watch = asyncio.create_task(self.link.watch(self.worker.tasks.redis, stop))
+        """The worker loop until `stop`, beside its Redis watch and metrics server, all supervised: a death
+        of either stops the worker (drained) with `TaskDied`."""
+        supervisor = Supervisor("rollout")
+        if self.metrics_server is not None:
+            supervisor.bind()
+            self.metrics_server.on_death = supervisor.fail
+        if self.link is not None:  # ends when `stop` is set
+            supervisor.spawn("redis watch", self.link.watch(self.worker.tasks.redis, stop), may_finish=True)
         try:
-            await self.worker.run(stop)
+            await supervisor.run(self.worker.run(stop), stop, grace_s=(self.worker.drain_timeout_s or 60.0) + 30.0)
         finally:
-            if watch is not None:
-                await stop_task(watch, timeout=5.0)
+            await supervisor.close(timeout=5.0)
 
     async def close(self) -> None:
         for close in reversed(self.closers):
@@ -207,6 +211,8 @@ def run(settings: RolloutSettings, faults: Faults = NO_FAULTS) -> int:
         asyncio.run(serve(settings, on_ready=ready, faults=faults))
     except GeneratorDead as exc:
         return error(f"{exc}; exiting for a restart (the tasks held are redelivered)", EXIT_FAILED)
+    except TaskDied as exc:
+        return error(str(exc), EXIT_FAILED)
     except (OSError, ValueError) as exc:
         return error(str(exc), EXIT_FAILED)
     return 0

@@ -53,6 +53,7 @@ def view(
     import asyncio
 
     from searchr1.core.servers import HttpServer, install_shutdown_signals
+    from searchr1.core.supervise import Supervisor, TaskDied
     from searchr1.viewer.app import TokenizerError, create_app
     from searchr1.viewer.settings import ViewerSettings
     from searchr1.viewer.store import ArchiveNotFound
@@ -72,11 +73,18 @@ def view(
             f"/?token={settings.token}" if generated else "/?token=…" if settings.token else ""))
         stop = asyncio.Event()
         install_shutdown_signals(stop)
-        await stop.wait()
-        await server.stop()
+        supervisor = Supervisor("viewer")
+        supervisor.watch("http server", server.task)  # type: ignore[arg-type]  # started above
+        try:
+            await supervisor.wait(stop)
+        finally:
+            await supervisor.close()
+            await server.stop()
 
     try:
         asyncio.run(_serve())
+    except TaskDied as exc:  # the server stopped serving on its own
+        fail(str(exc), 1)
     except OSError as exc:  # the port is taken, the address cannot be bound
         fail(f"cannot serve on {settings.host}:{settings.port}: {exc}", 1)
 
