@@ -103,7 +103,8 @@ class Worker:
     partial: InterruptibleGenerator | None = None
     """Set (the sampler's engine, wrapped): weight swaps interrupt in-flight turns instead of draining."""
     faults: Faults = NO_FAULTS
-    """The fault suite's hook (`rollout.poison_group`, `rollout.after_publish`); never fires outside it."""
+    """The fault suite's hook (`rollout.poison_group`, `rollout.poison_task`, `rollout.after_publish`); never
+    fires outside it."""
     _inflight: set[asyncio.Task] = field(default_factory=set)
     _inflight_ids: set[str] = field(default_factory=set)
     _entry_ids: dict[asyncio.Task, str] = field(default_factory=dict)  # task in flight → its stream entry
@@ -250,6 +251,8 @@ class Worker:
         task = entry.value
         stage = "rollout"
         try:
+            if self.faults.fires_for("rollout.poison_task", task.task_id):  # the fault suite's hook
+                raise RuntimeError(f"task {task.task_id} is poison (fault point rollout.poison_task)")
             group = await self.sampler.sample_group(task, self.loader.version, self.worker_id, prefix)
             stage = "publish"
             group.timings["total"] = time.perf_counter() - t0
