@@ -96,6 +96,11 @@ class LearnerMetrics:
                                   "Wall time of the learner by stage (stages never overlap).", self.stages))
         self._stage_mark = self.stages.totals()
 
+    def watch_progress(self, stalled_for: Callable[[], float], stall_timeout_s: float) -> None:
+        """Export the learner's progress watchdog: `progress_age` reads `stalled_for()` at each scrape."""
+        self.progress_age.set_function(stalled_for)
+        self.stall_timeout.set(stall_timeout_s)
+
     def stage_seconds(self) -> dict[str, float]:
         """Seconds per stage since the last call (per step: called once per step)."""
         now = self.stages.totals()

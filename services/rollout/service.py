@@ -82,14 +82,17 @@ class RolloutService:
         return f"http://{self.settings.metrics_host}:{self.metrics_server.port}/metrics"
 
     async def run(self, stop: asyncio.Event) -> None:
-        """The worker loop until `stop`, beside its Redis watch and metrics server, all supervised: a death
-        of either stops the worker (drained) with `TaskDied`."""
+        """The worker loop until `stop`, beside its Redis watch, metrics server and progress watchdog, all
+        supervised: a death of any (the watchdog's when the loop made no pass for `tasks.stall_timeout_s`)
+        stops the worker (drained) with `TaskDied`."""
         supervisor = Supervisor("rollout")
         if self.metrics_server is not None:
             supervisor.bind()
             self.metrics_server.on_death = supervisor.fail
         if self.link is not None:  # ends when `stop` is set
             supervisor.spawn("redis watch", self.link.watch(self.worker.tasks.redis, stop), may_finish=True)
+        if self.worker.watchdog is not None:  # a loop that stopped passing stops the worker, not only /healthz
+            supervisor.spawn("progress watchdog", self.worker.watchdog.guard())
         try:
             await supervisor.run(self.worker.run(stop), stop, grace_s=(self.worker.drain_timeout_s or 60.0) + 30.0)
         finally:
