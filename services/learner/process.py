@@ -6,9 +6,12 @@ builds the models, Redis link, dispatcher, weight server and metrics server arou
 — checkpointer and weight publisher fenced by the lease, Redis link, streams (the trajectories stream's
 acks fenced by the lease inside Redis), staleness policy, dispatcher, group source, weight transport
 (its recovery-snapshot record fenced the same way), collapse guard — each with what it needs, and hands
-them to `Learner`. Nothing is assigned on a built object afterwards. On rank 0 a progress watchdog
-(`core/watchdog.py`, `stall_timeout_s`) is beaten by the loop and the source's reads: once it stalls,
-`/healthz` answers 503 and the lease is no longer renewed.
+them to `Learner`. On rank 0 a progress watchdog (`core/watchdog.py`, `stall_timeout_s`) is beaten by progress
+only (a step trained, the start done, a checkpoint's bytes written): once it stalls, `/healthz` answers
+503, the lease is no longer renewed and the process stops naming what the loop waited for. The lease
+keeper and the watchdog run supervised (`core/supervise.py`): a lease lost, or a stall, stops the process
+with its cause (exit 1, or 3 for the lease), to be restarted. The dataset is read before the model loads,
+so a row the wire refuses stops the start at once (exit 2, which `searchr1 up` does not restart).
 
 Across nodes (torchrun `--nnodes` > 1) every node serves `/healthz`, so one liveness probe fits every pod
 of the learner: on node 0, global rank 0's (the whole learner's progress: every step is a collective, so
@@ -25,10 +28,10 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from searchr1.core.aio import stop_task
 from searchr1.core.datasets import Question
 from searchr1.core.faults import NO_FAULTS, Faults
 from searchr1.core.redaction import redact_config
+from searchr1.core.supervise import Supervisor
 from searchr1.core.watchdog import Watchdog
 from searchr1.learner.algo.desync import DesyncPolicy
 from searchr1.learner.algo.staleness import StalenessPolicy
@@ -42,6 +45,7 @@ from searchr1.learner.sources.archive import ArchiveSource
 from searchr1.learner.sources.base import GroupSource
 from searchr1.learner.sources.stream import StreamSource
 from searchr1.learner.tools.archive import ArchiveWriter
+from searchr1.learner.tools.dead_tasks import DeadTasks, dead_tasks_path
 from searchr1.learner.train.build import Training, build_training
 from searchr1.learner.train.checkpoint import Checkpointer, TrainState
 from searchr1.learner.train.distributed import init_distributed
@@ -93,24 +97,30 @@ def build_learner(
         link = link or RedisLink("learner", **metrics.redis.link_callbacks())
         task_stream = tasks_stream(redis, keys, link=link)
         if tasks and dispatcher is None:
+            # the tasks the rollout workers dead-letter: replaced, recorded, never dealt out again
+            dead = DeadTasks(dead_tasks_path(settings.log_dir, settings.redis.run), task_stream.burials(),
+                             task_stream)
             dispatcher = Dispatcher(task_stream, tasks, settings.dispatcher, on_publish=metrics.tasks.inc,
-                                    staleness=staleness, vocab_size=training.vocab_size(), record=record)
+                                    staleness=staleness, vocab_size=training.vocab_size(), record=record,
+                                    dead=dead, on_replace=metrics.tasks_replaced.labels("dead_lettered").inc)
         if source is None:
             trajectories = trajectories_stream(redis, keys, link=link,
                                                visibility_timeout_ms=settings.visibility_timeout_ms,
                                                max_deliveries=settings.max_deliveries, fence=lease)
             source = StreamSource(settings, trajectories, task_stream, staleness, metrics,
-                                  vocab_size=training.vocab_size(), dispatcher=dispatcher,
-                                  beat=watchdog.beat if watchdog is not None else lambda: None)
+                                  vocab_size=training.vocab_size(), dispatcher=dispatcher)
     if transport is None:
         transport = build_transport(settings.weights, publisher, redis if info.is_main else None, keys, link,
                                     lease)
     guard = (CollapseGuard(settings.guard, settings.checkpoint.dir, metrics.registry)
              if settings.guard.enabled else None)
     desync = DesyncPolicy.from_settings(settings.desync) if settings.desync.enabled else None
-    return Learner(settings, training, checkpointer, publisher, transport, metrics, step_log, info=info,
-                   source=source, redis=redis, link=link, archive=archive, lease=lease, dispatcher=dispatcher,
-                   guard=guard, desync=desync, watchdog=watchdog, faults=faults)
+    learner = Learner(settings, training, checkpointer, publisher, transport, metrics, step_log, info=info,
+                      source=source, redis=redis, link=link, archive=archive, lease=lease, dispatcher=dispatcher,
+                      guard=guard, desync=desync, watchdog=watchdog, faults=faults)
+    if watchdog is not None:  # a stall names what the loop was doing
+        watchdog.describe = learner.doing
+    return learner
 
 
 async def run_replay(settings: LearnerSettings, stop: asyncio.Event | None = None,
@@ -158,24 +168,37 @@ async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = No
                   holder=f"{default_holder()}/{settings.consumer}")
     metrics = LearnerMetrics()
     link = RedisLink("learner", **metrics.redis.link_callbacks())
-    # progress, not mere life: a hung loop stops renewing the lease and answers 503 on /healthz
+    # progress, not mere life: a loop that makes none stops renewing the lease, answers 503 on /healthz and
+    # stops the process naming what it waited for
     watchdog = Watchdog("learner", settings.stall_timeout_s, excused=lambda: not link.up)
+    metrics.watch_progress(watchdog.stalled_for, settings.stall_timeout_s)
     done = asyncio.Event()
-    keeper = None
+    tasks = Supervisor("learner")
     try:
         # a token above every one on disk: Redis losing its counter cannot hand a used one out again
         floor = await asyncio.to_thread(highest_token, settings.checkpoint.dir)
         await lease.acquire(wait_s=settings.lease_ttl_ms / 1000, floor=floor)
         await enforce_redis_budget(settings, redis)  # RedisBudgetError: Redis cannot hold what is kept unacked
-        # renewed from here on, through the model's loading, while the loop makes progress
-        keeper = asyncio.create_task(lease.keep(done, alive=watchdog.alive))
-        return await _run(settings, info, stop, max_steps, redis, lease, metrics, link, watchdog, faults)
+        # renewed from here on, through the model's loading, while the loop makes progress; a lease lost
+        # stops the process at once (a learner without it can write nothing)
+        tasks.spawn("lease keeper", _keep(lease, done, watchdog), may_finish=True)
+        tasks.spawn("progress watchdog", watchdog.guard())
+        return await tasks.run(_run(settings, info, stop, max_steps, redis, lease, metrics, link, watchdog, faults),
+                               stop, grace_s=settings.stall_timeout_s)
     finally:
         done.set()
-        if keeper is not None:
-            await stop_task(keeper, timeout=5.0)
+        await tasks.close(timeout=5.0)
         await lease.release_quietly()
         await redis.aclose()
+
+
+async def _keep(lease: Lease, done: asyncio.Event, watchdog: Watchdog) -> None:
+    """Renew the lease until `done`; raise `LeaseLost` when it was lost first."""
+    from searchr1.streams import LeaseLost
+
+    await lease.keep(done, alive=watchdog.alive)
+    if not done.is_set() and lease.lost is not None:
+        raise LeaseLost(lease.lost)
 
 
 async def _run(settings: LearnerSettings, info: DistInfo, stop: asyncio.Event, max_steps: int | None,
@@ -189,9 +212,13 @@ async def _run(settings: LearnerSettings, info: DistInfo, stop: asyncio.Event, m
     from searchr1.learner.tools.dispatch_log import DispatchLog, dispatch_log_path
     from searchr1.weightsync import weights_app
 
+    specs: list[Question] = []
+    if info.is_main and settings.dispatcher.enabled and settings.dispatcher.dataset:
+        # the dataset before the model: a row the wire refuses stops the start (exit 2) in seconds
+        specs = await asyncio.to_thread(
+            lambda: oversample(load_tasks(settings.dispatcher.dataset), settings.dispatcher.source_repeats))
     training = await asyncio.to_thread(build_training, settings, info, metrics.stages)
     step_log = http = metrics_server = archive = dispatch_log = base_url = None
-    specs: list[Question] = []
     if info.is_main:
         wandb_run = None
         if settings.wandb_project:
@@ -215,8 +242,7 @@ async def _run(settings: LearnerSettings, info: DistInfo, stop: asyncio.Event, m
                                               token=None if settings.metrics_open else settings.token)
     learner = None
     try:
-        if info.is_main and settings.dispatcher.enabled and settings.dispatcher.dataset:
-            specs = oversample(load_tasks(settings.dispatcher.dataset), settings.dispatcher.source_repeats)
+        if specs:
             dispatch_log = DispatchLog(dispatch_log_path(settings.log_dir, settings.redis.run))
         learner = build_learner(settings, training, info=info, metrics=metrics, step_log=step_log, redis=redis,
                                 lease=lease, link=link, base_url=base_url, archive=archive, tasks=specs,
