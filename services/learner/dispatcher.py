@@ -14,8 +14,9 @@ their groups were trained on.
 Dead-lettered tasks (`tools/dead_tasks.py`, given as `dead`): each pass reads what the rollout workers
 buried on the tasks stream since the last (`max_deliveries` deliveries without an ack: a poison question, a
 reward service down past three deliveries) and, under a paced policy, publishes one replacement for each
-task this dispatcher published (its entry at or after this dispatcher's first), so a step counting on it
-still fills; without a budget `max_inflight` refills by itself, the buried entry being acked. Tasks
+task this dispatcher published (its entry at or after this dispatcher's first) whose group the learner does
+not hold already (a task published again after a restart may be buried while its first copy's group is
+trained), so a step counting on it still fills; without a budget `max_inflight` refills by itself, the buried entry being acked. Tasks
 dead-lettered at any time in the run are recorded on disk and skipped when the dispatcher meets them
 again (a restart publishes again from the checkpoint's position): a poison task is buried once, not once
 per restart. `on_replace(n)` counts the replacements.
@@ -53,6 +54,15 @@ class Backlog(Protocol):
 
     async def lag(self) -> int:
         """Groups published and not yet read by the learner."""
+        ...
+
+
+class Settled(Protocol):
+    """The learner's group source, asked about a dead-lettered task before it is replaced."""
+
+    def settled(self, task_id: str) -> bool:
+        """The learner holds a group of `task_id` already (trained, or read for the step in hand): a copy
+        of the task published again after a restart was buried, not the work."""
         ...
 
 
@@ -176,14 +186,18 @@ class Dispatcher:
                 self.on_publish(len(batch))
         return len(batch)
 
-    async def replace_dead(self) -> int:
+    async def replace_dead(self, downstream: Backlog | None = None) -> int:
         """Read the tasks dead-lettered since the last call; under a paced policy grant one replacement for
-        each this dispatcher published. Returns how many were granted."""
+        each this dispatcher published whose group the learner does not hold already (`downstream`'s
+        `settled`, when it has one). Returns how many were granted."""
         if self.dead is None:
             return 0
+        settled = getattr(downstream, "settled", None)
         granted = 0
         for d in await self.dead.poll():
             mine = self.first_entry is not None and parse_id(d.entry_id) >= self.first_entry
+            if mine and d.task_id is not None and settled is not None and settled(d.task_id):
+                mine = False  # its group was trained or is in hand: a replacement would put one task too many ahead
             log.warning("task %s dead-lettered on the tasks stream (%s): %s", d.task_id or f"entry {d.entry_id}",
                         d.reason, "replaced" if mine and self.budget is not None else
                         "not published again" if d.task_id is not None else "its id is lost")
@@ -203,7 +217,7 @@ class Dispatcher:
         if self.dead is not None:
             await self.dead.start()
         while not stop.is_set() and not self.exhausted:
-            await self.replace_dead()
+            await self.replace_dead(downstream)
             await self.fill(downstream)
             # `stop` is how this loop ends: a cancellation can be lost inside a redis-py command
             # (core.aio.stop_task), which once left it running after the learner had finished

@@ -1,8 +1,8 @@
 """The soak's liveness faults: the ones after which a run used to make no progress while every probe stayed
 green, each something that happens to long runs (docs/reliability.md, "Liveness"):
 
-- `poison`: one task fails on every delivery (`rollout.poison_task` turned on for the task id the
-  dispatcher published last, through the services' `FaultSwitches` directory), as a question that crashes
+- `poison`: one task fails on every delivery (`rollout.poison_task` turned on for a task a worker holds,
+  through the services' `FaultSwitches` directory), as a question that crashes
   the engine does: the tasks stream dead-letters it after `max_deliveries`, the dispatcher replaces it and
   never deals it out again;
 - `reward_outage`: the reward service stopped (SIGSTOP: its port still accepts, nothing answers) for
@@ -61,16 +61,37 @@ def unmount(path: Path) -> None:
     subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
+def task_in_rollout(run: FaultRun) -> str | None:
+    """The task id of an entry of the tasks stream a worker holds (else the newest one), None: none."""
+    from searchr1.core.schemas import SchemaError, Task, decode
+    from searchr1.streams import PAYLOAD_FIELD, TASKS_GROUP, StreamKeys
+
+    client = redis_client(run)
+    key = StreamKeys("faults").tasks
+    try:
+        pending = client.xpending_range(key, TASKS_GROUP, "-", "+", 20)
+        ids = [p["message_id"] for p in pending] or [rid for rid, _ in client.xrevrange(key, count=1)]
+        for mid in ids:
+            rows = client.xrange(key, min=mid, max=mid)
+            if rows and PAYLOAD_FIELD in rows[0][1]:
+                try:
+                    return decode(Task, rows[0][1][PAYLOAD_FIELD]).task_id
+                except SchemaError:
+                    continue
+    finally:
+        client.close()
+    return None
+
+
 def begin_poison(run: FaultRun, switches: Path, record: dict) -> Undo | None:
-    """Turn `rollout.poison_task` on for the task published last (likely in rollout now); it stays poison."""
-    dispatched = run.run_dir / "learner" / "faults.dispatched"
-    ids = [line for line in dispatched.read_text().splitlines() if line] if dispatched.is_file() else []
-    if not ids:
-        record["skipped"] = "nothing dispatched yet"
+    """Turn `rollout.poison_task` on for a task in rollout now (one a worker holds); it stays poison."""
+    task_id = task_in_rollout(run)
+    if task_id is None:
+        record["skipped"] = "no task on the tasks stream"
         return None
-    record["task_id"] = ids[-1]
+    record["task_id"] = task_id
     with (switches / POISON_SWITCH).open("a") as f:
-        f.write(ids[-1] + "\n")
+        f.write(task_id + "\n")
     return None
 
 

@@ -135,3 +135,36 @@ async def test_a_step_whose_tasks_were_lost_gets_replacements(redis, caplog):
     assert metrics.registry.get_sample_value("searchr1_learner_tasks_replaced_total", {"reason": "unfillable"}) == 2
     assert ("step 1 cannot fill: waiting for the groups of step 1: 0 of 2 read; 0 task(s) queued or in rollout, "
             "0 group(s) unread; dispatcher budget 0, and no task is left to publish") in caplog.text
+
+
+async def test_a_buried_copy_of_a_task_whose_group_the_learner_holds_is_not_replaced(redis, tmp_path):
+    """After a restart the dispatcher publishes again from the checkpoint's position: a copy of a task whose
+    first group the learner re-reads and trains. Burying that copy must not put one task too many ahead
+    (in lockstep, one group stale at every step from then on)."""
+    keys = StreamKeys("t")
+    settings = LearnerSettings(algorithm={"max_staleness": 0}, batch={"groups_per_step": 1},
+                               dispatcher={"group_size": 2})
+    tasks = tasks_stream(redis, keys)
+    dispatcher = Dispatcher(tasks, QUESTIONS, settings.dispatcher, staleness=StalenessPolicy.from_settings(settings),
+                            dead=DeadTasks(tmp_path / "t.dead-tasks", tasks.burials(), tasks))
+    await tasks.ensure_group()
+    await dispatcher.dead.start()
+    assert await dispatcher.fill() == 1 and dispatcher.budget == 0
+    [entry] = await tasks.read("w0", count=1)
+    await tasks.dead_letter(entry.id, "delivered 3 times without ack (max_deliveries=3)")
+
+    class Source:
+        def __init__(self, held: set[str]) -> None:
+            self.held = held
+
+        def settled(self, task_id: str) -> bool:
+            return task_id in self.held
+
+    assert await dispatcher.replace_dead(Source({entry.value.task_id})) == 0 and dispatcher.budget == 0
+    # the same burial for a task the learner does not hold is replaced
+    assert await dispatcher.fill() == 0
+    dispatcher.budget = 1
+    assert await dispatcher.fill() == 1
+    [second] = await tasks.read("w0", count=1)
+    await tasks.dead_letter(second.id, "delivered 3 times without ack (max_deliveries=3)")
+    assert await dispatcher.replace_dead(Source(set())) == 1 and dispatcher.budget == 1

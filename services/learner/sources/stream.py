@@ -397,6 +397,11 @@ class StreamSource:
     async def finished(self) -> bool:
         return await self.data_exhausted() and await self.trajectories.pending() == 0
 
+    def settled(self, task_id: str) -> bool:
+        """Whether a group of `task_id` was trained or is kept for the step in hand (the dispatcher asks
+        before it replaces a dead-lettered task)."""
+        return task_id in self._state.consumed or task_id in self._step_tasks
+
     async def lag(self) -> int:
         """Groups published on the trajectories stream and not yet read (the dispatcher's backpressure)."""
         return await self.trajectories.lag()

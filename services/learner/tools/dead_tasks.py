@@ -72,19 +72,20 @@ class DeadTasks:
         found = await self.poll()
         if self.known:
             log.info("%d task(s) dead-lettered so far (%d found in the dead stream): they are not published again",
-                     len(self.known), len({d.task_id for d in found}))
+                     len(self.known), len({d.task_id for d in found if d.task_id is not None}))
         return self.known
 
     async def poll(self) -> list[DeadTask]:
-        """The tasks dead-lettered since the last call (the first call: all the dead stream holds), each
-        recorded and added to `known`."""
+        """The tasks dead-lettered since the last call (the first call: all the dead stream holds), one per
+        dead letter (a task published twice may be buried twice); the ids not yet known are recorded and
+        added to `known`."""
         dead = [await self._task_of(d) for d in await self.burials.poll()]
-        new = [d for d in dead if d.task_id is None or d.task_id not in self.known]
-        lines = [f"{d.task_id}\t{' '.join(d.reason.split())}\n" for d in new if d.task_id is not None]
+        new = {d.task_id: d for d in dead if d.task_id is not None and d.task_id not in self.known}
+        lines = [f"{tid}\t{' '.join(d.reason.split())}\n" for tid, d in new.items()]
         if lines:
             await asyncio.to_thread(self._append, lines)
-        self.known.update(d.task_id for d in new if d.task_id is not None)
-        return new
+        self.known.update(new)
+        return dead
 
     def _append(self, lines: list[str]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
