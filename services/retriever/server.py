@@ -112,12 +112,13 @@ class RunningRetriever:
         return f"{host}:{self.grpc.port}"
 
     def supervise(self, supervisor: Supervisor) -> Supervisor:
-        """Hand the background work to `supervisor`: the micro-batcher's loop, the HTTP server's serve task,
-        the metrics server's thread (a death of any stops the retriever, exit 1)."""
+        """Hand the background work to `supervisor`: the micro-batcher's loop, the gRPC server, the HTTP
+        server's serve task, the metrics server's thread (a death of any stops the retriever, exit 1)."""
         if self.batcher is not None and self.batcher.task is not None:
             supervisor.watch("micro-batcher", self.batcher.task)
         if self.http is not None and self.http.task is not None:
             supervisor.watch("http server", self.http.task)
+        supervisor.spawn("grpc server", self.grpc.wait())  # ends only when the server terminates
         if self.metrics_server is not None:
             supervisor.bind()
             self.metrics_server.on_death = supervisor.fail
