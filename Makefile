@@ -32,7 +32,7 @@ help:
 	@echo "make demo-real  a real pretrained LM (SmolLM2-135M) on the tiny world: warm start, eval, GRPO, eval (~45 min on 2 cores); REAL_DTYPE=bfloat16 for the bf16 route"
 	@echo "make bench     run benchmarks/ (prints figures against in-run baselines)"
 	@echo "make bench-weights  weight sync (write, hash, announce, transfer, verify, reload) against model size; snapshot vs broadcast"
-	@echo "make bench-system  lockstep vs asynchronous training, end to end, and where the time goes (BENCH_ARGS=...)"
+	@echo "make bench-system  lockstep colocated vs asynchronous disaggregated training, paired runs, where the time goes (BENCH_ARGS=...)"
 	@echo "make image     the CPU image (Dockerfile) as searchr1:cpu"
 	@echo "make image-cuda  the GPU image (Dockerfile.cuda) as searchr1:gpu (large; not part of CI)"
 	@echo "make lint      ruff + import-linter contracts + mypy (searchr1.core, searchr1.reward)"
@@ -146,7 +146,8 @@ proto: $(STAMP)
 bench: $(STAMP)
 	@for b in $(filter-out benchmarks/system%,$(wildcard benchmarks/*.py)); do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
-# several `searchr1 up` runs one after another (~30 min on 2 cores): not part of `make bench`
+# lockstep colocated against asynchronous disaggregated, `--runs` paired runs of several `searchr1 up` each
+# (the defaults, 40 steps x 5 runs, take about 2 h on 2 quiet cores): not part of `make bench`
 bench-system: $(STAMP)
 	$(BIN)/python benchmarks/system.py $(BENCH_ARGS)
 

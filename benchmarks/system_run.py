@@ -1,10 +1,14 @@
 """One variant of the system benchmark (`benchmarks/system.py`): a real `searchr1 up` of a config derived
-from configs/tiny-cpu.toml, watched from outside (the learner's JSONL step log, every process's
-`/metrics`, the load average), then `searchr1 eval` of the final snapshot on the held-out questions.
+from a base run config (configs/tiny-cpu.toml by default), watched from outside (the learner's JSONL step
+log, every process's `/metrics`, the load average), then `searchr1 eval` of the final snapshot on the
+held-out questions.
 
 Nothing here is timed by hand: the stage seconds are the services' own stage clocks
 (`searchr1_rollout_stage_seconds_total`, `searchr1_learner_stage_seconds_total`, and the learner's per-step
-`stage_seconds` in its JSONL).
+`stage_seconds` in its JSONL); the rollout side's counters (tokens, turns, searches, search latency,
+reloads) are scraped beside them, so a run's record holds what the pipeline simulator
+(`searchr1 plan check`) needs. With `search_latency_ms` the worker reaches the retriever through a
+loopback proxy that delays each direction by half of it (`tests/faults/chaos_proxy.py`): slower searches.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import tomllib
 import urllib.request
@@ -24,22 +29,30 @@ from typing import Any
 
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from system_variants import Variant
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE_CONFIG = ROOT / "configs" / "tiny-cpu.toml"
 WARMSTART = ROOT / "assets" / "tiny-world" / "warmstart"
+COUNTERS = ("searchr1_rollout_search_latency_seconds_sum", "searchr1_rollout_search_latency_seconds_count",
+            "searchr1_rollout_searches_sum", "searchr1_rollout_turns_sum", "searchr1_rollout_turns_count",
+            "searchr1_rollout_weight_reload_seconds_sum", "searchr1_rollout_weight_reload_seconds_count",
+            "searchr1_rollout_env_tokens_total", "searchr1_rollout_groups_total",
+            "searchr1_rollout_group_seconds_sum", "searchr1_learner_groups_dropped_total")
+"""Counters scraped beside the stage clocks (the simulator's inputs; the learner's drops summed over
+their reasons)."""
 
 
 @dataclass(frozen=True)
-class Variant:
-    """One way of running the same training: staleness, workers, and any other config overrides."""
+class Workload:
+    """What every variant of one invocation runs: the base config, its warm start, extra overrides."""
 
-    name: str
-    label: str
-    max_staleness: int
-    workers: int = 1
+    config: Path = BASE_CONFIG
+    warmstart: Path = WARMSTART
     overrides: dict[str, Any] = field(default_factory=dict)
-    """Dotted config keys (`learner.checkpoint.every`) and their values."""
+    """`--set KEY=VALUE` overrides, for every variant."""
+    search_latency_ms: float = 0.0
+    """Added to every retriever call (a delaying proxy in front of the retriever's gRPC port)."""
 
 
 @dataclass
@@ -48,6 +61,8 @@ class Scrape:
     stages: dict[str, dict[str, float]]
     """Process (`learner`, `rollout-0`, …) → stage → seconds."""
     generated_tokens: float = 0.0
+    counters: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Process → `COUNTERS` name → value (absent in records taken before they were scraped)."""
 
 
 @dataclass
@@ -72,10 +87,22 @@ def set_dotted(table: dict[str, Any], key: str, value: Any) -> None:
     table[last] = value
 
 
-def variant_config(variant: Variant, steps: int, world: Path, run_dir: Path, ports: tuple[int, int]) -> dict:
-    """configs/tiny-cpu.toml with this variant's staleness, workers, step count, world and ports."""
-    cfg = tomllib.loads(BASE_CONFIG.read_text())
+def drop_dotted(table: dict[str, Any], key: str) -> None:
+    *parents, last = key.split(".")
+    for p in parents:
+        table = table.get(p, {})
+    table.pop(last, None)
+
+
+def variant_config(variant: Variant, steps: int, world: Path, run_dir: Path, ports: tuple[int, int],
+                   workload: Workload = Workload(), via: tuple[str, int] | None = None) -> dict:
+    """The workload's base config with this variant's staleness, workers, placement, step count, world and
+    ports; `via`: (the address the worker reaches the retriever at, the retriever's own gRPC port)."""
+    cfg = tomllib.loads(workload.config.read_text())
+    for key in variant.drop:
+        drop_dotted(cfg, key)
     learner_port, rollout_port = ports
+    warmstart = workload.warmstart
     values = {
         "launcher.run": f"bench-{variant.name}",
         "launcher.run_dir": str(run_dir),
@@ -85,17 +112,24 @@ def variant_config(variant: Variant, steps: int, world: Path, run_dir: Path, por
         "launcher.rollout.metrics_port": rollout_port,
         "launcher.learner.metrics_port": learner_port,
         "launcher.demo.world_dir": str(world),
-        "launcher.demo.warmstart_dir": str(WARMSTART),
+        "launcher.demo.warmstart_dir": str(warmstart),
         "launcher.demo.eval_data": str(world / "test.parquet"),
-        "rollout.model": str(WARMSTART),
-        "learner.model.path": str(WARMSTART),
+        "rollout.model": str(warmstart),
+        "learner.model.path": str(warmstart),
         "learner.algorithm.max_staleness": variant.max_staleness,
         "learner.optim.total_steps": steps,
         "learner.dispatcher.dataset": str(world / "train.parquet"),
         "learner.weights.dir": str(run_dir / "weights"),
         "learner.checkpoint.dir": str(run_dir / "checkpoints"),
         **variant.overrides,
+        **workload.overrides,
     }
+    if via is not None:
+        from searchr1.launcher.specs import DEFAULT_TEMPLATES
+
+        values["launcher.retriever.grpc_port"] = via[1]
+        values["launcher.templates.rollout"] = [via[0] if a == "{retriever_grpc}" else a
+                                                for a in DEFAULT_TEMPLATES["rollout"]]
     for k, v in values.items():
         set_dotted(cfg, k, v)
     return cfg
@@ -112,14 +146,16 @@ def free_ports(n: int) -> int:
     raise RuntimeError("no run of free ports")
 
 
-def scrape(url: str) -> tuple[dict[str, float], float] | None:
-    """(stage → seconds, generated tokens) from one `/metrics`, or None when it does not answer."""
+def scrape(url: str) -> tuple[dict[str, float], float, dict[str, float]] | None:
+    """(stage → seconds, generated tokens, `COUNTERS`) from one `/metrics`, or None when it does not
+    answer."""
     try:
         with urllib.request.urlopen(url, timeout=2.0) as r:
             text = r.read().decode()
     except OSError:
         return None
     stages: dict[str, float] = {}
+    counters: dict[str, float] = {}
     tokens = 0.0
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
@@ -127,7 +163,9 @@ def scrape(url: str) -> tuple[dict[str, float], float] | None:
                 stages[s.labels["stage"]] = s.value
             elif s.name == "searchr1_rollout_tokens_generated_total":
                 tokens = s.value
-    return stages, tokens
+            elif s.name in COUNTERS:
+                counters[s.name] = counters.get(s.name, 0.0) + s.value
+    return stages, tokens, counters
 
 
 def read_steps(path: Path) -> list[dict[str, Any]]:
@@ -136,8 +174,32 @@ def read_steps(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+class SearchDelay:
+    """A loopback proxy in front of the retriever's gRPC port delaying each direction by half of
+    `latency_ms`, on its own event loop in a thread (`tests/faults/chaos_proxy.py`)."""
+
+    def __init__(self, latency_ms: float) -> None:
+        sys.path.insert(0, str(ROOT))
+        from tests.faults.chaos_proxy import ChaosProxy, LinkShape
+
+        self.target_port = free_ports(1)
+        self.loop = asyncio.new_event_loop()
+        self.proxy = ChaosProxy(("127.0.0.1", self.target_port), shape=LinkShape(latency_ms=latency_ms / 2))
+        self.thread = threading.Thread(target=self.loop.run_forever, name="search-delay", daemon=True)
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self.proxy.start(), self.loop).result(timeout=10)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.proxy.port}"
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=5)
+
+
 def run_variant(variant: Variant, steps: int, world: Path, out: Path, timeout_s: float,
-                poll_s: float = 2.0, log=print) -> RunRecord:
+                poll_s: float = 2.0, log=print, workload: Workload = Workload()) -> RunRecord:
     """Train one variant through `searchr1 up` and watch it; the run directory is `out/<name>`."""
     run_dir = out / variant.name
     if run_dir.exists():
@@ -147,9 +209,22 @@ def run_variant(variant: Variant, steps: int, world: Path, out: Path, timeout_s:
     rollout_port = free_ports(variant.workers)
     while learner_port in range(rollout_port, rollout_port + variant.workers):
         learner_port = free_ports(1)
+    delay = SearchDelay(workload.search_latency_ms) if workload.search_latency_ms > 0 else None
     cfg_path = run_dir / "config.yaml"
-    cfg_path.write_text(yaml.safe_dump(variant_config(variant, steps, world, run_dir,
-                                                      (learner_port, rollout_port)), sort_keys=False))
+    cfg_path.write_text(yaml.safe_dump(variant_config(
+        variant, steps, world, run_dir, (learner_port, rollout_port), workload,
+        (delay.address, delay.target_port) if delay else None),
+        sort_keys=False))
+    try:
+        return _watch(variant, run_dir, cfg_path, (learner_port, rollout_port), timeout_s, poll_s, log)
+    finally:
+        if delay is not None:
+            delay.close()
+
+
+def _watch(variant: Variant, run_dir: Path, cfg_path: Path, ports: tuple[int, int], timeout_s: float,
+           poll_s: float, log) -> RunRecord:
+    learner_port, rollout_port = ports
     urls = {"learner": f"http://127.0.0.1:{learner_port}/metrics"}
     urls.update({f"rollout-{i}": f"http://127.0.0.1:{rollout_port + i}/metrics" for i in range(variant.workers)})
     jsonl = run_dir / "learner" / f"bench-{variant.name}.jsonl"
@@ -182,7 +257,8 @@ def run_variant(variant: Variant, steps: int, world: Path, out: Path, timeout_s:
                 t_up = t_up or now
                 if all(v is not None for v in got.values()):
                     scrapes.append(Scrape(now, {k: v[0] for k, v in got.items()},
-                                          sum(v[1] for k, v in got.items() if k != "learner")))
+                                          sum(v[1] for k, v in got.items() if k != "learner"),
+                                          {k: v[2] for k, v in got.items()}))
         except BaseException:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=120)
@@ -208,9 +284,9 @@ def evaluate(record: RunRecord, samples: int, limit: int | None, log=print) -> d
     if snap is None:
         log(f"  {record.variant.name}: no snapshot to evaluate")
         return None
-    model = assemble_model(WARMSTART, snap, record.run_dir / "final-model")
     cfg = record.run_dir / "config.yaml"
     settings = load_settings(LauncherSettings, cfg)
+    model = assemble_model(Path(settings.demo.warmstart_dir), snap, record.run_dir / "final-model")
     out = record.run_dir / "eval"
     args = ["--model", str(model), "--data", str(settings.demo.eval_data), "--out", str(out),
             "--samples", str(samples)]
@@ -233,12 +309,15 @@ def record_to_json(rec: RunRecord) -> dict[str, Any]:
     """Everything a report needs, to re-render it later (`system.py --from DIR`)."""
     v = rec.variant
     return {"variant": {"name": v.name, "label": v.label, "max_staleness": v.max_staleness, "workers": v.workers,
-                        "overrides": v.overrides},
+                        "overrides": v.overrides, "drop": list(v.drop)},
             "run_dir": str(rec.run_dir), "rc": rec.rc, "t_start": rec.t_start, "t_up": rec.t_up,
             "steps": rec.steps, "load": rec.load, "eval": rec.eval,
-            "scrapes": [{"t": s.t, "stages": s.stages, "generated_tokens": s.generated_tokens} for s in rec.scrapes]}
+            "scrapes": [{"t": s.t, "stages": s.stages, "generated_tokens": s.generated_tokens, "counters": s.counters}
+                        for s in rec.scrapes]}
 
 
 def record_from_json(d: dict[str, Any]) -> RunRecord:
-    return RunRecord(Variant(**d["variant"]), Path(d["run_dir"]), d["rc"], d["t_start"], d["t_up"], d["steps"],
+    v = dict(d["variant"])
+    v["drop"] = tuple(v.get("drop", ()))
+    return RunRecord(Variant(**v), Path(d["run_dir"]), d["rc"], d["t_start"], d["t_up"], d["steps"],
                      [Scrape(**s) for s in d["scrapes"]], [tuple(x) for x in d["load"]], d["eval"])

@@ -43,9 +43,10 @@ PRICES = (1.0, 5.0, 15.0)
 
 def trajectories(world, questions, search, group_size: int, epochs: int, batch: int, seed: int):
     """Per epoch, per step: the query lists of the step's trajectories (G per question)."""
+    from searchr1.world.settings import WarmstartSettings
     from searchr1.world.traces import TraceRates, make_trace
 
-    rates, rng = TraceRates(), random.Random(seed)
+    rates, rng = TraceRates.from_settings(WarmstartSettings()), random.Random(seed)
     for epoch in range(epochs):
         order = list(questions)
         rng.shuffle(order)

@@ -58,7 +58,7 @@ cfg = AutoConfig.from_pretrained(sys.argv[1])
 dtype = getattr(torch, sys.argv[2])
 model = AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
 params = dict(model.state_dict())
-rx = Receiver(timeout_s=300)
+rx = Receiver(backend="gloo", timeout_s=300)
 print("ready", flush=True)
 for line in sys.stdin:
     kind, arg = line.split()
@@ -225,7 +225,7 @@ async def run_size(size: str, args, work: Path) -> dict:
     nbytes = sum(t.numel() * t.element_size() for _, t in named)
     publisher = WeightPublisher(work / size / "snapshots", keep=1)
     rx = ReceiverProc(work / size / "config", dtype)
-    bc = Broadcaster("127.0.0.1", 0, 2, timeout_s=300, bucket_bytes=args.bucket_mb << 20)
+    bc = Broadcaster("127.0.0.1", 0, 2, backend="gloo", timeout_s=300, bucket_bytes=args.bucket_mb << 20)
     buckets = plan_buckets([padded(tensor_nbytes(t)) for _, t in named], args.bucket_mb << 20)
     rows: dict[str, list] = {"snapshot": [], "broadcast": [], "floor": [], "wire": [], "phases": [], "loads": []}
     try:

@@ -64,7 +64,7 @@ async def vllm_runs(model, named, dtype: str, work: Path, runs: int, bucket_byte
     from searchr1.weightsync import Broadcaster, WeightPublisher
 
     engine = await start_engine(model, work, dtype)
-    bc = Broadcaster("127.0.0.1", 0, 2, timeout_s=600, bucket_bytes=bucket_bytes)
+    bc = Broadcaster("127.0.0.1", 0, 2, backend="gloo", timeout_s=600, bucket_bytes=bucket_bytes)
     publisher = WeightPublisher(work / "vllm-snapshots", keep=1)
     out: dict[str, list] = {"broadcast": [], "snapshot": [], "loads": []}
     try:

@@ -240,7 +240,7 @@ def serve(root: str, port: int, variant: str) -> None:
 
     from searchr1.weightsync import WeightPublisher, weights_app
 
-    app = before_app(Path(root)) if variant == "before" else weights_app(WeightPublisher(Path(root)))
+    app = before_app(Path(root)) if variant == "before" else weights_app(WeightPublisher(Path(root), keep=3))
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 

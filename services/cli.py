@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from searchr1.core.commandline import fail
+from searchr1.core.commandline import fail, field_help, redis_or_exit
 
 SERVICE_COMMAND_MODULES = (
     "searchr1.retriever.commands",
@@ -26,6 +26,7 @@ SERVICE_COMMAND_MODULES = (
     "searchr1.models.commands",
     "searchr1.launcher.commands",
     "searchr1.viewer.commands",
+    "searchr1.simulator.commands",
 )
 
 
@@ -62,7 +63,9 @@ class Groups:
                 "rollout": self.rollout, "models": self.models, "streams": self.streams, "archive": self.archive}
 
 
-RedisOption = Annotated[str, typer.Option("--redis", help="Redis URL.")]
+REDIS_SETTINGS = "searchr1.core.settings:RedisSettings"
+RedisOption = Annotated[str | None, typer.Option("--redis", help=field_help(REDIS_SETTINGS, "url"))]
+RunOption = Annotated[str | None, typer.Option(help=field_help(REDIS_SETTINGS, "run"))]
 
 
 async def _stream_rows(redis_url: str, run: str) -> list[tuple[str, int, str, str]]:
@@ -83,17 +86,18 @@ async def _stream_rows(redis_url: str, run: str) -> list[tuple[str, int, str, st
 
 
 def streams_status(
-    redis_url: RedisOption = "redis://127.0.0.1:6379/0",
-    run: Annotated[str, typer.Option(help="Run name (keys are searchr1:{run}:…).")] = "default",
+    redis_url: RedisOption = None,
+    run: RunOption = None,
 ) -> None:
     """Show length, undelivered and pending counts of the tasks, trajectories and dead streams."""
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"searchr1 streams (run {run})")
+    redis = redis_or_exit(redis_url, run)
+    table = Table(title=f"searchr1 streams (run {redis.run})")
     for col in ("stream", "length", "undelivered", "pending"):
         table.add_column(col)
-    for row in asyncio.run(_stream_rows(redis_url, run)):
+    for row in asyncio.run(_stream_rows(redis.url, redis.run)):
         table.add_row(*(str(c) for c in row))
     Console().print(table)
 
@@ -109,15 +113,16 @@ async def _dead_letters(redis_url: str, run: str, count: int):
 
 
 def streams_dead(
-    redis_url: RedisOption = "redis://127.0.0.1:6379/0",
-    run: Annotated[str, typer.Option(help="Run name.")] = "default",
+    redis_url: RedisOption = None,
+    run: RunOption = None,
     count: Annotated[int, typer.Option(min=1, max=10_000, help="How many to show.")] = 20,
 ) -> None:
     """List the oldest dead-lettered entries with the reason each was buried."""
     from rich.console import Console
 
     console = Console()
-    letters = asyncio.run(_dead_letters(redis_url, run, count))
+    redis = redis_or_exit(redis_url, run)
+    letters = asyncio.run(_dead_letters(redis.url, redis.run, count))
     if not letters:
         console.print("no dead letters")
     for d in letters:
@@ -140,8 +145,8 @@ async def _redrive(redis_url: str, run: str, source: str | None, reason: str, co
 
 
 def streams_redrive(
-    redis_url: RedisOption = "redis://127.0.0.1:6379/0",
-    run: Annotated[str, typer.Option(help="Run name.")] = "default",
+    redis_url: RedisOption = None,
+    run: RunOption = None,
     source: Annotated[str | None, typer.Option(help="Only dead letters from this stream: tasks or trajectories.")] = None,
     reason: Annotated[str, typer.Option(help="Only dead letters whose reason contains this text.")] = "",
     count: Annotated[int, typer.Option(min=1, max=100_000, help="At most this many, oldest first.")] = 100,
@@ -150,7 +155,8 @@ def streams_redrive(
     """Requeue dead letters on the stream they came from (after a fix), selected by stream and reason."""
     if source not in (None, "tasks", "trajectories"):
         fail("--source must be tasks or trajectories")
-    moved = asyncio.run(_redrive(redis_url, run, source, reason, count, dry_run))
+    redis = redis_or_exit(redis_url, run)
+    moved = asyncio.run(_redrive(redis.url, redis.run, source, reason, count, dry_run))
     for d in moved:
         typer.echo(f"{d.id} -> {d.source}: {d.reason}")
     typer.echo(f"{len(moved)} dead letter(s) {'would be ' if dry_run else ''}requeued")

@@ -217,6 +217,19 @@ def _retriever(template: dict[str, Any], mount: str, plan, index_dir: str, budge
     return retriever
 
 
+COMPOSE_NAMES = {"learner": "learner-gpus", "retriever": "retriever", "reward": "reward", "redis": "redis"}
+"""The compose service of each placed process (rollout-i runs as rollout-gpu-i)."""
+
+
+def pin_cores(services: dict[str, Any], plan) -> None:
+    """Each placed process's `cpuset` (the placement's cores; `placement_cpu_resources`) on its service."""
+    from searchr1.launcher.cpu_placement import placement_cpu_resources
+
+    for name, res in placement_cpu_resources(plan).items():
+        service = COMPOSE_NAMES.get(name) or name.replace("rollout-", "rollout-gpu-")
+        services[service]["cpuset"] = res["cpuset"]
+
+
 def trainers(services: dict[str, Any]) -> list[str]:
     """The services that train: `searchr1 train` without `--check`."""
     return [n for n, s in services.items() if (s.get("command") or [""])[0] == "train" and "--check" not in s["command"]]
@@ -229,6 +242,8 @@ def _checked(config: Path, settings, launch) -> tuple[Any, str]:
     from searchr1.launcher.placement import placement_conflicts, plan_placement
 
     plan = plan_placement(settings)
+    if not plan.places_gpus:
+        raise SystemExit(f"{config}: [placement] lists no GPUs; this generator writes a GPU node's project")
     conflicts = placement_conflicts(read_config_file(config), plan)
     if conflicts:
         raise SystemExit(f"{config}: " + "; ".join(conflicts))
@@ -285,6 +300,7 @@ def compose_gpu(config: Path, settings, learner, base: dict[str, Any], *, model_
     services["learner-check"] = _learner_check(src["learner-check"], mount, services["learner-gpus"])
     for name in ("prometheus", "alertmanager", "grafana"):
         services[name] = copy.deepcopy(src[name])
+    pin_cores(services, plan)
     assert trainers(services) == ["learner-gpus"], trainers(services)  # one learner per project
     head = _header(source or str(config), run, plan, settings, budget, sized_from, need_mb)
     volumes = {k: None for k in ("data", "inputs", "models", "cache", "redis", "prometheus", "alertmanager")}

@@ -56,7 +56,7 @@ def require_token(token: str | None, auth: AuthSettings, *, server: str, setting
                        f"serve without auth on purpose with --insecure-no-auth (auth.insecure_no_auth = true)")
 
 
-def open_paths(*, metrics_open: bool = True) -> tuple[str, ...]:
+def open_paths(*, metrics_open: bool) -> tuple[str, ...]:
     """The HTTP paths served without the token: health always, `/metrics` unless `metrics_open` is False."""
     return DEFAULT_OPEN_PATHS if metrics_open else HEALTH_PATHS
 

@@ -63,6 +63,18 @@ def settings_or_exit(cls: type[M], config: str | Path | None, **overrides: Any) 
         fail(validation_message(exc))
 
 
+def redis_or_exit(url: str | None, run: str | None) -> Any:
+    """The `RedisSettings` a command that takes `--redis` and `--run` talks to: the flags given, the
+    settings' defaults for the others; a value that does not validate exits 2 with the reason."""
+    from searchr1.core.settings import RedisSettings
+
+    given = {k: v for k, v in (("url", url), ("run", run)) if v is not None}
+    try:
+        return RedisSettings(**given)
+    except ValueError as exc:
+        fail(validation_message(exc))
+
+
 def token_or_exit(token: str | None, auth: Any, *, server: str, setting: str) -> None:
     """`core.auth.require_token` for a server's start: an empty token without `auth.insecure_no_auth`
     exits 2 with what to set; with it the server starts after a WARNING on stderr."""

@@ -43,7 +43,9 @@ SEARCH_R1_TEMPLATE = (
 )
 """Search-R1's `make_prefix(template_type='base')` text, byte for byte (typo "as your want" included)."""
 
-TEMPLATES: dict[str, str] = {"search_r1": SEARCH_R1_TEMPLATE}
+SEARCH_R1 = "search_r1"
+"""The name of Search-R1's own prompt template (the default of `[rollout.agent] template`)."""
+TEMPLATES: dict[str, str] = {SEARCH_R1: SEARCH_R1_TEMPLATE}
 """Named prompt templates; each has one `{question}` field."""
 
 STOP_STRINGS: tuple[str, str] = ("</search>", "</answer>")
@@ -89,7 +91,7 @@ def normalize_question(question: str) -> str:
     return q if q.endswith("?") else q + "?"
 
 
-def make_prompt(question: str, template: str = "search_r1") -> str:
+def make_prompt(question: str, template: str = SEARCH_R1) -> str:
     """The user message for `question` under a named template (default: Search-R1's, byte for byte)."""
     try:
         tmpl = TEMPLATES[template]
@@ -98,7 +100,7 @@ def make_prompt(question: str, template: str = "search_r1") -> str:
     return tmpl.format(question=normalize_question(question))
 
 
-def render_prompt(question: str, tokenizer: ChatTokenizer | None = None, template: str = "search_r1") -> str:
+def render_prompt(question: str, tokenizer: ChatTokenizer | None = None, template: str = SEARCH_R1) -> str:
     """The full prompt text: the user message wrapped by the tokenizer's chat template
     (`add_generation_prompt=True`) when it has one, else the bare message (base models)."""
     content = make_prompt(question, template)

@@ -16,7 +16,7 @@ together are not hit in lock-step, and no wait is longer than a plain doubling b
 
 Owns the policy, not the calls: the clients run their own request inside tenacity's attempt loop:
 
-    async for attempt in retrying(retries=3, backoff_s=0.1):
+    async for attempt in retrying(retries=3, backoff_s=0.1, max_backoff_s=2.0):
         with attempt:
             response = await call()
 """
@@ -39,8 +39,6 @@ from tenacity import (
     wait_random_exponential,
 )
 from tenacity.stop import stop_base
-
-from searchr1.core.settings import RetrySettings, default
 
 TRANSIENT_GRPC_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
                                   grpc.StatusCode.RESOURCE_EXHAUSTED})
@@ -78,7 +76,7 @@ def retrying(
     *,
     retries: int | None,
     backoff_s: float,
-    max_backoff_s: float = default(RetrySettings, "max_backoff_s"),
+    max_backoff_s: float,
     deadline_s: float | None = None,
     retry_if: Callable[[BaseException], bool] = is_transient,
     before_sleep: Callable[[RetryCallState], None] | None = None,

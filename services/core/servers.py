@@ -153,6 +153,22 @@ pass before any of them reaches the connection guard (uvicorn's 2,048 let a burs
 take every descriptor of a 1,024 limit before the guard closed one)."""
 
 
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to `host:port` (port 0: a free one), for an `HttpServer` whose port must be known
+    before its app is built (a server whose app announces its own URL)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets whose proto is TCP, and accepted
+    # sockets inherit proto 0 otherwise (Nagle + delayed ACK then add ~40 ms to every small response)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"cannot bind HTTP server to {host}:{port}: {exc.strerror}") from exc
+    return sock
+
+
 class HttpServer:
     """uvicorn serving an ASGI app inside the current event loop, on a socket bound up front so port 0
     works and the real port is known before the first request; request bodies over `max_body_bytes` are
@@ -161,22 +177,14 @@ class HttpServer:
     are open (lowered to half the descriptor limit), idle ones closed first (`searchr1.core._http_guard`;
     `guard.counts` says what it closed)."""
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning",
-                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
-                 max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, *, sock: socket.socket | None = None,
+                 log_level: str = "warning", max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                 body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S, max_connections: int = DEFAULT_MAX_CONNECTIONS,
                  head_timeout_s: float = DEFAULT_HEAD_TIMEOUT_S) -> None:
+        """`sock`: a socket already bound (`bind_socket`) to `host:port`, used instead of binding one."""
         from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets whose proto is TCP, and accepted
-        # sockets inherit proto 0 otherwise (Nagle + delayed ACK then add ~40 ms to every small response)
-        self._sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            self._sock.bind((host, port))
-        except OSError as exc:
-            self._sock.close()
-            raise OSError(f"cannot bind HTTP server to {host}:{port}: {exc.strerror}") from exc
+        self._sock = sock if sock is not None else bind_socket(host, port)
         self.host = host
         self.port: int = self._sock.getsockname()[1]
         self.guard = ConnectionGuard(connection_bound(max_connections), head_timeout_s)

@@ -67,13 +67,6 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-def default(cls: type[BaseModel], name: str) -> Any:
-    """The default of field `name` of the settings class `cls`. A runtime class that mirrors a setting (a
-    frozen dataclass the hot path reads) takes its own default from here, so each value is declared once,
-    on the settings field."""
-    return cls.model_fields[name].get_default(call_default_factory=True)
-
-
 class RedisSettings(Section):
     url: str = "redis://127.0.0.1:6379/0"
     """Redis URL (redis://host:port/db). Streams and weight announcements live here."""

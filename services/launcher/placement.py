@@ -1,5 +1,5 @@
-"""Placement of one run on one multi-GPU node: from a `[placement]` table, which GPUs each process sees
-and the arguments that follow from it. Pure: it computes, it starts nothing.
+"""Placement of one run on one node: from a `[placement]` table, which GPUs and CPU cores (planned by
+`cpu_placement`) each process uses and the arguments that follow. Pure: it computes, it starts nothing.
 
 For each process it gives `CUDA_VISIBLE_DEVICES` and the environment overrides of that service's
 settings (vLLM's `tensor_parallel_size` and `gpu_memory_utilization` for each rollout worker, the
@@ -24,33 +24,46 @@ rest to FSDP). What it does not do: start processes or pick free ports (`searchr
 `k8s_placement_patch` writes the same placement as a kustomize patch (deploy/k8s/overlays/gpu/placement.yaml:
 `python -m searchr1.launcher.placement configs/searchr1-3b-grpo.toml`): one rollout replica per vLLM worker
 with `nvidia.com/gpu` = its tensor-parallel size (the KEDA ScaledObject's ceiling), the learner Job with one
-GPU per rank under the same torchrun prefix, the retriever on one GPU or none. `CUDA_VISIBLE_DEVICES` is
-left out there: the device plugin gives each container its GPUs, numbered from 0. GPU pods select no node
-label: asking for `nvidia.com/gpu` already confines them to nodes whose device plugin offers GPUs (with
-or without the GPU Operator's `nvidia.com/gpu.present` label); they tolerate the `nvidia.com/gpu` taint.
+GPU per rank under the same torchrun prefix, the retriever on one GPU or none, and with cores whole CPUs
+(requests = limits). `CUDA_VISIBLE_DEVICES` is left out there: the device plugin gives each container its
+GPUs, numbered from 0. GPU pods select no node label: asking for `nvidia.com/gpu` already confines them
+to nodes whose device plugin offers GPUs; they tolerate the `nvidia.com/gpu` taint.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import Field, model_validator
 
-from searchr1.core.settings import Section, ServiceSettings
+from searchr1.core.settings import ServiceSettings
+from searchr1.launcher.cpu_placement import (
+    CorePlacementError,
+    CoreShare,
+    CoresMixin,
+    SmallServicePlacement,
+    core_env,
+    k8s_with_cores,
+    lists_cores,
+    shares_for,
+    thread_overflows,
+)
 
 __all__ = ["PlacementError", "PlacementSettings", "Placement", "ProcessPlacement", "plan_placement",
            "placement_conflicts", "k8s_placement_patch"]
 
 
 class PlacementError(ValueError):
-    """A placement that cannot run; the message names the GPUs or ports at fault."""
+    """A placement that cannot run; the message names the GPUs, cores or ports at fault."""
 
 
-class RolloutPlacement(Section):
+class RolloutPlacement(CoresMixin):
+    workers: int | None = Field(default=None, ge=1, le=64)
+    """Workers of a placement without GPUs, the rollout cores cut evenly (None: `[launcher.rollout] workers`)."""
     gpus: list[int] = Field(default_factory=list)
     """GPU indices the vLLM workers use, cut in this order into groups of `tensor_parallel_size`."""
     tensor_parallel_size: int = Field(default=1, ge=1, le=64)
@@ -63,7 +76,7 @@ class RolloutPlacement(Section):
     (None: vLLM picks free ports)."""
 
 
-class LearnerPlacement(Section):
+class LearnerPlacement(CoresMixin):
     gpus: list[int] = Field(default_factory=list)
     """GPU indices of the learner's FSDP ranks, one rank per GPU, started by torchrun."""
     master_addr: str = "127.0.0.1"
@@ -72,7 +85,7 @@ class LearnerPlacement(Section):
     """torchrun `--master_port`."""
 
 
-class RetrieverPlacement(Section):
+class RetrieverPlacement(SmallServicePlacement):
     device: Literal["cpu", "gpu"] = "cpu"
     """Where the query encoder (and, with `faiss_gpu`, the FAISS index) runs."""
     gpu: int | None = Field(default=None, ge=0)
@@ -93,12 +106,22 @@ class PlacementSettings(ServiceSettings):
     """GPUs on the node (indices 0 … gpus-1)."""
     colocate: bool = False
     """Let the learner and the rollout workers share GPUs (vLLM takes `gpu_memory_utilization` of each)."""
+    cpus: int | None = Field(default=None, ge=1, le=4096)
+    """CPU cores on the node (0 … cpus-1), for the roles' `cores`; None: the cores this process may run
+    on (its affinity)."""
+    cpu_colocate: bool = False
+    """Let processes list the same cores (lockstep training colocated: each phase takes every core in
+    turn); without it no core may be given twice."""
     rollout: RolloutPlacement = Field(default_factory=RolloutPlacement)
     """The vLLM rollout workers."""
     learner: LearnerPlacement = Field(default_factory=LearnerPlacement)
     """The learner's FSDP ranks."""
     retriever: RetrieverPlacement = Field(default_factory=RetrieverPlacement)
     """The retriever."""
+    reward: SmallServicePlacement = Field(default_factory=SmallServicePlacement)
+    """The reward service (cores only)."""
+    redis: SmallServicePlacement = Field(default_factory=SmallServicePlacement)
+    """The Redis server `searchr1 up` starts (cores only)."""
 
     @model_validator(mode="after")
     def _gpu_needs_index(self) -> PlacementSettings:
@@ -114,17 +137,19 @@ class ProcessPlacement:
     """One process's share of the node."""
 
     name: str
-    """`rollout-{i}`, `learner` or `retriever` (the launcher's process names)."""
+    """`rollout-{i}`, `learner`, `retriever`, `reward` or `redis` (the launcher's process names)."""
     gpus: tuple[int, ...]
     """Physical GPU indices it sees (empty: CPU only)."""
     env: dict[str, str] = field(default_factory=dict)
     """Environment to set: `CUDA_VISIBLE_DEVICES` (empty string hides every GPU) and settings overrides."""
     command_prefix: tuple[str, ...] = ()
     """Program and arguments before `-m searchr1.cli …` (torchrun for the learner; empty: the interpreter)."""
+    cores: CoreShare | None = None
+    """Its CPU cores (None: no core placement; the OS decides)."""
 
     @property
     def cuda_visible_devices(self) -> str:
-        return self.env["CUDA_VISIBLE_DEVICES"]
+        return self.env.get("CUDA_VISIBLE_DEVICES", "all")
 
 
 @dataclass(frozen=True)
@@ -132,9 +157,21 @@ class Placement:
     rollout: tuple[ProcessPlacement, ...]
     learner: ProcessPlacement
     retriever: ProcessPlacement
+    reward: ProcessPlacement | None = None
+    """Only with cores (the reward service and Redis use no GPU)."""
+    redis: ProcessPlacement | None = None
+
+    @property
+    def places_gpus(self) -> bool:
+        return bool(self.learner.gpus)
+
+    @property
+    def places_cores(self) -> bool:
+        return self.learner.cores is not None
 
     def by_name(self) -> dict[str, ProcessPlacement]:
-        return {p.name: p for p in (*self.rollout, self.learner, self.retriever)}
+        procs = (*self.rollout, self.learner, self.retriever, self.reward, self.redis)
+        return {p.name: p for p in procs if p is not None}
 
 
 def _devices(gpus: tuple[int, ...]) -> str:
@@ -150,7 +187,37 @@ def _check_gpus(role: str, gpus: list[int], n: int) -> None:
         raise PlacementError(f"{role} lists GPUs {dup} more than once")
 
 
-def plan_placement(s: PlacementSettings) -> Placement:
+def plan_placement(s: PlacementSettings, workers: int = 1, cores_here: set[int] | None = None) -> Placement:
+    """Each process's GPUs, cores, environment and (learner) torchrun prefix. `workers`: the rollout
+    workers of a placement without GPUs (unless `[placement.rollout] workers` says); `cores_here`: the
+    cores that exist when `[placement] cpus` is not set (default: this process's affinity)."""
+    gpu_part = bool(s.rollout.gpus or s.learner.gpus or s.retriever.device == "gpu")
+    if not gpu_part and not lists_cores(s):
+        raise PlacementError("[placement] places nothing: list GPUs (rollout.gpus, learner.gpus) or cores "
+                             "(rollout.cores, learner.cores, …)")
+    placed = _plan_gpus(s) if gpu_part else Placement(
+        tuple(ProcessPlacement(f"rollout-{i}", ()) for i in range(s.rollout.workers or workers)),
+        ProcessPlacement("learner", ()), ProcessPlacement("retriever", ()))
+    if not lists_cores(s):
+        return placed
+    if gpu_part and s.rollout.workers is not None and s.rollout.workers != len(placed.rollout):
+        raise PlacementError(f"rollout.workers = {s.rollout.workers} but rollout.gpus make {len(placed.rollout)} "
+                             "vLLM worker(s); drop rollout.workers")
+    try:
+        shares = shares_for(s, len(placed.rollout), cores_here)
+    except CorePlacementError as exc:
+        raise PlacementError(str(exc)) from None
+    ranks = max(1, len(placed.learner.gpus))
+
+    def with_cores(p: ProcessPlacement) -> ProcessPlacement:
+        return replace(p, env={**p.env, **core_env(p.name, shares[p.name], ranks)}, cores=shares[p.name])
+
+    return Placement(tuple(with_cores(w) for w in placed.rollout), with_cores(placed.learner),
+                     with_cores(placed.retriever), with_cores(ProcessPlacement("reward", ())),
+                     with_cores(ProcessPlacement("redis", ())))
+
+
+def _plan_gpus(s: PlacementSettings) -> Placement:
     """Each process's GPUs, environment and (learner) torchrun prefix; see the module docstring."""
     r, lr, ret = s.rollout, s.learner, s.retriever
     if not r.gpus:
@@ -214,7 +281,8 @@ SERVICE_PREFIXES = {"ROLLOUT_": "rollout", "LEARNER_": "learner", "RETRIEVER_": 
 DECIDED_BY = {"ROLLOUT_ENGINE__TENSOR_PARALLEL_SIZE": "[placement.rollout] tensor_parallel_size",
               "ROLLOUT_ENGINE__GPU_MEMORY_UTILIZATION": "[placement.rollout] gpu_memory_utilization",
               "LEARNER_DEVICE": "[placement.learner] gpus", "RETRIEVER_SEARCH__DEVICE": "[placement.retriever] device",
-              "RETRIEVER_SEARCH__FAISS_GPU": "[placement.retriever] faiss_gpu"}
+              "RETRIEVER_SEARCH__FAISS_GPU": "[placement.retriever] faiss_gpu",
+              "LEARNER_THREADS": "[placement.learner] cores", "RETRIEVER_BATCH_THREADS": "[placement.retriever] cores"}
 """The `[placement]` entry each service setting follows from."""
 
 
@@ -234,7 +302,7 @@ def placement_conflicts(config: dict[str, Any], placed: Placement) -> list[str]:
     run config's tables). The placement decides them; a differing value in a service table would be
     overridden without a word, so each is a refusal naming both (an agreeing one is accepted)."""
     out: list[str] = []
-    for proc in (*placed.rollout, placed.learner, placed.retriever):
+    for proc in placed.by_name().values():
         for key, value in proc.env.items():
             prefix = next((p for p in SERVICE_PREFIXES if key.startswith(p)), None)
             if prefix is None:
@@ -250,7 +318,8 @@ def placement_conflicts(config: dict[str, Any], placed: Placement) -> list[str]:
                     "decides it")
             if line not in out:
                 out.append(line)
-    return out
+    shares = {name: p.cores for name, p in placed.by_name().items() if p.cores is not None}
+    return out + thread_overflows(config, shares)
 
 
 _GPU_NODE: dict[str, Any] = {
@@ -279,6 +348,8 @@ def k8s_placement_patch(s: PlacementSettings, source: str = "") -> str:
     overlay's targeted patches (absent under components/hpa, so not in this patch). `source`: the config
     named in the header comment."""
     p = plan_placement(s)
+    if not p.places_gpus:
+        raise PlacementError("the Kubernetes GPU patch needs GPUs in [placement] (rollout.gpus, learner.gpus)")
     workers, tp = len(p.rollout), s.rollout.tensor_parallel_size
     first = p.rollout[0]
     rollout_env = [e for e in _k8s_env(first) if e["name"] != "VLLM_PORT"]
@@ -305,6 +376,7 @@ def k8s_placement_patch(s: PlacementSettings, source: str = "") -> str:
         _k8s_workload("Job", "learner-k8s", None, learner, learner_pod, container_name="learner"),
         _k8s_workload("Deployment", "retriever", 1, retriever, retriever_pod),
     ]
+    docs = k8s_with_cores(docs, p)  # with cores: whole CPUs, requests = limits
     rgpus = " | ".join(w.cuda_visible_devices for w in p.rollout)
     head = (f"# Generated from the [placement] table of {source or 'a run config'} by\n"
             f"#   python -m searchr1.launcher.placement {source or '<config>'}\n"

@@ -21,6 +21,7 @@ from urllib.parse import urlparse
 from searchr1.core.redis_server import RedisNotFound, find_redis_server
 from searchr1.core.servers import free_port, port_is_free
 from searchr1.core.settings import ConfigError, load_settings, read_config_file
+from searchr1.launcher.cpu_placement import core_list
 from searchr1.launcher.health import Gate, GrpcHealthGate, HttpGate, RedisPingGate
 from searchr1.launcher.placement import (
     Placement,
@@ -118,7 +119,7 @@ class _Planner:
     def base(self, kind: str) -> list[str]:
         """The command before the template's arguments: the configured one, else `searchr1`; the placed
         learner runs under torchrun."""
-        if kind == "learner" and self.placed is not None:
+        if kind == "learner" and self.placed is not None and self.placed.learner.command_prefix:
             prefix = list(self.placed.learner.command_prefix)
             literal = [*prefix, "-m", "searchr1.cli"]
             if not self.settings.command and prefix[:1] == ["torchrun"]:
@@ -153,7 +154,7 @@ class _Planner:
                   "--protected-mode", "no"],
             gates=[RedisPingGate(redis_url)], health_timeout_s=settings.redis.health_timeout_s,
             make_dirs=[self.run_root / "redis"], restart=restart_rule(settings, settings.redis.restart),
-            stdin=f"requirepass {password}\n".encode(),
+            stdin=f"requirepass {password}\n".encode(), cores=self.cores_of("redis"),
         ))
         return redis_url
 
@@ -174,17 +175,22 @@ class _Planner:
             env=render_env("index-build", {}, values),
         ))
 
+    def cores_of(self, name: str) -> tuple[int, ...]:
+        """The cores the placement gives process `name` (empty: no core placement)."""
+        where = self.where.get(name)
+        return where.cores.cores if where is not None and where.cores is not None else ()
+
     def service(self, name: str, kind: str, proc: Any, values: dict[str, str], gates: list[Gate],
                 **kw: Any) -> None:
         """One long-running process of kind `kind` (template, command, env) from its settings `proc`,
-        placed on its GPUs when the plan has a placement."""
+        placed on its GPUs and cores when the plan has a placement."""
         env = render_env(kind, proc.env, values)
         if name in self.where:
             env = _apply_placement(name, env, proc.env, self.where[name], self.problems)
         self.specs.append(ProcessSpec(
             name=name, stage=kind, health_timeout_s=proc.health_timeout_s, gates=gates,
             argv=self.base(kind) + render_template(kind, self.templates[kind], values) + list(proc.extra_args),
-            env=env, restart=restart_rule(self.settings, proc.restart), **kw,
+            env=env, restart=restart_rule(self.settings, proc.restart), cores=self.cores_of(name), **kw,
         ))
 
     def rollout_workers(self, common: dict[str, str]) -> int:
@@ -225,7 +231,8 @@ def build_plan(settings: LauncherSettings, config: str | Path, run_dir: str | Pa
     if placement is None and config_found:
         placement = load_placement(config_path)
     run_root = Path(run_dir if run_dir is not None else settings.run_dir).resolve()
-    plan = _Planner(settings, config_path, run_root, plan_placement(placement) if placement is not None else None)
+    placed = plan_placement(placement, workers=settings.rollout.workers) if placement is not None else None
+    plan = _Planner(settings, config_path, run_root, placed)
     if not config_found:
         plan.problems.append(f"run config not found: {config_path}")
     elif plan.placed is not None:  # a service table saying otherwise than the placement
@@ -254,6 +261,12 @@ def build_plan(settings: LauncherSettings, config: str | Path, run_dir: str | Pa
     lport = plan.ports.get(le.metrics_port, "learner metrics")
     plan.service("learner", "learner", le, {**common, "metrics_port": str(lport)},
                  [HttpGate(f"http://{host}:{lport}/readyz")], main=True)
+    here = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    for spec in plan.specs:
+        missing = sorted(set(spec.cores) - here) if here is not None else []
+        if missing:
+            plan.problems.append(f"{spec.name}: [placement] gives it cores {missing}, which this machine does not "
+                                 f"let the launcher use (it may run on {core_list(here)})")
     # a `broadcast` weight transport's group is the learner and every worker (unless the env says otherwise)
     plan.specs[-1].env.setdefault("LEARNER_WEIGHTS__BROADCAST__RECEIVERS", str(workers))
     jsonl = Path(render_template("metrics_jsonl", [le.metrics_jsonl], {"run": settings.run,

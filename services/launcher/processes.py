@@ -11,6 +11,7 @@ import json
 import os
 import shlex
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -58,6 +59,21 @@ def pdeathsig_preexec():
         prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
         if os.getppid() != parent:  # the launcher died between fork and prctl
             os._exit(1)
+
+    return _set
+
+
+def child_preexec(die_with_launcher: bool, cores: tuple[int, ...]):
+    """The preexec_fn of a child: the parent-death signal (when `die_with_launcher`) and the CPU affinity
+    `cores` (when given; inherited by the child's own children), or None when neither applies."""
+    deathsig = pdeathsig_preexec() if die_with_launcher else None
+    if not cores:
+        return deathsig
+
+    def _set() -> None:
+        os.sched_setaffinity(0, cores)
+        if deathsig is not None:
+            deathsig()
 
     return _set
 
@@ -171,8 +187,8 @@ async def spawn(spec: ProcessSpec, mux: LogMux, *, die_with_launcher: bool,
         stdin = asyncio.subprocess.DEVNULL if spec.stdin is None else asyncio.subprocess.PIPE
         proc = await asyncio.create_subprocess_exec(
             *spec.argv, stdin=stdin, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
-            start_new_session=True, preexec_fn=pdeathsig_preexec() if die_with_launcher else None)
-    except OSError as exc:
+            start_new_session=True, preexec_fn=child_preexec(die_with_launcher, spec.cores))
+    except (OSError, subprocess.SubprocessError) as exc:  # the latter: its preexec_fn failed (affinity)
         raise Stop(EXIT_FAILED, f"cannot start {spec.name}: {exc}") from exc
     if proc.stdin is not None and spec.stdin is not None:  # a secret config (Redis's password), not argv
         proc.stdin.write(spec.stdin)

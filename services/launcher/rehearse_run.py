@@ -12,7 +12,7 @@ One rehearsal is three learner runs over one set of trajectories:
 
 Checks (`Check`): the steps ran, with finite losses; the importance ratio against the engine stayed in its
 healthy band (`mismatch_abs_logp_mean` at most the MismatchHigh alert's 0.1, the per-token ratio extremes
-reported); the trained state is fp32 master weights that moved from the stand-in as the fp32 reference's
+reported); a published version names the architecture a fresh engine loads (the stand-in's); the trained state is fp32 master weights that moved from the stand-in as the fp32 reference's
 did (share of weights changed within 5 points, RMS movement within 25%); every version was published in
 the engine's dtype; the engine reloaded the published versions (every step's groups were sampled with the
 version before it: a step trained on older weights would show staleness); the checkpoint round-trips (the
@@ -175,6 +175,10 @@ def judge(rehearsed: dict[str, Any], run_dir: Path, work: Path, steps_wanted: in
         have = _safetensors_dtypes(last / "model.safetensors")
         want = _ENGINE_DTYPES.get(engine_dtype)
         changed = [s.get("published_changed_frac") for s in steps]
+        arch = json.loads((last / "config.json").read_text()).get("architectures")
+        base = json.loads((stand_in / "config.json").read_text()).get("architectures")
+        checks.append(Check("a fresh engine can load it", arch == base,
+                            f"{last.name}/config.json names {arch}; the stand-in is {base}"))
         checks.append(Check("published in the engine's dtype", want is None or have == {want},
                             f"{last.name}: {sorted(have)} (engine.dtype {engine_dtype}); published values changed "
                             f"per step {[None if c is None else f'{c:.2e}' for c in changed]}"))

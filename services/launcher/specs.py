@@ -40,6 +40,7 @@ from typing import Any
 
 from searchr1.core.redaction import redact_config
 from searchr1.core.settings import ConfigError, read_config_file
+from searchr1.launcher.cpu_placement import core_list
 from searchr1.launcher.health import Gate
 from searchr1.launcher.placement import Placement
 from searchr1.launcher.settings import LauncherSettings, RestartSettings
@@ -120,8 +121,8 @@ class ProcessSpec:
     """Processes of one stage start together (then are gated together) and stop together."""
     gates: list[Gate] = field(default_factory=list)
     """Health checks that must all pass before the next stage starts."""
-    health_timeout_s: float = 60.0
-    """How long the gates (or a one-shot process) may take."""
+    health_timeout_s: float = field(kw_only=True)
+    """How long the gates (or a one-shot process) may take (the process's `health_timeout_s` setting)."""
     oneshot: bool = False
     """Runs to completion (exit 0 required) before the next stage, e.g. the index build."""
     main: bool = False
@@ -134,6 +135,9 @@ class ProcessSpec:
     """Restart rule after a crash once the run is up (None: a death ends the run)."""
     stdin: bytes | None = None
     """Written to the process's stdin, then closed (Redis reads its password there); None: /dev/null."""
+    cores: tuple[int, ...] = ()
+    """CPU cores the process (and its children) may run on, set as its affinity before it starts (empty:
+    wherever the OS puts it)."""
 
 
 @dataclass
@@ -205,22 +209,31 @@ def render_env(name: str, configured: dict[str, str], values: dict[str, str]) ->
 
 def dry_run_lines(plan: LaunchPlan) -> list[str]:
     """`searchr1 up --dry-run`'s text: per process its name and stage, the GPUs it sees
-    (`CUDA_VISIBLE_DEVICES`: "none" when hidden, "all" when unset), its command line and the
-    environment the launcher adds; then the placement summary when the plan has one."""
+    (`CUDA_VISIBLE_DEVICES`: "none" when hidden, "all" when unset) and, with a core placement, its cores,
+    its command line and the environment the launcher adds; then the placement summary when the plan has
+    one."""
     lines = []
     for spec in plan.specs:
         devices = spec.env.get("CUDA_VISIBLE_DEVICES")
         gpus = "all" if devices is None else devices or "none"
-        lines.append(f"{spec.name} ({spec.stage}, GPUs: {gpus})")
+        cores = f", cores: {core_list(spec.cores)}" if spec.cores else ""
+        lines.append(f"{spec.name} ({spec.stage}, GPUs: {gpus}{cores})")
         lines.append(f"  $ {shlex.join(spec.argv)}")
         for key, value in redact_config(spec.env).items():
             lines.append(f"  {key}={value}")
-    if plan.placement is not None:
-        p = plan.placement
+    p = plan.placement
+    if p is not None and p.places_gpus:
         lines.append(f"placement: {len(p.rollout)} vLLM worker(s) on GPUs "
                      f"{' | '.join(w.cuda_visible_devices for w in p.rollout)}; learner: "
                      f"{len(p.learner.gpus)} FSDP rank(s) on GPUs {p.learner.cuda_visible_devices}; retriever: "
                      f"{'GPU ' + p.retriever.cuda_visible_devices if p.retriever.gpus else 'CPU'}")
+    if p is not None and p.places_cores:
+        shares = []
+        for name, proc in p.by_name().items():
+            share = proc.cores
+            assert share is not None
+            shares.append(f"{name} {share.cpuset}" + (f" (with {share.with_role})" if share.with_role else ""))
+        lines.append("cores: " + " | ".join(shares))
     return lines
 
 

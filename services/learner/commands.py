@@ -15,7 +15,15 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from searchr1.core.commandline import INSECURE_HELP, error, fail, field_help, settings_or_exit, token_or_exit
+from searchr1.core.commandline import (
+    INSECURE_HELP,
+    error,
+    fail,
+    field_help,
+    redis_or_exit,
+    settings_or_exit,
+    token_or_exit,
+)
 
 if TYPE_CHECKING:
     from searchr1.cli import Groups
@@ -196,8 +204,8 @@ async def _rollback(redis_url: str, run: str, version: int):
 
 def weights_rollback(
     version: Annotated[int, typer.Argument(min=0, help="A version the learner announced.")],
-    redis_url: Annotated[str, typer.Option("--redis", help="Redis URL.")] = "redis://127.0.0.1:6379/0",
-    run: Annotated[str, typer.Option(help="Run name (keys are searchr1:{run}:…).")] = "default",
+    redis_url: Annotated[str | None, typer.Option("--redis", help=field_help(LEARNER_SETTINGS, "redis.url"))] = None,
+    run: Annotated[str | None, typer.Option(help=field_help(LEARNER_SETTINGS, "redis.run"))] = None,
 ) -> None:
     """Announce again the learner's own announcement of VERSION (same uri and digest), so rollout workers
     reload it. Only versions the learner announced can be chosen, and the snapshot must still exist
@@ -205,7 +213,8 @@ def weights_rollback(
     import asyncio
 
     try:
-        wv = asyncio.run(_rollback(redis_url, run, version))
+        redis = redis_or_exit(redis_url, run)
+        wv = asyncio.run(_rollback(redis.url, redis.run, version))
     except LookupError as exc:
         fail(str(exc), 1)
     typer.echo(f"announced version {wv.version} again: {wv.uri} (sha256 {wv.sha256})")

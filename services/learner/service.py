@@ -3,8 +3,9 @@
     next step's groups (the group source) → batch → advantages + train step → archive → checkpoint →
     ack → publish weights → grant tasks → log
 
-plus the dispatcher task feeding the tasks stream (the process around it — lease, models, Redis, weight
-server, metrics server — is `process.py`'s).
+plus the dispatcher task feeding the tasks stream. Its collaborators are wired by `compose.build_learner`
+(grouped as `parts.py` names them; a missing one is a null object there, so no stage asks whether it is
+present); the process around it — lease, models, Redis, metrics server — is `process.py`'s.
 Where each step's groups come from, and how they are read, filtered, set aside and acked, is the group
 source's (`sources/`: the trajectories stream, or an archive for `train --replay`); the training step is
 `train/`'s; the math is `algo/`'s; figures are computed in `algo/figures.py`; the desync screen that
@@ -52,34 +53,28 @@ import asyncio
 import logging
 import time
 from collections import deque
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from typing import Any
 
 from searchr1.core.faults import NO_FAULTS, Faults
 from searchr1.core.metrics import in_stage
 from searchr1.core.schemas import TrajectoryGroup
 from searchr1.core.supervise import Supervisor
-from searchr1.core.watchdog import Watchdog
 from searchr1.learner.algo.batch import Batch, build_batch
-from searchr1.learner.algo.desync import DesyncPolicy
 from searchr1.learner.algo.figures import by_source, group_figures
 from searchr1.learner.algo.group_filters import mask_overlong
 from searchr1.learner.algo.health import health_figures
-from searchr1.learner.desync_screen import DesyncScreen
-from searchr1.learner.dispatcher import Dispatcher
-from searchr1.learner.guard import CollapseGuard, Decision
-from searchr1.learner.metrics import LearnerMetrics, StepLog
+from searchr1.learner.guard import Decision
+from searchr1.learner.metrics import LearnerMetrics
+from searchr1.learner.parts import Checks, Feed, Outputs, RedisSide, Weights
 from searchr1.learner.settings import LearnerSettings
-from searchr1.learner.sources.base import GroupSource, StepGroups
-from searchr1.learner.tools.archive import ArchiveWriter
+from searchr1.learner.sources.base import StepGroups
 from searchr1.learner.train.build import Training
 from searchr1.learner.train.checkpoint import Checkpointer, TrainState
 from searchr1.learner.train.distributed import broadcast_groups
 from searchr1.learner.train.model import DistInfo, export_weights
 from searchr1.learner.train.published import PublishedChange
 from searchr1.learner.train.rollback import roll_back
-from searchr1.streams import Lease, RedisLink
-from searchr1.weightsync import WeightPublisher, WeightTransport
 
 __all__ = ["Learner"]
 
@@ -95,60 +90,50 @@ def _stages(learner: Learner):
 
 
 class Learner:
-    """Runs the learner loop over collaborators built whole by `process.build_learner`. `source` is where
-    each step's groups come from (None on ranks other than 0: they follow rank 0's broadcasts);
-    `transport` delivers and announces each version (rank 0)."""
+    """Runs the learner loop over collaborators wired whole by `compose.build_learner`, in the groups
+    `parts.py` defines: the run's Redis side (client, link, lease), its weights (publisher, transport,
+    server), its feed (group source, dispatcher), its outputs (step log, archive) and its checks (collapse
+    guard, desync screen, watchdog). Each stage uses its collaborators without asking whether they are
+    there: a missing one is a null object."""
 
-    def __init__(
-        self,
-        settings: LearnerSettings,
-        training: Training,
-        checkpointer: Checkpointer,
-        publisher: WeightPublisher,
-        transport: WeightTransport,
-        metrics: LearnerMetrics,
-        step_log: StepLog | None,
-        *,
-        info: DistInfo,
-        source: GroupSource | None = None,
-        redis=None,
-        link: RedisLink | None = None,
-        archive: ArchiveWriter | None = None,
-        lease: Lease | None = None,
-        dispatcher: Dispatcher | None = None,
-        guard: CollapseGuard | None = None,
-        desync: DesyncPolicy | None = None,
-        watchdog: Watchdog | None = None,
-        faults: Faults = NO_FAULTS,
-    ) -> None:
-        if guard is not None and info.enabled:
-            raise ValueError("learner.guard needs a single-process learner (it is off for torchrun runs)")
+    def __init__(self, settings: LearnerSettings, training: Training, *, info: DistInfo,
+                 metrics: LearnerMetrics, checkpointer: Checkpointer, weights: Weights, feed: Feed,
+                 redis: RedisSide, outputs: Outputs, checks: Checks, faults: Faults = NO_FAULTS) -> None:
         self.s = settings
-        self.faults = faults
-        """The fault suite's hook (`learner.after_archive`, `learner.after_checkpoint`); never fires outside it."""
         self.training = training
-        self.checkpointer = checkpointer
-        self.publisher = publisher
-        """The snapshot store (what the weight server serves, and the rollback's published weights)."""
-        self.transport = transport
-        self.metrics = metrics
-        self.step_log = step_log
         self.info = info
-        self.source = source
-        self.redis = redis
+        self.metrics = metrics
+        self.checkpointer = checkpointer
+        self.faults = faults
+        """The fault suite's hook (`learner.after_archive`, `learner.after_checkpoint`); never fires outside
+        it."""
+        self.weights = weights
+        self.publisher = weights.publisher
+        """The snapshot store (what the weight server serves, and the rollback's published weights)."""
+        self.transport = weights.transport
+        """Delivers and announces each version (rank 0)."""
+        self.source = feed.source
+        """Where each step's groups come from (`NoSource` on ranks other than 0: they follow rank 0's
+        broadcasts)."""
+        self.dispatcher = feed.dispatcher
+        """Feeds the tasks stream on rank 0 (run as a task beside the loop); its position is checkpointed."""
+        self.redis = redis.client
         """Rank 0's Redis (watched through `link` while the loop runs); None without one."""
-        self.link = link
-        self.archive = archive if info.is_main else None
-        self.lease = lease
+        self.link = redis.link
+        self.lease = redis.lease
         """The run's lease (rank 0 of a learner on Redis): checked before every checkpoint, snapshot,
         announcement and ack; its fencing token goes into each of them."""
-        self.dispatcher = dispatcher
-        """Feeds the tasks stream on rank 0 (run as a task beside the loop); its position is checkpointed."""
-        self.guard = guard
-        self.desync = (DesyncScreen(desync, training, settings.batch, metrics, info=info, run=settings.redis.run,
-                                    source=source, redis=redis, link=link) if desync is not None else None)
+        self.step_log = outputs.step_log
+        self.archive = outputs.archive
+        self.guard = checks.guard
+        self.desync = checks.screen
         """The desync screen (`desync_screen.py`, the rule `algo/desync.py`), run on every step's groups
-        before they train; None = off."""
+        before they train."""
+        self.watchdog = checks.watchdog
+        """Beaten by progress only — the start done, a step trained, a checkpoint's bytes written — never by
+        waiting: on rank 0 a loop that stops making progress stops renewing the lease, fails `/healthz` and
+        stops the process naming what it waited for (`process.py`); on another node it fails that node's
+        `/healthz`."""
         self.halted: str | None = None
         """Why a policy stopped the run (the collapse guard's message), once one has."""
         self.last_step: int | None = None
@@ -158,21 +143,15 @@ class Learner:
         self.state = TrainState()
         self.published = PublishedChange()
         """The previous published version, to count the values each publication changes (rank 0)."""
-        self.watchdog = watchdog
-        """Beaten by progress only — a step trained, the start done, a checkpoint's bytes written — never by
-        waiting: on rank 0 a loop that stops making progress stops renewing the lease, fails `/healthz` and
-        stops the process naming what it waited for (`process.py`); on another node it fails that node's
-        `/healthz`."""
 
     def beat(self) -> None:
-        """The loop made progress (the watchdog's beat; nothing without one)."""
-        if self.watchdog is not None:
-            self.watchdog.beat()
+        """The loop made progress (the watchdog's beat)."""
+        self.watchdog.beat()
 
     def waiting_for_rank0(self) -> AbstractContextManager[None]:
         """Ranks other than 0 waiting for rank 0's next step: no stall of theirs (rank 0's watchdog bounds
         it), so their watchdog excuses it."""
-        return self.watchdog.waiting() if self.watchdog is not None else nullcontext()
+        return self.watchdog.waiting()
 
     # ------------------------------------------------------------------ start-up
 
@@ -183,10 +162,8 @@ class Learner:
         if restored is not None:
             self.state = restored
             log.info("resumed from step %d (version %d)", restored.step, restored.version)
-        if self.dispatcher is not None:
-            self.dispatcher.restore(self.state.dispatcher or {}, self.state.version)
-        if self.source is not None:
-            await self.source.start()
+        self.dispatcher.restore(self.state.dispatcher or {}, self.state.version)
+        await self.source.start()
         await self.publish_weights()  # a collective under FSDP: every rank writes-or-not alike
         self.beat()  # resumed and announced: the start is done
         return self.state
@@ -194,7 +171,7 @@ class Learner:
     def doing(self) -> str:
         """What the loop is doing, in a line (the watchdog's stall message): what the source's read waits
         for, else the last stage run."""
-        waiting = getattr(self.source, "waiting_for", "") if self.source is not None else ""
+        waiting = getattr(self.source, "waiting_for", "")
         last = self.stages[-1] if self.stages else "start-up"
         return waiting or f"after stage {last!r} of step {self.state.step}"
 
@@ -217,8 +194,7 @@ class Learner:
     @in_stage("archive", _stages)
     async def archive_step(self, groups: list[TrajectoryGroup], entry_ids: list[str]) -> None:
         """Make the step's groups durable in the trajectory archive (rank 0), before any ack."""
-        if self.archive is not None:
-            await asyncio.to_thread(self.archive.append, self.state.step, groups, entry_ids)
+        await asyncio.to_thread(self.archive.append, self.state.step, groups, entry_ids)
         self.stages.append("archive")
         self.faults.kill_at("learner.after_archive")  # the fault suite's hook: never fires outside it
 
@@ -228,19 +204,11 @@ class Learner:
         when another learner took it or it expired meanwhile (the process stops; a restart resumes from
         the checkpoint). `in_redis`: also check the token against the lease in Redis (`Lease.verify`),
         for a write Redis does not fence itself (a checkpoint)."""
-        if self.lease is None:
-            return
         if not self.lease.valid():
-            if self.link is not None:
-                await self.link.call(self.lease.renew, "renew lease")
-            else:
-                await self.lease.renew()
+            await self.link.call(self.lease.renew, "renew lease")
             self.lease.check()
         if in_redis:
-            if self.link is not None:
-                await self.link.call(self.lease.verify, "verify lease")
-            else:
-                await self.lease.verify()
+            await self.link.call(self.lease.verify, "verify lease")
 
     @in_stage("checkpoint", _stages)
     def checkpoint(self) -> None:
@@ -253,8 +221,7 @@ class Learner:
         """Ack the groups set aside and, when `checkpointed`, every group whose step is checkpointed (and
         archived)."""
         await self.hold_lease()
-        if self.source is not None:
-            await self.source.ack(checkpointed)
+        await self.source.ack(checkpointed)
         self.stages.append("ack")
 
     @in_stage("weight_publish", _stages)
@@ -290,10 +257,9 @@ class Learner:
         """Batch, train, archive, checkpoint, ack, publish, grant and log one step's groups (every rank;
         `step.entry_ids` is empty on ranks other than 0)."""
         t0 = time.perf_counter()
-        if self.desync is not None:
-            step = await self.desync.screen(step)
-            if not step.groups:  # every group came from a flagged worker: nothing to train this time
-                return
+        step = await self.desync.screen(step)
+        if not step.groups:  # every group came from a flagged worker: nothing to train this time
+            return
         groups = step.groups
         filter_figures = dict(step.figures)
         if self.s.algorithm.overlong_filter:
@@ -315,21 +281,17 @@ class Learner:
         self.state.version += 1
         self.state.consumed.update(g.task.task_id for g in groups)
         await self.archive_step(groups, step.entry_ids or [""] * len(groups))
-        if self.source is not None:
-            self.source.commit(step.entry_ids)
+        self.source.commit(step.entry_ids)
         if self.state.step % self.s.checkpoint.every == 0 or self.state.step == self.last_step:
-            if self.dispatcher is not None:  # read on the loop thread, where the dispatcher runs
-                self.state.dispatcher = self.dispatcher.position()
+            self.state.dispatcher = self.dispatcher.position()  # on the loop thread, where it runs
             await self.hold_lease(in_redis=True)
             # a save that keeps writing is progress, however slow (the watchdog counts its bytes)
-            with (self.watchdog.progressing(self.checkpointer.bytes_written) if self.watchdog is not None
-                  else nullcontext()):
+            with self.watchdog.progressing(self.checkpointer.bytes_written):
                 await asyncio.to_thread(self.checkpoint)
             self.beat()
             await self.ack()
         figures.update(await self.publish_weights())
-        if self.source is not None:  # the next tasks are sampled with the weights just announced
-            self.source.grant(len(groups), self.state.version)
+        self.source.grant(len(groups), self.state.version)  # the next tasks: sampled with these weights
         if self.info.is_main:
             await self.log_step(figures, batch, len(groups))
 
@@ -343,19 +305,17 @@ class Learner:
         self.metrics.trajectories.inc(figures["trajectories"])
         self.metrics.tokens.inc(batch.num_tokens)
         self.metrics.observe_step(figures)
-        if self.step_log is not None:
-            await asyncio.to_thread(self.step_log.write, self.state.step,
-                                    {"version": self.state.version, **figures,
-                                     "stage_seconds": self.metrics.stage_seconds()})
+        await asyncio.to_thread(self.step_log.write, self.state.step,
+                                {"version": self.state.version, **figures,
+                                 "stage_seconds": self.metrics.stage_seconds()})
         log.info("step %d: loss %.4f reward %.3f %.0f tok/s", self.state.step, figures.get("loss", 0.0),
                  figures["reward_mean"], figures["tokens_per_second"])
-        if self.guard is not None:
-            await self.apply_guard(self.guard.judge(self.state.step, figures))
+        await self.apply_guard(self.guard.judge(self.state.step, figures))
 
     async def apply_guard(self, d: Decision) -> None:
         """Carry out the collapse guard's decision: roll the policy back to its checkpoint (with a cut
         learning rate) and announce the rolled-back weights as a new version, or stop the run."""
-        if d.action == "continue" or self.guard is None:
+        if d.action == "continue":
             return
         if d.action == "stop":
             self.halted = d.message
@@ -368,8 +328,7 @@ class Learner:
             await self.publish_weights()
             event = self.guard.rolled_back(d, lr, self.state.version)
         await asyncio.to_thread(self.guard.record, self.state.step, event)
-        if self.step_log is not None:
-            await asyncio.to_thread(self.step_log.write, self.state.step, event)
+        await asyncio.to_thread(self.step_log.write, self.state.step, event)
 
     async def run(self, stop: asyncio.Event, max_steps: int | None = None) -> TrainState:
         """Train until `stop`, `max_steps` (default `optim.total_steps`) or the dispatcher runs dry.
@@ -384,15 +343,13 @@ class Learner:
                     break
                 await self.train_and_commit(StepGroups(groups))
             return self.state
-        assert self.source is not None, "rank 0 trains from a group source"
         # the dispatcher and the Redis watch are supervised: a death stops the loop (at its next check) and
         # the process, with the cause (TaskDied), instead of a loop waiting on tasks nobody publishes
         tasks = Supervisor("learner")
         halt = asyncio.Event()  # ends them when this loop ends (a cancel alone can be lost: core.aio)
-        if self.dispatcher is not None:  # its backpressure: the groups published and not yet read
-            tasks.spawn("dispatcher", self.dispatcher.run(halt, downstream=self.source), may_finish=True)
-        if self.link is not None and self.redis is not None:
-            tasks.spawn("redis watch", self.link.watch(self.redis, halt), may_finish=True)
+        # the dispatcher's backpressure: the groups published and not yet read (the null ones end at once)
+        tasks.spawn("dispatcher", self.dispatcher.run(halt, downstream=self.source), may_finish=True)
+        tasks.spawn("redis watch", self.link.watch(self.redis, halt), may_finish=True)
         try:
             await tasks.run(self._steps(stop, limit), stop, grace_s=self.s.stall_timeout_s)
         finally:
@@ -404,7 +361,6 @@ class Learner:
 
     async def _steps(self, stop: asyncio.Event, limit: int) -> None:
         """Rank 0's steps until `stop`, `limit`, a halt or the end of the data."""
-        assert self.source is not None
         while self.state.step < limit and not stop.is_set() and self.halted is None:
             await self.step_once(stop)
             if await self.source.finished():

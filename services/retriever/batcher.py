@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from searchr1.core.aio import stop_task
-from searchr1.core.settings import default
 from searchr1.retriever.indexes import Ranked
 from searchr1.retriever.metrics import RetrieverMetrics
 from searchr1.retriever.settings import BatchSettings, LimitSettings
@@ -77,18 +76,18 @@ class MicroBatcher:
     def __init__(
         self,
         search_fn: SearchFn,
+        batch: BatchSettings,
+        limits: LimitSettings,
         *,
-        max_queries: int = default(BatchSettings, "max_queries"),
-        max_wait_s: float = default(BatchSettings, "max_wait_ms") / 1000,
-        refill_share: float = default(BatchSettings, "refill_share"),
-        max_queue_queries: int = default(LimitSettings, "max_queue_queries"),
         metrics: RetrieverMetrics | None = None,
     ) -> None:
+        """`batch`: the `[retriever.batch]` table (how many queries a batch takes, how long it waits, the
+        refill share); `limits`: the `[retriever.limits]` table (`max_queue_queries`)."""
         self._search_fn = search_fn
-        self.max_queries = max_queries
-        self.max_wait_s = max_wait_s
-        self.refill_share = refill_share
-        self.max_queue_queries = max_queue_queries
+        self.max_queries = batch.max_queries
+        self.max_wait_s = batch.max_wait_ms / 1000
+        self.refill_share = batch.refill_share
+        self.max_queue_queries = limits.max_queue_queries
         self._metrics = metrics
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
         self._queued = 0

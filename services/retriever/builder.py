@@ -72,11 +72,12 @@ def build_index(
     encoder: Encoder | None = None,
     encoder_spec: EncoderSpec | None = None,
     params: FaissParams | None = None,
-    chunk_size: int = 10_000,
-    keep_chunks: bool = False,
+    chunk_size: int | None = None,
+    keep_chunks: bool | None = None,
     progress: Callable[[str, int, int], None] = lambda name, done, total: None,
 ) -> Manifest:
-    """Build an index of `kind` over the corpus into `out` (resuming a dense build's finished chunks)."""
+    """Build an index of `kind` over the corpus into `out` (resuming a dense build's finished chunks). A
+    dense build needs `chunk_size` and `keep_chunks` (`[index]`'s); BM25 reads neither."""
     corpus_path = Path(corpus_path).resolve()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -99,6 +100,8 @@ def build_index(
         raise ValueError(f"unknown index kind {kind!r}; known: {(*DENSE_KINDS, 'bm25')}")
     if encoder is None or encoder_spec is None:
         raise ValueError(f"a {kind} index needs an encoder")
+    if chunk_size is None or keep_chunks is None:
+        raise ValueError(f"a {kind} index needs chunk_size and keep_chunks")
 
     chunk_dir = out / CHUNKS_DIR
     _check_or_start_state(out, scan, encoder_spec, chunk_size)
@@ -123,7 +126,7 @@ def build_index(
             atomic_save_npy(chunk_dir / f"{row // chunk_size:06d}.npy", np.concatenate(parts))
             batch = []
     vectors = [np.load(chunk_dir / f"{i:06d}.npy", mmap_mode="r") for i in range(n_chunks)]
-    manifest = write_dense_index(vectors, out, kind, encoder_spec, info, params or FaissParams(),
+    manifest = write_dense_index(vectors, out, kind, encoder_spec, info, params or FaissParams.of(),
                                  progress=progress)
     if not keep_chunks:
         shutil.rmtree(chunk_dir, ignore_errors=True)
@@ -233,7 +236,7 @@ def import_faiss_index(faiss_path: str | Path, corpus_path: str | Path, out: str
     else:
         shutil.copyfile(faiss_path, target)
     manifest = Manifest(kind=kind, count=int(index.ntotal), corpus=corpus_info(corpus_path, scan), dim=int(index.d),
-                        encoder=asdict(spec), faiss=asdict(FaissParams()), metric=faiss_metric(index),
+                        encoder=asdict(spec), faiss=asdict(FaissParams.of()), metric=faiss_metric(index),
                         created_at=time.time())
     manifest.write(out)
     return manifest

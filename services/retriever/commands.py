@@ -30,20 +30,28 @@ HnswMOption = Annotated[int | None, typer.Option(min=4, help=field_help(INDEX_SE
 EfOption = Annotated[int | None, typer.Option(min=8, help=field_help(INDEX_SETTINGS, "faiss.hnsw_ef_construction"))]
 
 
-def _encoder(name: str, convention: str, pooling: str, normalize: bool, max_length: int) -> dict[str, Any]:
-    """`EncoderSpec` fields (convention possibly `auto`) after checking the choices."""
-    if convention not in CONVENTIONS or pooling not in POOLINGS:
+def _encoder(name: str, convention: str | None = None, pooling: str | None = None, normalize: bool | None = None,
+             max_length: int | None = None) -> dict[str, Any]:
+    """`EncoderSpec` fields (convention possibly `auto`) after checking the choices: the flags given, the
+    `[index.encoder]` defaults for the others."""
+    from searchr1.retriever.build_settings import EncoderBuildSettings
+
+    if (convention or "auto") not in CONVENTIONS or (pooling or "mean") not in POOLINGS:
         fail("--convention must be auto|e5|bge|plain and --pooling mean|cls")
-    return {"name": name, "convention": convention, "pooling": pooling, "normalize": normalize,
-            "max_length": max_length}
+    given = {"convention": convention, "pooling": pooling, "normalize": normalize, "max_length": max_length}
+    e = EncoderBuildSettings(name=name, **{k: v for k, v in given.items() if v is not None})
+    return {"name": e.name, "convention": e.convention, "pooling": e.pooling, "normalize": e.normalize,
+            "max_length": e.max_length}
 
 
 def _faiss_params(hnsw_m: int | None, ef_construction: int | None, nlist: int | None, pq_m: int | None) -> Any:
     """`FaissParams` with the flags given; the others keep their declared defaults."""
+    from dataclasses import replace
+
     from searchr1.retriever.indexes import FaissParams
 
     given = {"hnsw_m": hnsw_m, "hnsw_ef_construction": ef_construction, "ivf_nlist": nlist, "pq_m": pq_m}
-    return FaissParams(**{k: v for k, v in given.items() if v is not None})
+    return replace(FaissParams.of(), **{k: v for k, v in given.items() if v is not None})
 
 
 def _index_help(path: str) -> str:
@@ -98,10 +106,10 @@ def import_index(
                                          exists=True, dir_okay=False)],
     out: Annotated[Path, typer.Option(help="Index directory to write.")],
     encoder: Annotated[str, typer.Option(help="The encoder that made the vectors (local directory).")],
-    convention: Annotated[str, typer.Option(help="auto | e5 | bge | plain.")] = "auto",
-    pooling: Annotated[str, typer.Option(help="mean | cls.")] = "mean",
-    normalize: Annotated[bool, typer.Option(help="Embeddings are L2-normalised.")] = True,
-    max_length: Annotated[int, typer.Option(min=8, max=8192, help="Tokens per query.")] = 256,
+    convention: Annotated[str | None, typer.Option(help=_index_help("encoder.convention"))] = None,
+    pooling: Annotated[str | None, typer.Option(help=_index_help("encoder.pooling"))] = None,
+    normalize: Annotated[bool | None, typer.Option(help=_index_help("encoder.normalize"))] = None,
+    max_length: Annotated[int | None, typer.Option(min=8, max=8192, help="Tokens per query.")] = None,
     copy: Annotated[bool, typer.Option(help="Copy the index file instead of symlinking it.")] = False,
 ) -> None:
     """Adopt an existing FAISS index (Search-R1's prebuilt wiki-18 e5 index) without re-encoding."""
@@ -133,7 +141,7 @@ def fetch(
     """Fetch Search-R1's wiki-18 corpus and e5 Flat index from the hub (resumable, sha256-checked)."""
     from searchr1.retriever.runs import run_fetch
 
-    spec = _encoder(encoder, convention, "mean", True, 256) if encoder is not None else None
+    spec = _encoder(encoder, convention) if encoder is not None else None
     raise typer.Exit(run_fetch(
         out, index_repo=index_repo, parts=[p.strip() for p in parts.split(",") if p.strip()],
         corpus_repo=corpus_repo, corpus_file=corpus_file, revision=revision, endpoint=endpoint, sha256=sha256,

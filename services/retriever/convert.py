@@ -48,7 +48,7 @@ def convert_index(src: str | Path, out: str | Path, kind: str, *, params: FaissP
     IVF-PQ trains on (0: 64 per cell). Blocking; async callers use a thread."""
     import faiss
 
-    params = params or FaissParams()
+    params = params or FaissParams.of()
     if kind not in CONVERT_KINDS:
         raise ValueError(f"convert to one of {CONVERT_KINDS}, not {kind!r}")
     src, out = Path(src), Path(out)

@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 
-from searchr1.core.settings import default
 from searchr1.retriever.build_settings import FaissBuildSettings
 from searchr1.retriever.settings import SearchSettings
 
@@ -66,21 +65,30 @@ class Searcher(Protocol):
 class FaissParams:
     """Index-construction and search parameters of the dense kinds: a frozen view of the settings that
     declare them (construction: `[index.faiss]`, `build_settings.FaissBuildSettings`; search:
-    `[retriever.search]`, `settings.SearchSettings`), whose fields hold the defaults and their meaning."""
+    `[retriever.search]`, `settings.SearchSettings`), whose fields hold the defaults and their meaning;
+    built by `of`."""
 
-    hnsw_m: int = default(FaissBuildSettings, "hnsw_m")
-    hnsw_ef_construction: int = default(FaissBuildSettings, "hnsw_ef_construction")
-    hnsw_ef_search: int = default(SearchSettings, "hnsw_ef_search")
+    hnsw_m: int
+    hnsw_ef_construction: int
+    hnsw_ef_search: int
     """Raised to k when k is larger."""
-    ivf_nlist: int = default(FaissBuildSettings, "ivf_nlist")
-    ivf_nprobe: int = default(SearchSettings, "ivf_nprobe")
-    pq_m: int = default(FaissBuildSettings, "pq_m")
-    pq_nbits: int = default(FaissBuildSettings, "pq_nbits")
+    ivf_nlist: int
+    ivf_nprobe: int
+    pq_m: int
+    pq_nbits: int
+
+    @classmethod
+    def of(cls, build: FaissBuildSettings | None = None, search: SearchSettings | None = None) -> FaissParams:
+        """The construction parameters of `build` and the search parameters of `search` (None: that table's
+        defaults)."""
+        b, s = build or FaissBuildSettings(), search or SearchSettings()
+        return cls(hnsw_m=b.hnsw_m, hnsw_ef_construction=b.hnsw_ef_construction, hnsw_ef_search=s.hnsw_ef_search,
+                   ivf_nlist=b.ivf_nlist, ivf_nprobe=s.ivf_nprobe, pq_m=b.pq_m, pq_nbits=b.pq_nbits)
 
     @classmethod
     def for_build(cls, faiss: FaissBuildSettings) -> FaissParams:
         """The construction parameters of `faiss` (search parameters at their defaults)."""
-        return cls(**faiss.model_dump())
+        return cls.of(faiss)
 
 
 def configure_faiss(threads: int, blas_threshold: int = 20) -> None:
@@ -133,10 +141,11 @@ def set_search_params(index, params: FaissParams, k: int = 0) -> None:
 class DenseSearcher:
     """Encode queries, then one FAISS search for the whole batch."""
 
-    def __init__(self, encoder: Encoder, index, params: FaissParams = FaissParams()) -> None:
+    def __init__(self, encoder: Encoder, index, params: FaissParams | None = None) -> None:
+        """`params`: the index's construction and search parameters (None: the settings' defaults)."""
         self.encoder = encoder
         self.index = index
-        self.params = params
+        self.params = params = params or FaissParams.of()
         set_search_params(index, params)
 
     def search(self, queries: Sequence[str], k: int) -> Ranked:
@@ -220,7 +229,7 @@ class BM25Searcher:
 # ---------------------------------------------------------------------------------------------- hybrid
 
 
-def rrf_fuse(rankings: Sequence[np.ndarray], k: int, rrf_k: float = 60.0) -> Ranked:
+def rrf_fuse(rankings: Sequence[np.ndarray], k: int, rrf_k: float) -> Ranked:
     """Reciprocal-rank fusion: score(row) = Σ_lists 1 / (rrf_k + rank), rank starting at 1; -1 rows are
     ignored. Ties break by the smaller row id so results are deterministic. Returns the top k per query."""
     if not rankings:
@@ -244,7 +253,8 @@ def rrf_fuse(rankings: Sequence[np.ndarray], k: int, rrf_k: float = 60.0) -> Ran
 class HybridSearcher:
     """Fuse several searchers (e.g. dense + BM25) by RRF over their top `depth` lists."""
 
-    def __init__(self, searchers: Sequence[Searcher], *, depth: int = 50, rrf_k: float = 60.0) -> None:
+    def __init__(self, searchers: Sequence[Searcher], *, depth: int, rrf_k: float) -> None:
+        """`depth` and `rrf_k`: the retriever's `search.hybrid_depth` and `search.rrf_k`."""
         if len(searchers) < 2:
             raise ValueError("a hybrid searcher needs at least two searchers")
         self.searchers = list(searchers)

@@ -124,5 +124,5 @@ def load_index(
         raise ValueError("a dense index needs an encoder_factory")
     encoder = encoder_factory(spec)
     check_encoder(manifest, None, encoder.dim)
-    faiss_params = replace(FaissParams(**manifest.faiss), **(search_params or {}))
+    faiss_params = replace(FaissParams.of(), **{**manifest.faiss, **(search_params or {})})
     return LoadedIndex(manifest, corpus, DenseSearcher(encoder, index, faiss_params))

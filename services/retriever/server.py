@@ -149,9 +149,7 @@ async def start_retriever(settings: RetrieverSettings, loaded: LoadedIndex,
         policy.apply(len(queries))
         return searcher.search(queries, k)
 
-    batcher = MicroBatcher(search, max_queries=settings.batch.max_queries,
-                           max_wait_s=settings.batch.max_wait_ms / 1000.0, refill_share=settings.batch.refill_share,
-                           max_queue_queries=settings.limits.max_queue_queries, metrics=metrics)
+    batcher = MicroBatcher(search, settings.batch, settings.limits, metrics=metrics)
     batcher.run_sync(pin_threads, settings.torch_threads, settings.faiss_threads, settings.faiss_blas_threshold)
     batcher.run_sync(search, ["warm up"], 1)  # JIT/first-call costs before we say ready
     await batcher.start()

@@ -174,9 +174,9 @@ def _errors(errors: Sequence[Any]) -> str:
     return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in errors)
 
 
-def create_app(service: RetrieverService, *, token: str | None = None, metrics_open: bool = True):
+def create_app(service: RetrieverService, *, token: str | None, metrics_open: bool):
     """The HTTP API: POST /retrieve, GET /healthz, GET /metrics (ASGI app, wrapped in bearer auth when
-    a token is set)."""
+    a token is set; `/metrics` without it when `metrics_open`: the retriever's `token` and `metrics_open`)."""
     app = FastAPI(title="searchr1 retriever", docs_url=None, redoc_url=None)
     metrics = service.metrics
 

@@ -92,16 +92,11 @@ def build_service(settings: RewardSettings, *, registry: Registry | None = None,
     executor = ThreadPoolExecutor(max_workers=settings.workers, thread_name_prefix="reward-score")
     closers.append(lambda: executor.shutdown(wait=False, cancel_futures=True))
     if judge is None and settings.judge.url:
-        j = settings.judge
-        llm = LLMJudge(settings.judge.url, model=j.model, api_key=j.api_key, timeout_s=j.timeout_s, retries=j.retries,
-                       backoff_s=j.backoff_s, max_backoff_s=j.max_backoff_s, deadline_s=j.deadline_s,
-                       cache_size=j.cache_size, max_concurrency=j.max_concurrency, on_event=metrics.judge_event)
+        llm = LLMJudge(settings.judge.url, settings.judge, on_event=metrics.judge_event)
         closers.append(llm.close)
         judge = llm
     if encoder is None:
-        e = settings.embedding
-        encoder = EncoderCache(e.default_model, e.models, device=e.device, batch_size=e.batch_size,
-                               torch_threads=e.torch_threads or None)
+        encoder = EncoderCache(settings.embedding)
     ctx = ScoringContext(registry=registry, encoder=encoder, judge=judge, defaults=dict(settings.scorer_params),
                          executor=executor, inline_max_items=settings.inline_max_items)
     service = RewardService(settings, ctx, metrics, closers)

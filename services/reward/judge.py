@@ -23,7 +23,6 @@ from collections.abc import Callable, Sequence
 import httpx
 
 from searchr1.core.retry import TransientHTTPStatus, is_transient_http_status, retrying
-from searchr1.core.settings import default
 from searchr1.reward import scoring
 from searchr1.reward.params import delimit_prediction, render_template
 from searchr1.reward.registry import JudgeParams
@@ -38,24 +37,21 @@ class LLMJudge:
     """Grades answers with a chat model. `on_event(outcome)` is called with `call`, `cache_hit`, `retry`,
     `error` or `unparsed` (the service counts them in Prometheus)."""
 
-    def __init__(self, url: str, *, model: str, api_key: str | None = None,
-                 timeout_s: float = default(JudgeSettings, "timeout_s"), retries: int = default(JudgeSettings, "retries"),
-                 backoff_s: float = default(JudgeSettings, "backoff_s"),
-                 max_backoff_s: float = default(JudgeSettings, "max_backoff_s"), deadline_s: float | None = None,
-                 cache_size: int = default(JudgeSettings, "cache_size"),
-                 max_concurrency: int = default(JudgeSettings, "max_concurrency"),
+    def __init__(self, url: str, settings: JudgeSettings, *,
                  on_event: Callable[[str], None] | None = None) -> None:
+        """`url`: the OpenAI-compatible endpoint; `settings`: the `[reward.judge]` table (model, key, retry
+        policy, cache size, concurrency; its `url` is not read)."""
         self.url = url.rstrip("/")
-        self.model = model
-        self.retries = retries
-        self.backoff_s = backoff_s
-        self.max_backoff_s = max_backoff_s
-        self.deadline_s = deadline_s
-        self.cache_size = cache_size
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(timeout_s))
+        self.model = settings.model
+        self.retries = settings.retries
+        self.backoff_s = settings.backoff_s
+        self.max_backoff_s = settings.max_backoff_s
+        self.deadline_s = settings.deadline_s
+        self.cache_size = settings.cache_size
+        headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
+        self._http = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(settings.timeout_s))
         self._cache: OrderedDict[str, float] = OrderedDict()
-        self._sem = asyncio.Semaphore(max_concurrency)
+        self._sem = asyncio.Semaphore(settings.max_concurrency)
         self._on_event = on_event or (lambda _outcome: None)
 
     async def close(self) -> None:

@@ -9,6 +9,17 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from searchr1.core.protocol import DEFAULT_END_MARKERS
+from searchr1.reward.scoring import (
+    CLIP_NEGATIVE,
+    COST_PER_SEARCH,
+    FINAL_FORMAT_SCORE,
+    FORMAT_SCORE,
+    FREE_SEARCHES,
+    MAX_COST,
+    RETRIEVAL_SCORE,
+    SCORE,
+    STRUCTURE_FORMAT_SCORE,
+)
 
 
 class Params(BaseModel):
@@ -22,21 +33,21 @@ class NoParams(Params):
 class SearchR1EMParams(Params):
     """Search-R1 `qa_em.compute_score_em` / `compute_score_subem` arguments."""
 
-    format_score: float = Field(default=0.0, ge=-10, le=10, description="Score of an extracted but wrong answer.")
-    score: float = Field(default=1.0, ge=-10, le=10, description="Score of a correct answer.")
+    format_score: float = Field(default=FORMAT_SCORE, ge=-10, le=10, description="Score of an extracted but wrong answer.")
+    score: float = Field(default=SCORE, ge=-10, le=10, description="Score of a correct answer.")
 
 
 class SearchR1FormatParams(Params):
     """Search-R1 `qa_em_format.compute_score_em` arguments (Search-R1's defaults: all 0, score 1)."""
 
-    structure_format_score: float = Field(default=0.0, ge=-10, le=10,
+    structure_format_score: float = Field(default=STRUCTURE_FORMAT_SCORE, ge=-10, le=10,
                                           description="Reward for a well-formed trajectory without a correct answer.")
-    final_format_score: float = Field(default=0.0, ge=-10, le=10,
+    final_format_score: float = Field(default=FINAL_FORMAT_SCORE, ge=-10, le=10,
                                       description="Reward for a wrong answer in a malformed trajectory.")
-    retrieval_score: float = Field(default=0.0, ge=-10, le=10,
+    retrieval_score: float = Field(default=RETRIEVAL_SCORE, ge=-10, le=10,
                                    description="Bonus when a gold answer appears in an <information> block.")
-    format_score: float = Field(default=0.0, ge=-10, le=10, description="Accepted and unused, as in Search-R1.")
-    score: float = Field(default=1.0, ge=-10, le=10, description="Score of a correct answer.")
+    format_score: float = Field(default=FORMAT_SCORE, ge=-10, le=10, description="Accepted and unused, as in Search-R1.")
+    score: float = Field(default=SCORE, ge=-10, le=10, description="Score of a correct answer.")
 
 
 class FormatParams(Params):
@@ -49,9 +60,9 @@ class FormatParams(Params):
 class SearchCostParams(Params):
     """Per-search cost (a non-positive reward)."""
 
-    cost_per_search: float = Field(default=0.1, ge=0, le=10, description="Cost of each search beyond the free ones.")
-    free_searches: int = Field(default=0, ge=0, le=1000, description="Searches that cost nothing.")
-    max_cost: float = Field(default=1.0, ge=0, le=100, description="The cost never exceeds this.")
+    cost_per_search: float = Field(default=COST_PER_SEARCH, ge=0, le=10, description="Cost of each search beyond the free ones.")
+    free_searches: int = Field(default=FREE_SEARCHES, ge=0, le=1000, description="Searches that cost nothing.")
+    max_cost: float = Field(default=MAX_COST, ge=0, le=100, description="The cost never exceeds this.")
     charge: Literal["always", "if_correct"] = Field(
         default="always",
         description="`if_correct`: only a correct answer (exact match of the last <answer>) pays for its searches, "
@@ -63,7 +74,7 @@ class EmbeddingParams(Params):
 
     model: str | None = Field(default=None, max_length=4096,
                               description="Encoder path allowed by the server config; null = the configured default.")
-    clip_negative: bool = Field(default=True, description="Clip negative cosines to 0 (scores in [0, 1]).")
+    clip_negative: bool = Field(default=CLIP_NEGATIVE, description="Clip negative cosines to 0 (scores in [0, 1]).")
 
 
 DEFAULT_JUDGE_PROMPT = (

@@ -65,8 +65,9 @@ class ScoringContext:
     """Config-side default params per scorer name."""
     executor: Executor | None = None
     """Thread pool for CPU-heavy or large batches (None: run on the caller's thread)."""
-    inline_max_items: int = 32
-    """Batches of cheap scorers up to this size run on the event loop (a thread hop costs more)."""
+    inline_max_items: int = field(kw_only=True)
+    """With an `executor`, batches of cheap scorers up to this size run on the event loop (a thread hop
+    costs more): `[reward] inline_max_items`."""
 
     def params_for(self, name: str, params: dict[str, Any] | None) -> BaseModel:
         """Validate `params` for scorer `name`, over the config defaults."""

@@ -40,6 +40,27 @@ from searchr1.core.protocol import (
 )
 from searchr1.core.protocol import count_searches as count_searches  # read by the registry as a scorer input
 
+# The scorers' defaults, declared once: the functions below and the scorers' parameter models
+# (`reward/params.py`, what a request or `[reward] scorer_params` may set) take them from here.
+SCORE = 1.0
+"""Score of a correct answer (Search-R1's `score`)."""
+FORMAT_SCORE = 0.0
+"""Search-R1's `format_score`: an extracted but wrong answer (`qa_em`); unused (`qa_em_format`)."""
+STRUCTURE_FORMAT_SCORE = 0.0
+"""Search-R1's `structure_format_score` (`qa_em_format`)."""
+FINAL_FORMAT_SCORE = 0.0
+"""Search-R1's `final_format_score` (`qa_em_format`)."""
+RETRIEVAL_SCORE = 0.0
+"""Search-R1's `retrieval_score` (`qa_em_format`)."""
+COST_PER_SEARCH = 0.1
+"""`search_cost`: the cost of each search beyond the free ones."""
+FREE_SEARCHES = 0
+"""`search_cost`: searches that cost nothing."""
+MAX_COST = 1.0
+"""`search_cost`: the cost never exceeds this."""
+CLIP_NEGATIVE = True
+"""`best_similarity`: negative cosines count as 0."""
+
 # --------------------------------------------------------------------------------------------------
 # Matching primitives (Search-R1 semantics: any gold, normalised)
 # --------------------------------------------------------------------------------------------------
@@ -97,7 +118,8 @@ def searchr1_is_retrieval_correct(text: str, golds: str | Iterable[str]) -> bool
 # --------------------------------------------------------------------------------------------------
 
 
-def searchr1_em(solution_str: str, ground_truth: dict, format_score: float = 0.0, score: float = 1.0) -> float:
+def searchr1_em(solution_str: str, ground_truth: dict, format_score: float = FORMAT_SCORE,
+                score: float = SCORE) -> float:
     """`qa_em.compute_score_em`: `score` if the extracted answer exactly matches a gold, else
     `format_score`; 0 when nothing is extracted."""
     answer = searchr1_extract_solution(solution_str)
@@ -106,7 +128,8 @@ def searchr1_em(solution_str: str, ground_truth: dict, format_score: float = 0.0
     return float(score) if em_check(answer, ground_truth["target"]) else float(format_score)
 
 
-def searchr1_subem(solution_str: str, ground_truth: dict, format_score: float = 0.0, score: float = 1.0) -> float:
+def searchr1_subem(solution_str: str, ground_truth: dict, format_score: float = FORMAT_SCORE,
+                   score: float = SCORE) -> float:
     """`qa_em.compute_score_subem`: as `searchr1_em` with a substring match."""
     answer = searchr1_extract_solution(solution_str)
     if answer is None:
@@ -128,11 +151,11 @@ class FormatBreakdown:
 def searchr1_em_format_breakdown(
     solution_str: str,
     ground_truth: dict,
-    structure_format_score: float = 0.0,
-    final_format_score: float = 0.0,
-    retrieval_score: float = 0.0,
-    format_score: float = 0.0,
-    score: float = 1.0,
+    structure_format_score: float = STRUCTURE_FORMAT_SCORE,
+    final_format_score: float = FINAL_FORMAT_SCORE,
+    retrieval_score: float = RETRIEVAL_SCORE,
+    format_score: float = FORMAT_SCORE,
+    score: float = SCORE,
 ) -> FormatBreakdown:
     """`qa_em_format.compute_score_em` with the facts it used. `format_score` is accepted and unused,
     exactly as in Search-R1."""
@@ -160,11 +183,11 @@ def searchr1_em_format_breakdown(
 def searchr1_em_format(
     solution_str: str,
     ground_truth: dict,
-    structure_format_score: float = 0.0,
-    final_format_score: float = 0.0,
-    retrieval_score: float = 0.0,
-    format_score: float = 0.0,
-    score: float = 1.0,
+    structure_format_score: float = STRUCTURE_FORMAT_SCORE,
+    final_format_score: float = FINAL_FORMAT_SCORE,
+    retrieval_score: float = RETRIEVAL_SCORE,
+    format_score: float = FORMAT_SCORE,
+    score: float = SCORE,
 ) -> float:
     """`qa_em_format.compute_score_em`: no answer → `structure_format_score` if
     well-formed (+ `retrieval_score` when a gold is in an `<information>` block) else 0; correct → `score`
@@ -227,8 +250,8 @@ def retrieval_hit(response: str, golds: Sequence[str]) -> float:
     return 0.0
 
 
-def search_cost(num_searches: int, cost_per_search: float = 0.1, free_searches: int = 0,
-                max_cost: float = 1.0) -> float:
+def search_cost(num_searches: int, cost_per_search: float = COST_PER_SEARCH,
+                free_searches: int = FREE_SEARCHES, max_cost: float = MAX_COST) -> float:
     """A non-positive reward: `-cost_per_search` per search beyond `free_searches`, floored at `-max_cost`."""
     if num_searches < 0:
         raise ValueError("num_searches must be >= 0")
@@ -245,7 +268,8 @@ def cosine_similarity(a: Sequence[float], b: Sequence[float]) -> float:
     return dot / (na * nb)
 
 
-def best_similarity(answer_vec: Sequence[float], gold_vecs: Sequence[Sequence[float]], clip_negative: bool = True) -> float:
+def best_similarity(answer_vec: Sequence[float], gold_vecs: Sequence[Sequence[float]],
+                    clip_negative: bool = CLIP_NEGATIVE) -> float:
     """Highest cosine between the answer and any gold, clipped to [0, 1] (or [-1, 1])."""
     best = max((cosine_similarity(answer_vec, g) for g in gold_vecs), default=0.0)
     best = min(1.0, max(-1.0, best))

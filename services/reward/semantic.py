@@ -11,18 +11,19 @@ model names resolve with `searchr1.core.models.resolve_model_path`.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from searchr1.core.models import resolve_model_path
 from searchr1.reward.registry import ScorerInputError
+from searchr1.reward.settings import EmbeddingSettings
 
 
 class SentenceEncoder:
     """A sentence-transformers model on CPU (or a configured device) returning L2-normalised vectors."""
 
-    def __init__(self, path: Path, *, device: str = "cpu", batch_size: int = 64, torch_threads: int | None = 1) -> None:
+    def __init__(self, path: Path, *, device: str, batch_size: int, torch_threads: int | None) -> None:
         if torch_threads:
             import torch
 
@@ -46,13 +47,13 @@ class SentenceEncoder:
 
 class EncoderCache:
     """Model name → loaded encoder, loaded once on first use (thread-safe). `None` is the default model;
-    only the default and the configured `models` may be asked for."""
+    only the default and the configured `models` may be asked for: the `[reward.embedding]` table."""
 
-    def __init__(self, default_model: str, models: Mapping[str, str] | None = None, *, device: str = "cpu",
-                 batch_size: int = 64, torch_threads: int | None = 1) -> None:
-        self.default_model = default_model
-        self.models = dict(models or {})
-        self._kwargs = {"device": device, "batch_size": batch_size, "torch_threads": torch_threads}
+    def __init__(self, settings: EmbeddingSettings) -> None:
+        self.default_model = settings.default_model
+        self.models = dict(settings.models)
+        self._kwargs = {"device": settings.device, "batch_size": settings.batch_size,
+                        "torch_threads": settings.torch_threads or None}
         self._loaded: dict[str, SentenceEncoder] = {}
         self._lock = threading.Lock()
 

@@ -40,7 +40,6 @@ from searchr1.core.clients.retriever import RetrieverError
 from searchr1.core.protocol import INVALID_ACTION_MESSAGE, STOP_STRINGS, Action, observation_for, parse_action
 from searchr1.core.schemas import FinishReason, Segment
 from searchr1.core.segments import segments_from_versions
-from searchr1.core.settings import default
 from searchr1.rollout.engine import Generator, TextCodec, TurnOutput, TurnRequest
 from searchr1.rollout.settings import AgentSettings
 
@@ -56,19 +55,15 @@ SearchFn = Callable[[str], Awaitable[Sequence[HitLike]]]
 """Search one query, returning its hits (each with a `contents` string whose first line is the title)."""
 
 
-_AGENT = AgentSettings
-"""Where the defaults below are declared (each once, with its bounds and docstring)."""
-
-
 @dataclass(frozen=True, slots=True)
 class AgentLimits:
-    """Turn and token limits of one trajectory: a frozen view of `AgentSettings` (`from_settings`), whose
-    fields declare the defaults."""
+    """Turn and token limits of one trajectory: a frozen view of `AgentSettings`, built by `from_settings`
+    (the settings fields declare the defaults)."""
 
-    max_turns: int = default(_AGENT, "max_turns")
-    max_tokens_per_turn: int = default(_AGENT, "max_tokens_per_turn")
-    max_obs_tokens: int = default(_AGENT, "max_obs_tokens")
-    max_response_tokens: int = default(_AGENT, "max_response_tokens")
+    max_turns: int
+    max_tokens_per_turn: int
+    max_obs_tokens: int
+    max_response_tokens: int
     max_context_tokens: int | None = None
     """The engine's context length (prompt + response), if it is to be respected here."""
 
@@ -85,12 +80,12 @@ class AgentLimits:
 
 @dataclass(frozen=True, slots=True)
 class Sampling:
-    """Sampling parameters of every turn of a trajectory: a frozen view of `AgentSettings`
-    (`from_settings`), whose fields declare the defaults."""
+    """Sampling parameters of every turn of a trajectory: a frozen view of `AgentSettings`, built by
+    `from_settings` (the settings fields declare the defaults)."""
 
-    temperature: float = default(_AGENT, "temperature")
-    top_p: float = default(_AGENT, "top_p")
-    top_k: int = default(_AGENT, "top_k")
+    temperature: float
+    top_p: float
+    top_k: int
     seed: int | None = None
     extra_args: dict[str, Any] | None = None
 
@@ -233,13 +228,15 @@ async def run_trajectory(
     codec: TextCodec,
     search: SearchFn,
     limits: AgentLimits,
-    sampling: Sampling = Sampling(),
+    sampling: Sampling | None = None,
     request_id: str = "traj",
     opened: str = "",
 ) -> TrajectoryResult:
     """Roll out one trajectory from `prompt_ids` (see the module docstring for the state machine).
     `opened`: assistant text the prompt already ends with (a prefilled `<think>` or `<search>`); the first
-    turn's action is parsed on it plus the sampled text, so a tag opened by the prompt counts."""
+    turn's action is parsed on it plus the sampled text, so a tag opened by the prompt counts. `sampling`:
+    None samples as `AgentSettings` does by default."""
+    sampling = sampling if sampling is not None else Sampling.from_settings(AgentSettings())
     res = TrajectoryResult(prompt_ids=list(prompt_ids))
     close_ids = codec.encode(OBS_CLOSE)
     turn = 0

@@ -19,14 +19,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from searchr1.core.settings import default
 from searchr1.rollout.settings import RetrieverClientSettings
 
 
 class SearchBackend(Protocol):
     """What the batcher calls: `RetrieverClient.search` has this signature."""
 
-    async def search(self, queries: Sequence[str], top_k: int = 3) -> list[list[Any]]: ...
+    async def search(self, queries: Sequence[str], top_k: int) -> list[list[Any]]: ...
 
 
 class SearchBatcher:
@@ -35,20 +34,17 @@ class SearchBatcher:
     def __init__(
         self,
         backend: SearchBackend,
+        settings: RetrieverClientSettings,
         *,
-        top_k: int = default(RetrieverClientSettings, "top_k"),
-        max_batch: int = default(RetrieverClientSettings, "max_batch"),
-        max_wait_s: float = default(RetrieverClientSettings, "max_wait_ms") / 1000,
-        max_query_chars: int = default(RetrieverClientSettings, "max_query_chars"),
         on_batch: Callable[[int, float], None] | None = None,
     ) -> None:
-        if max_batch < 1 or max_wait_s < 0 or max_query_chars < 1:
-            raise ValueError("max_batch and max_query_chars must be >= 1 and max_wait_s >= 0")
-        self.max_query_chars = max_query_chars
+        """`settings`: the `[rollout.retriever]` table (`top_k`, `max_batch`, `max_wait_ms`,
+        `max_query_chars`; the retry knobs are the backend's)."""
+        self.max_query_chars = settings.max_query_chars
         self.backend = backend
-        self.top_k = top_k
-        self.max_batch = max_batch
-        self.max_wait_s = max_wait_s
+        self.top_k = settings.top_k
+        self.max_batch = settings.max_batch
+        self.max_wait_s = settings.max_wait_ms / 1000
         self.on_batch = on_batch
         self._pending: list[tuple[str, asyncio.Future]] = []
         self._timer: asyncio.TimerHandle | None = None

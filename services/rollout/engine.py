@@ -26,9 +26,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from searchr1.core.settings import default
-from searchr1.rollout.settings import AgentSettings
-
 TurnFinish = Literal["stop", "eos", "length", "interrupted"]
 """How a turn ended: a stop string, the EOS token, its token budget, or its request's `interrupt` (the
 tokens sampled so far are returned; `rollout/partial.py` resumes the turn after a weight swap)."""
@@ -36,14 +33,14 @@ tokens sampled so far are returned; `rollout/partial.py` resumes the turn after 
 
 @dataclass(frozen=True, slots=True)
 class TurnRequest:
-    """One turn to generate: the full context as token ids plus sampling parameters (their defaults are
-    `AgentSettings`')."""
+    """One turn to generate: the full context as token ids plus sampling parameters (the agent's
+    `Sampling`, from `AgentSettings`)."""
 
     prompt_ids: Sequence[int]
     max_tokens: int
-    temperature: float = default(AgentSettings, "temperature")
-    top_p: float = default(AgentSettings, "top_p")
-    top_k: int = default(AgentSettings, "top_k")
+    temperature: float
+    top_p: float
+    top_k: int
     seed: int | None = None
     stop: Sequence[str] = ()
     extra_args: dict[str, Any] | None = None

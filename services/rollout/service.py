@@ -94,7 +94,7 @@ class RolloutService:
         if self.worker.watchdog is not None:  # a loop that stopped passing stops the worker, not only /healthz
             supervisor.spawn("progress watchdog", self.worker.watchdog.guard())
         try:
-            await supervisor.run(self.worker.run(stop), stop, grace_s=(self.worker.drain_timeout_s or 60.0) + 30.0)
+            await supervisor.run(self.worker.run(stop), stop, grace_s=(self.worker.settings.drain_timeout_s or 60.0) + 30.0)
         finally:
             await supervisor.close(timeout=5.0)
 
@@ -144,9 +144,7 @@ async def build_service(settings: RolloutSettings, *, generator: Generator | Non
             metrics.search_batch_size.observe(n)
             metrics.search_latency.observe(seconds)
 
-        batcher = SearchBatcher(retriever, top_k=r.top_k, max_batch=r.max_batch,
-                                max_wait_s=r.max_wait_ms / 1000.0, max_query_chars=r.max_query_chars,
-                                on_batch=on_batch)
+        batcher = SearchBatcher(retriever, r, on_batch=on_batch)
         w = settings.reward
         reward = RewardClient(w.url, token=w.token, retry=w.retry_policy(), **_counted(metrics, "reward"))
         closers.append(reward.close)
@@ -167,9 +165,7 @@ async def build_service(settings: RolloutSettings, *, generator: Generator | Non
                    if settings.weights.partial_rollouts else None)
         sampler = GroupSampler(partial or generator, HfCodec(tokenizer), tokenizer, batcher.search, reward, settings.agent,
                                settings.reward, metrics, max_context_tokens=settings.engine.max_model_len)
-        worker = Worker(sampler, tasks, groups, loader, metrics, worker_id, max_concurrent=t.max_concurrent,
-                        block_ms=t.block_ms, reclaim_interval_s=t.reclaim_interval_s,
-                        weight_poll_s=settings.weights.poll_interval_s, drain_timeout_s=t.drain_timeout_s,
+        worker = Worker(sampler, tasks, groups, loader, metrics, worker_id, t, settings.weights,
                         heartbeat_s=t.visibility_timeout_ms / 4000, watchdog=watchdog, partial=partial,
                         faults=faults)
     except BaseException:

@@ -8,6 +8,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from searchr1.core.protocol import SEARCH_R1
 from searchr1.core.settings import (
     RedisSettings,
     RetrySettings,
@@ -63,7 +64,7 @@ class AgentSettings(Section):
     """Tokens one observation may take (truncation keeps `</information>`)."""
     max_response_tokens: int = Field(default=4096, ge=1)
     """Budget over the whole response, sampled + environment tokens (finish reason `length`)."""
-    template: str = "search_r1"
+    template: str = SEARCH_R1
     """Prompt template name from `searchr1.core.protocol.TEMPLATES`."""
     temperature: float = Field(default=1.0, ge=0.0, le=10.0)
     """Default temperature (a task's sampling params take precedence when they set one)."""

@@ -51,7 +51,6 @@ from redis.exceptions import RedisError
 
 from searchr1.core.faults import NO_FAULTS, Faults
 from searchr1.core.schemas import Task, TrajectoryGroup
-from searchr1.core.settings import default
 from searchr1.core.supervise import Supervisor
 from searchr1.core.watchdog import Watchdog
 from searchr1.rollout.engine import GeneratorDead
@@ -84,8 +83,7 @@ def _dead_generator(exc: BaseException) -> GeneratorDead | None:
 
 @dataclass
 class Worker:
-    """Consumes tasks, publishes scored groups, keeps the weights fresh. Its knobs are the `[rollout.tasks]`
-    settings of the same names (and `weights.poll_interval_s`), whose fields declare the defaults."""
+    """Consumes tasks, publishes scored groups, keeps the weights fresh."""
 
     sampler: GroupSampler
     tasks: TypedStream[Task]
@@ -93,12 +91,14 @@ class Worker:
     loader: WeightLoader
     metrics: RolloutMetrics
     worker_id: str
-    max_concurrent: int = default(TaskSettings, "max_concurrent")
-    block_ms: int = default(TaskSettings, "block_ms")
-    reclaim_interval_s: float = default(TaskSettings, "reclaim_interval_s")
-    weight_poll_s: float = default(LoadSettings, "poll_interval_s")
-    drain_timeout_s: float | None = default(TaskSettings, "drain_timeout_s")
+    settings: TaskSettings = field(default_factory=TaskSettings)
+    """`[rollout.tasks]`: how many tasks at once (`max_concurrent`), how long a read blocks, how often idle
+    tasks are looked for, how long a drain may take."""
+    weights: LoadSettings = field(default_factory=LoadSettings)
+    """`[rollout.weights]`: how often the announced version is checked (`poll_interval_s`)."""
     heartbeat_s: float | None = None
+    """How often the tasks held are heartbeaten (None: never; the service beats every quarter of the
+    visibility timeout)."""
     watchdog: Watchdog | None = None
     partial: InterruptibleGenerator | None = None
     """Set (the sampler's engine, wrapped): weight swaps interrupt in-flight turns instead of draining."""
@@ -139,7 +139,7 @@ class Worker:
                     await asyncio.sleep(1.0)
         finally:
             try:
-                await self._drain(self.drain_timeout_s)
+                await self._drain(self.settings.drain_timeout_s)
             finally:
                 await tasks.close()
         if self._fatal is not None:  # after the drain: every task still held stays unacked for redelivery
@@ -153,20 +153,21 @@ class Worker:
         now = time.monotonic()
         if now >= self._next_weights:
             await self._move_to_announced_weights()
-        slots = self.max_concurrent - len(self._inflight)
+        slots = self.settings.max_concurrent - len(self._inflight)
         if slots <= 0:
-            await asyncio.wait(self._inflight, timeout=self.block_ms / 1000, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(self._inflight, timeout=self.settings.block_ms / 1000,
+                               return_when=asyncio.FIRST_COMPLETED)
             return
         entries = await self.tasks.reread_own(self.worker_id, self._held.ids, slots)
         if not entries and now >= self._next_reclaim:
-            self._next_reclaim = now + self.reclaim_interval_s
+            self._next_reclaim = now + self.settings.reclaim_interval_s
             reclaimed = await self.tasks.reclaim(self.worker_id, slots, held=self._held.ids)
             # our own slow tasks look idle too: claiming them resets their idle time, nothing more
             entries = [e for e in reclaimed if e.id not in self._inflight_ids]
             for e in entries:
                 log.warning("reclaimed task %s (delivery %d)", e.value.task_id, e.deliveries)
         if not entries:
-            block = self.block_ms if not self._inflight else min(self.block_ms, 50)
+            block = self.settings.block_ms if not self._inflight else min(self.settings.block_ms, 50)
             entries = await self.tasks.read(self.worker_id, count=slots, block_ms=block)
         self._held.hold(e.id for e in entries)  # heartbeaten from here, through a load for them
         try:
@@ -185,7 +186,7 @@ class Worker:
         """If newer weights are announced: let in-flight groups finish under the old version (or, with
         partial rollouts, interrupt their turns), then load them (no-op, bar one Redis read, when nothing
         newer is announced yet)."""
-        self._next_weights = time.monotonic() + self.weight_poll_s
+        self._next_weights = time.monotonic() + self.weights.poll_interval_s
         why = await self.loader.take_resync(self.worker_id)
         if why is not None:  # the learner set this worker's groups aside: reload whatever is announced
             log.error("re-sync requested by the learner (%s): reloading the announced weights", why)

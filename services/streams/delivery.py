@@ -72,14 +72,15 @@ class StreamBase(Generic[T]):
         group: str,
         *,
         dead_key: str,
-        visibility_timeout_ms: int = 60_000,
-        max_deliveries: int = 3,
+        visibility_timeout_ms: int | None = None,
+        max_deliveries: int | None = None,
         trim_every: int = 0,
         dead_maxlen: int = DEAD_MAXLEN,
         link: RedisLink | None = None,
         fence: Lease | None = None,
     ) -> None:
-        if visibility_timeout_ms <= 0 or max_deliveries <= 0 or dead_maxlen <= 0:
+        if (visibility_timeout_ms is not None and visibility_timeout_ms <= 0) or dead_maxlen <= 0 \
+                or (max_deliveries is not None and max_deliveries <= 0):
             raise ValueError("visibility_timeout_ms, max_deliveries and dead_maxlen must be positive")
         if trim_every < 0:
             raise ValueError("trim_every must be >= 0 (0: never trim)")
@@ -88,8 +89,11 @@ class StreamBase(Generic[T]):
         self.model = model
         self.group = group
         self.dead_key = dead_key
-        self.visibility_timeout_ms = visibility_timeout_ms  # the re-delivery paths' (`redelivery.TypedStream`)
+        self.visibility_timeout_ms = visibility_timeout_ms
+        """How long an entry stays idle before another consumer may reclaim it (the consumer's settings; None
+        on an end that only publishes or counts: the re-delivery paths of `redelivery.TypedStream` refuse)."""
         self.max_deliveries = max_deliveries
+        """Deliveries after which an unacked entry is dead-lettered (the consumer's settings, as above)."""
         self.trim_every = trim_every
         self.dead_maxlen = dead_maxlen
         self._since_trim = 0

@@ -21,7 +21,8 @@ TRAJECTORIES_GROUP = "learner"
 class StreamKeys:
     """Redis key names of one run."""
 
-    run: str = "default"
+    run: str
+    """The run name (`[*.redis] run`): every key is prefixed `searchr1:{run}:`."""
 
     def key(self, name: str) -> str:
         return f"searchr1:{self.run}:{name}"

@@ -60,6 +60,15 @@ class TypedStream(StreamBase[T]):
     """A stream of `model` entries consumed by one consumer group, with the paths that deliver an entry
     again (reclaim, re-read of a consumer's own, heartbeat, release)."""
 
+    def redelivery(self) -> tuple[int, int]:
+        """(visibility timeout in ms, max deliveries) of this consumer end: refused (ValueError) on an end
+        built without them, one that only publishes or counts."""
+        if self.visibility_timeout_ms is None or self.max_deliveries is None:
+            raise ValueError(f"{self.key}: built without visibility_timeout_ms and max_deliveries (a "
+                             f"publishing or counting end); only a consumer built with its settings delivers "
+                             f"entries again")
+        return self.visibility_timeout_ms, self.max_deliveries
+
     def reread_own_next(self) -> None:
         """Make the next `reread_own` run even if Redis never went away: a consumer restarted under its
         old name (the learner, whose lease makes it the only one) takes its pending entries back at once
@@ -71,6 +80,7 @@ class TypedStream(StreamBase[T]):
         `consumer` that it does not hold (`held`: ids read and not yet acked), oldest first, at most
         `count`, each delivered again (its count raised) — or dead-lettered when it was delivered
         `max_deliveries` times already. Otherwise []."""
+        _, max_deliveries = self.redelivery()
         reconnects = self.link.reconnects if self.link is not None else 0
         if reconnects == self._reread_at:
             return []
@@ -81,7 +91,7 @@ class TypedStream(StreamBase[T]):
             mid, times = text(r["message_id"]), int(r["times_delivered"])
             if mid in held:
                 continue
-            if times >= self.max_deliveries:
+            if times >= max_deliveries:
                 await self._bury_if(mid, times, consumer=consumer, min_idle_ms=0)
             elif len(again) < count:
                 again.append(mid)
@@ -127,7 +137,7 @@ class TypedStream(StreamBase[T]):
         at once (one script: `RELEASE_OWN`); returns how many."""
         if not ids:
             return 0
-        idle = str(self.visibility_timeout_ms + 1)
+        idle = str(self.redelivery()[0] + 1)
         return int(await self._call(lambda: self.redis.eval(
             RELEASE_OWN, 1, self.key, self.group, consumer, idle, *sorted(ids, key=parse_id)), "release"))
 
@@ -135,9 +145,9 @@ class TypedStream(StreamBase[T]):
         """Claim entries idle past the visibility timeout for `consumer`; bury those delivered
         `max_deliveries` times already. Entries `consumer` holds (`held`) are left out before anything is
         counted. Returns the claimed, valid entries."""
+        visibility_ms, max_deliveries = self.redelivery()
         pending = await self._call(lambda: self.redis.xpending_range(
-            self.key, self.group, min="-", max="+", count=count + len(held), idle=self.visibility_timeout_ms),
-            "xpending")
+            self.key, self.group, min="-", max="+", count=count + len(held), idle=visibility_ms), "xpending")
         to_claim: list[str] = []
         delivered: dict[str, int] = {}
         for p in pending:
@@ -148,14 +158,14 @@ class TypedStream(StreamBase[T]):
                 break
             times = int(p["times_delivered"])
             delivered[mid] = times
-            if times >= self.max_deliveries:
-                await self._bury_if(mid, times, consumer="", min_idle_ms=self.visibility_timeout_ms)
+            if times >= max_deliveries:
+                await self._bury_if(mid, times, consumer="", min_idle_ms=visibility_ms)
             else:
                 to_claim.append(mid)
         if not to_claim:
             return []
         claimed = await self._call(lambda: self.redis.xclaim(
-            self.key, self.group, consumer, min_idle_time=self.visibility_timeout_ms, message_ids=to_claim),
+            self.key, self.group, consumer, min_idle_time=visibility_ms, message_ids=to_claim),
             "xclaim")
         out: list[Entry[T]] = []
         for raw_id, fields in claimed:
@@ -177,22 +187,26 @@ class TypedStream(StreamBase[T]):
         return buried
 
 
-def tasks_stream(redis: aioredis.Redis, keys: StreamKeys, *, visibility_timeout_ms: int = 60_000,
-                 max_deliveries: int = 3, trim_every: int = 0, link: RedisLink | None = None) -> TypedStream[Task]:
+def tasks_stream(redis: aioredis.Redis, keys: StreamKeys, *, visibility_timeout_ms: int | None = None,
+                 max_deliveries: int | None = None, trim_every: int = 0,
+                 link: RedisLink | None = None) -> TypedStream[Task]:
     """The run's tasks stream (dispatcher → rollout workers), consumed by `TASKS_GROUP`; with
-    `trim_every`, acked entries are deleted every `trim_every` acks or publishes through it."""
+    `trim_every`, acked entries are deleted every `trim_every` acks or publishes through it. A worker
+    passes its `[rollout.tasks]` visibility timeout and max deliveries; the dispatcher's end, which only
+    publishes, passes neither."""
     return TypedStream(redis, keys.tasks, Task, TASKS_GROUP, dead_key=keys.dead,
                        visibility_timeout_ms=visibility_timeout_ms, max_deliveries=max_deliveries,
                        trim_every=trim_every, link=link)
 
 
-def trajectories_stream(redis: aioredis.Redis, keys: StreamKeys, *, visibility_timeout_ms: int = 60_000,
-                        max_deliveries: int = 3, trim_every: int = 0, link: RedisLink | None = None,
+def trajectories_stream(redis: aioredis.Redis, keys: StreamKeys, *, visibility_timeout_ms: int | None = None,
+                        max_deliveries: int | None = None, trim_every: int = 0, link: RedisLink | None = None,
                         fence: Lease | None = None) -> TypedStream[TrajectoryGroup]:
     """The run's trajectories stream (rollout workers → learner), consumed by `TRAJECTORIES_GROUP`; with
     `trim_every`, entries the learner has acked are deleted every `trim_every` acks or publishes through
     it (a worker publishing groups keeps the stream bounded without the learner's help). With `fence`
-    (the learner's lease), every ack is checked against its token inside Redis."""
+    (the learner's lease), every ack is checked against its token inside Redis. The learner passes its
+    visibility timeout and max deliveries; a worker's end, which only publishes, passes neither."""
     return TypedStream(redis, keys.trajectories, TrajectoryGroup, TRAJECTORIES_GROUP, dead_key=keys.dead,
                        visibility_timeout_ms=visibility_timeout_ms, max_deliveries=max_deliveries,
                        trim_every=trim_every, link=link, fence=fence)

@@ -19,7 +19,7 @@ class CookieTokenMiddleware:
     """Outermost layer: `?token=` → cookie + redirect; cookie → `Authorization: Bearer` header."""
 
     def __init__(self, app: Any, token: str) -> None:
-        self.app = BearerAuthMiddleware(app, token, open_paths())
+        self.app = BearerAuthMiddleware(app, token, open_paths(metrics_open=True))
         self.token = token
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:

@@ -192,7 +192,7 @@ class Broadcaster:
     """Rank 0: serves the store, forms the group (a fresh generation after any failure) and sends each
     publication. Blocking: the learner calls it from a worker thread."""
 
-    def __init__(self, host: str, port: int, world_size: int, *, backend: str = "gloo", timeout_s: float = 60.0,
+    def __init__(self, host: str, port: int, world_size: int, *, backend: str, timeout_s: float = 60.0,
                  bucket_bytes: int = 64 << 20, key: bytes = b"", public_host: str | None = None) -> None:
         """Serve the store on `host:port` (port 0: a free one); `public_host` is the address receivers
         dial, announced in the group URI (default: `host`)."""
@@ -269,7 +269,7 @@ class Receiver:
     """A receiver rank (inside a rollout engine's worker process): joins a generation's group, then
     yields each publication's tensors as they arrive. Blocking."""
 
-    def __init__(self, *, backend: str = "gloo", timeout_s: float = 60.0, device: str = "cpu",
+    def __init__(self, *, backend: str, timeout_s: float = 60.0, device: str = "cpu",
                  key: bytes = b"") -> None:
         self.backend, self.timeout_s, self.device = backend, timeout_s, device
         self._key = key

@@ -82,6 +82,16 @@ class SnapshotFile(FileResponse):
     chunk_size = 4 << 20
 
 
+def model_class_name(model: Any) -> str:
+    """The model's transformers class name, as `config.json`'s `architectures` names it for a loader: FSDP2
+    subclasses a sharded module's class as `FSDP<Name>` (`FSDPModule` first in its bases), which no loader
+    knows, so the first class of the MRO that is not FSDP's."""
+    for cls in type(model).__mro__:
+        if not cls.__name__.startswith("FSDP"):
+            return cls.__name__
+    return type(model).__name__
+
+
 def _fingerprint(directory: Path) -> tuple:
     """What identifies the files as written: names, sizes, mtimes and inodes."""
     out = []
@@ -94,8 +104,9 @@ def _fingerprint(directory: Path) -> tuple:
 class WeightPublisher:
     """Writes, announces, serves and prunes weight snapshots under `root`."""
 
-    def __init__(self, root: Path, keep: int = 3, base_url: str | None = None, *, fence: int = 0,
+    def __init__(self, root: Path, keep: int, base_url: str | None = None, *, fence: int = 0,
                  guard: Callable[[], None] | None = None) -> None:
+        """`root` and `keep`: the learner's `weights.dir` and `weights.keep` (the snapshots kept)."""
         self.root = Path(root).resolve()
         self.keep = keep
         self.base_url = base_url.rstrip("/") if base_url else None
@@ -145,7 +156,7 @@ class WeightPublisher:
     def _write_files(directory: Path, hf_model: Any, state_dict: dict, metadata: dict[str, str]) -> str:
         """Config files (as `save_pretrained` writes them), then the tensors; returns the digest."""
         config = hf_model.config
-        config.architectures = [type(hf_model).__name__]
+        config.architectures = [model_class_name(hf_model)]
         floating = next((t for t in state_dict.values() if t.is_floating_point()), None)
         if floating is not None:
             config.dtype = str(floating.dtype).removeprefix("torch.")

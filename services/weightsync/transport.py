@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from searchr1.core.schemas import WeightVersion
@@ -74,7 +74,8 @@ class BroadcastTransport:
     redis: Any
     keys: StreamKeys
     link: RedisLink | None = None
-    snapshot_every: int = 10
+    snapshot_every: int = field(kw_only=True)
+    """`weights.broadcast.snapshot_every`: every this many versions also a snapshot (the catch-up point)."""
     failures: int = 0
     lease: Lease | None = None
     """The learner's lease: the recovery-snapshot record is fenced by its token inside Redis."""

@@ -22,14 +22,14 @@ from searchr1.core.protocol import (
     render_prompt,
 )
 from searchr1.world.generator import World, generate_world
-from searchr1.world.settings import GeneratorSettings
+from searchr1.world.settings import GeneratorSettings, WarmstartSettings
 from searchr1.world.sft_data import encode_trace
 from searchr1.world.traces import TraceRates, make_trace
 
 
 def self_check(model, tokenizer, world: World, questions: Sequence[dict[str, Any]], *,
-               observation: str = "gold", max_searches: int = 3, max_turn_tokens: int = 64,
-               topk: int = 3) -> dict[str, Any]:
+               topk: int, observation: str = "gold", max_searches: int = 3,
+               max_turn_tokens: int = 64) -> dict[str, Any]:
     """Greedy multi-turn generation with HF `generate` on `questions` (world.json question records).
     Each search is answered with BM25 hits over the world's corpus; with `observation="gold"` the
     passage of the current hop is put first when BM25 missed it (so the check measures reading and
@@ -103,7 +103,7 @@ def value_token_positions(tokenizer, text: str, value: str) -> list[int]:
     return [i for i, (a, b) in enumerate(enc["offset_mapping"]) if a < stop and b > start]
 
 
-def reading_check(model, tokenizer, world: World, n: int = 64, topk: int = 3, seed: int = 0) -> dict[str, Any]:
+def reading_check(model, tokenizer, world: World, n: int = 64, *, topk: int, seed: int = 0) -> dict[str, Any]:
     """How well the model *reads*: on `n` clean search traces about unknown entities of `world` (a world
     the model never trained on), the share of the restated value's tokens (the fact copied out of the
     observation in the final think) that the model predicts greedily with the trace as context
@@ -155,4 +155,6 @@ def run_check(model: str | Path, world: str | Path, n: int, observation: str, th
     w, doc = load_world(world)
     tok = load_tokenizer(model)
     lm = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32)
-    return self_check(lm, tok, w, doc["questions"]["test"][:n], observation=observation)  # type: ignore[arg-type]
+    topk = WarmstartSettings().topk  # the passages per search the warm start trained with
+    questions = doc["questions"]["test"][:n]
+    return self_check(lm, tok, w, questions, topk=topk, observation=observation)  # type: ignore[arg-type]

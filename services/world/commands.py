@@ -92,7 +92,8 @@ def check(
     n: Annotated[int, typer.Option(min=1, help="Test questions to check.")] = 64,
     observation: Annotated[str, typer.Option(
         help="'gold': the hop's gold passage is always among the hits; 'bm25': plain BM25 hits.")] = "gold",
-    threads: Annotated[int, typer.Option(min=1, help="torch intra-op threads.")] = 1,
+    threads: Annotated[int | None, typer.Option(
+        min=1, help="torch intra-op threads (default: the warm start's `threads`).")] = None,
 ) -> None:
     """Greedy self-check with HF generate: EM, format-valid rate and searches per question on
     held-out test questions (a quick look, not the evaluation service)."""
@@ -102,6 +103,9 @@ def check(
 
     if observation not in ("gold", "bm25"):
         fail("--observation must be 'gold' or 'bm25'")
+    from searchr1.world.settings import WarmstartSettings
+
+    threads = threads if threads is not None else WarmstartSettings().threads
     typer.echo(json.dumps(run_check(model, world, n, observation, threads), indent=1))
 
 

@@ -24,7 +24,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from searchr1.core.protocol import extract_answer, observation_for
-from searchr1.core.settings import default
 from searchr1.world.chat import IM_END
 from searchr1.world.generator import INDUSTRIES, OCCUPATIONS, RELATIONS, Entity, Question, World
 from searchr1.world.settings import WarmstartSettings
@@ -73,13 +72,14 @@ class Trace:
 @dataclass(frozen=True, slots=True)
 class TraceRates:
     """Probabilities of the imperfect behaviours (see the module docstring): a frozen view of the
-    `WarmstartSettings` fields of the same names, which declare the defaults and their meaning."""
+    `WarmstartSettings` fields of the same names (`from_settings`), which declare the defaults and their
+    meaning."""
 
-    p_guess: float = default(WarmstartSettings, "p_guess")
-    p_needless_search: float = default(WarmstartSettings, "p_needless_search")
-    p_noisy_query: float = default(WarmstartSettings, "p_noisy_query")
-    p_wrong_copy: float = default(WarmstartSettings, "p_wrong_copy")
-    topk: int = default(WarmstartSettings, "topk")
+    p_guess: float
+    p_needless_search: float
+    p_noisy_query: float
+    p_wrong_copy: float
+    topk: int
 
     @classmethod
     def from_settings(cls, ws: WarmstartSettings) -> TraceRates:

@@ -104,7 +104,7 @@ def _train(st: _Start, ws: WarmstartSettings, init: str | Path | None, console: 
             progress.update(task, completed=step)
             if ws.eval_every and test and step % ws.eval_every == 0 and step < ws.steps:
                 check = self_check(model, tokenizer, st.world, test[:32], observation="gold", topk=ws.topk)
-                reading = reading_check(model, tokenizer, probe_world, 32, ws.topk)
+                reading = reading_check(model, tokenizer, probe_world, 32, topk=ws.topk)
                 model.train()
                 curve.append({"step": step, "em": check["em"], "format_valid": check["format_valid"],
                               "searches_per_question": check["searches_per_question"],
@@ -150,7 +150,7 @@ def _final_checks(st: _Start, ws: WarmstartSettings, test: list[Any],
         console.print(f"self-check (greedy, gold passage supplied, {check['n']} test questions): "
                       f"EM {check['em']:.3f}, format-valid {check['format_valid']:.3f}, "
                       f"searches/question {check['searches_per_question']:.2f}")
-    reading = reading_check(st.model, st.tokenizer, st.probe_world, 64, ws.topk)
+    reading = reading_check(st.model, st.tokenizer, st.probe_world, 64, topk=ws.topk)
     console.print(f"reading (teacher-forced, {reading['traces']} unseen traces): value tokens "
                   f"{reading['value_token_accuracy']:.3f}, whole values {reading['value_exact']:.3f}")
     return check, reading

@@ -79,7 +79,7 @@ async def test_retriever_grpc_http_and_closed_metrics(bm25_index):
             assert ok.results[0].hits[0].doc_id == "0"
         async with RetrieverClient([running.grpc_address], retry=RetrySettings(retries=2)) as client:
             with pytest.raises(RetrieverError, match="UNAUTHENTICATED") as err:
-                await client.search(["moon"])
+                await client.search(["moon"], 3)
             assert err.value.code == grpc.StatusCode.UNAUTHENTICATED
         url = running.http.url
         await assert_http_guarded(url, "POST", "/retrieve", json={"queries": ["moon"], "topk": 1})
@@ -137,7 +137,7 @@ def tiny_model():
 
 
 async def test_learner_weight_server_needs_the_token(tmp_path):
-    publisher = WeightPublisher(tmp_path / "weights")
+    publisher = WeightPublisher(tmp_path / "weights", keep=3)
     model = tiny_model()
     snap = publisher.write(3, model, model.state_dict())
     server = HttpServer(weights_app(publisher, token=TOKEN))

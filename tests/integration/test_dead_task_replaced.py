@@ -44,7 +44,7 @@ async def test_a_dead_lettered_task_is_replaced_and_the_lockstep_step_fills(redi
     settings = LearnerSettings(algorithm={"max_staleness": 0}, batch={"groups_per_step": 2}, read_block_ms=50,
                                dispatcher={"group_size": 2, "poll_s": 0.05, "seed": 3})
     tasks = tasks_stream(redis, keys, visibility_timeout_ms=100, max_deliveries=2)
-    traj = trajectories_stream(redis, keys)
+    traj = trajectories_stream(redis, keys, visibility_timeout_ms=60_000, max_deliveries=3)
     record = tmp_path / "t.dead-tasks"
     metrics = LearnerMetrics()
     staleness = StalenessPolicy.from_settings(settings)
@@ -110,8 +110,8 @@ async def test_a_step_whose_tasks_were_lost_gets_replacements(redis, caplog):
     keys = StreamKeys("t")
     settings = LearnerSettings(algorithm={"max_staleness": 0}, batch={"groups_per_step": 2}, read_block_ms=50,
                                dispatcher={"group_size": 2, "poll_s": 0.05})
-    tasks = tasks_stream(redis, keys)
-    traj = trajectories_stream(redis, keys)
+    tasks = tasks_stream(redis, keys, visibility_timeout_ms=60_000, max_deliveries=3)
+    traj = trajectories_stream(redis, keys, visibility_timeout_ms=60_000, max_deliveries=3)
     metrics = LearnerMetrics()
     staleness = StalenessPolicy.from_settings(settings)
     dispatcher = Dispatcher(tasks, QUESTIONS, settings.dispatcher, staleness=staleness)

@@ -20,18 +20,18 @@ def _task(i: int) -> Task:
 
 
 async def test_restarted_consumer_rereads_its_own_pending_at_once(redis):
-    before = tasks_stream(redis, KEYS, visibility_timeout_ms=3_600_000)
+    before = tasks_stream(redis, KEYS, visibility_timeout_ms=3_600_000, max_deliveries=3)
     await before.ensure_group()
     await before.publish_many([_task(i) for i in range(3)])
     assert len(await before.read("rollout-0", count=2)) == 2  # then the process is killed
-    after = tasks_stream(redis, KEYS, visibility_timeout_ms=3_600_000)  # the restarted process, same name
+    after = tasks_stream(redis, KEYS, visibility_timeout_ms=3_600_000, max_deliveries=3)  # the restarted process, same name
     again = await after.reread_own("rollout-0", set(), count=8)
     assert [e.value.task_id for e in again] == ["t0", "t1"]  # not an hour later: now
     assert await after.reread_own("rollout-0", set(), count=8) == []  # once
 
 
 async def test_heartbeat_keeps_live_entries_and_never_steals(redis):
-    s = tasks_stream(redis, KEYS, visibility_timeout_ms=300)
+    s = tasks_stream(redis, KEYS, visibility_timeout_ms=300, max_deliveries=3)
     await s.ensure_group()
     await s.publish_many([_task(i) for i in range(2)])
     held = await s.read("live", count=2)
@@ -66,7 +66,7 @@ async def test_a_slow_live_worker_keeps_its_task(redis, tmp_path):
     await st.tasks.publish(Task(task_id="slow", question="q?", golden_answers=["Paris"], group_size=2))
     stop = asyncio.Event()
     run = asyncio.create_task(st.worker.run(stop))
-    thief = tasks_stream(redis, KEYS, visibility_timeout_ms=300)
+    thief = tasks_stream(redis, KEYS, visibility_timeout_ms=300, max_deliveries=3)
     stolen = []
     async with asyncio.timeout(30):  # guard only
         while not (got := await st.groups.read("learner", count=1, block_ms=50)):
@@ -134,7 +134,7 @@ async def test_a_long_drain_keeps_heartbeating(redis, tmp_path):
     await st.tasks.publish(Task(task_id="slow", question="q?", golden_answers=["Paris"], group_size=1))
     stop = asyncio.Event()
     run = asyncio.create_task(st.worker.run(stop))
-    thief = tasks_stream(redis, KEYS, visibility_timeout_ms=300)
+    thief = tasks_stream(redis, KEYS, visibility_timeout_ms=300, max_deliveries=3)
     stolen = []
     async with asyncio.timeout(30):  # guard only
         while not st.worker._inflight:

@@ -49,7 +49,7 @@ async def _stop(tmp_path, mode: str) -> tuple[int, str]:
                                                 stdout=asyncio.subprocess.PIPE, start_new_session=True)
     assert proc.stdout is not None
     assert (await asyncio.wait_for(proc.stdout.readline(), 60)).strip() == b"ready"
-    run = Running(ProcessSpec(name="owner", argv=[], stage="s"), proc, time.monotonic())
+    run = Running(ProcessSpec(name="owner", argv=[], stage="s", health_timeout_s=60.0), proc, time.monotonic())
     await terminate_group(run, 20.0, asyncio.Event(), lambda *a, **k: None)
     for _ in range(200):  # the group's last member may still be exiting
         if not group_alive(proc.pid):

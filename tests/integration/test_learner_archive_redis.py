@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from searchr1.core.schemas import TrajectoryGroup
+from searchr1.learner.compose import build_learner
 from searchr1.learner.metrics import StepLog
-from searchr1.learner.process import build_learner
+from searchr1.learner.parts import Outputs, RedisSide
 from searchr1.learner.service import Learner
 from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.tools.archive import ArchiveWriter, latest_copies, read
@@ -54,8 +55,9 @@ def _settings(tmp_path, redis_url, model_path, **over) -> LearnerSettings:
 def _learner(settings, redis, consumer="learner-0") -> Learner:
     settings = settings.model_copy(update={"consumer": consumer})
     training = build_training(settings, DistInfo())
-    return build_learner(settings, training, step_log=StepLog(settings.log_dir / "t.jsonl"), redis=redis,
-                         archive=ArchiveWriter(settings.archive_dir, settings.archive.every_steps))
+    return build_learner(settings, training, redis=RedisSide(redis),
+                         outputs=Outputs(StepLog(settings.log_dir / "t.jsonl"),
+                                         ArchiveWriter(settings.archive_dir, settings.archive.every_steps)))
 
 
 def _producer(redis) -> TypedStream[TrajectoryGroup]:
@@ -178,15 +180,16 @@ from searchr1.learner.train.checkpoint import Checkpointer
 from searchr1.learner.metrics import LearnerMetrics
 from searchr1.learner.train.model import DistInfo
 from searchr1.weightsync import WeightPublisher
-from searchr1.learner.process import build_learner
+from searchr1.learner.compose import build_learner
+from searchr1.learner.parts import Outputs, RedisSide
 from searchr1.learner.train.build import build_training
 from searchr1.learner.settings import LearnerSettings
 
 async def main():
     s = LearnerSettings.model_validate_json(sys.argv[1])
     redis = connect(s.redis.url)
-    learner = build_learner(s, build_training(s, DistInfo()), redis=redis,
-                            archive=ArchiveWriter(s.archive_dir, s.archive.every_steps))
+    learner = build_learner(s, build_training(s, DistInfo()), redis=RedisSide(redis),
+                            outputs=Outputs(archive=ArchiveWriter(s.archive_dir, s.archive.every_steps)))
     learner.checkpoint = lambda: os.kill(os.getpid(), signal.SIGKILL)  # dies between archive and ack
     await learner.start()
     await learner.step_once(asyncio.Event())

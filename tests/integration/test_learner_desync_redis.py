@@ -16,8 +16,9 @@ import torch
 from searchr1.core.faults import FaultPoints
 from searchr1.core.schemas import TrajectoryGroup, decode
 from searchr1.learner.algo.batch import build_batch
+from searchr1.learner.compose import build_learner
 from searchr1.learner.metrics import LearnerMetrics, StepLog
-from searchr1.learner.process import build_learner
+from searchr1.learner.parts import Outputs, RedisSide
 from searchr1.learner.service import Learner
 from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.train.build import build_training
@@ -49,7 +50,7 @@ def _learner(tmp_path, redis_url, redis, model_dir) -> Learner:
         desync={"enabled": True, "abs_threshold": 1e-3, "ratio": 10.0, "min_tokens": 4})
     metrics = LearnerMetrics()
     training = build_training(s, DistInfo(), metrics.stages)
-    return build_learner(s, training, metrics=metrics, step_log=StepLog(s.log_dir / "t.jsonl"), redis=redis)
+    return build_learner(s, training, metrics=metrics, redis=RedisSide(redis), outputs=Outputs(StepLog(s.log_dir / "t.jsonl")))
 
 
 def _sampled(task_id: str, worker_id: str, version: int, engine: HfGenerator) -> TrajectoryGroup:

@@ -63,7 +63,7 @@ def _train(rank: int, world: int, model_path: str, out: str, port: int) -> None:
         Checkpointer(out_a / "ckpt", keep=1, info=info).save(TrainState(step=1, version=1), training.components)
         model, state = export_weights(training.trainer.policy, info)
         if info.is_main:
-            WeightPublisher(out_a / "weights").write(1, model, state)
+            WeightPublisher(out_a / "weights", keep=3).write(1, model, state)
             (out_a / "stats.json").write_text(json.dumps(stats))
     leave_group(world)
 

@@ -10,8 +10,9 @@ import random
 from types import SimpleNamespace
 
 from searchr1.learner.algo.staleness import StalenessPolicy
+from searchr1.learner.compose import build_learner
 from searchr1.learner.metrics import LearnerMetrics
-from searchr1.learner.process import build_learner
+from searchr1.learner.parts import RedisSide
 from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.sources.stream import StreamSource
 from searchr1.learner.train.checkpoint import TrainState
@@ -74,7 +75,7 @@ async def test_a_read_of_only_set_aside_groups_does_not_ack_uncheckpointed_steps
     settings = LearnerSettings(batch={"groups_per_step": 1}, checkpoint={"every": 3, "dir": str(tmp_path / "ck")},
                                read_block_ms=50, weights={"dir": str(tmp_path / "w")})
     source = _source(redis, settings)
-    learner = build_learner(settings, SimpleNamespace(trainer=SimpleNamespace()), redis=redis, source=source)
+    learner = build_learner(settings, SimpleNamespace(trainer=SimpleNamespace()), redis=RedisSide(redis), source=source)
     await source.start()
     (trained,) = await _publish(redis, "a")
     step = await source.next_step(asyncio.Event(), learner.state)

@@ -11,8 +11,9 @@ import random
 import pytest
 import torch
 
+from searchr1.learner.compose import build_learner
 from searchr1.learner.metrics import StepLog
-from searchr1.learner.process import build_learner
+from searchr1.learner.parts import Outputs, RedisSide
 from searchr1.learner.service import Learner
 from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.train.build import build_training
@@ -36,7 +37,8 @@ def _learner(tmp_path, redis, redis_url, model_path, **algorithm) -> Learner:
         batch={"groups_per_step": 2, "micro_batch_size": 4, "max_seq_len": 64},
         weights={"dir": str(tmp_path / "weights")}, checkpoint={"dir": str(tmp_path / "ckpt")},
         log_dir=str(tmp_path / "logs"), visibility_timeout_ms=60_000, read_block_ms=100)
-    return build_learner(s, build_training(s, DistInfo()), step_log=StepLog(s.log_dir / "t.jsonl"), redis=redis)
+    return build_learner(s, build_training(s, DistInfo()), redis=RedisSide(redis),
+                         outputs=Outputs(StepLog(s.log_dir / "t.jsonl")))
 
 
 def _group(name: str, rewards: list[float]):

@@ -126,7 +126,8 @@ async def test_a_learner_built_with_its_lease_fences_its_acks_and_checks_redis_b
     refused although its own view of the lease is still valid."""
     from types import SimpleNamespace
 
-    from searchr1.learner.process import build_learner
+    from searchr1.learner.compose import build_learner
+    from searchr1.learner.parts import RedisSide
     from searchr1.learner.settings import LearnerSettings
     from searchr1.streams import trajectories_stream
     from tests.support.synthetic import synthetic_group
@@ -136,7 +137,7 @@ async def test_a_learner_built_with_its_lease_fences_its_acks_and_checks_redis_b
     old = Lease(redis, RUN, holder="old")
     await old.acquire()
     training = SimpleNamespace(trainer=SimpleNamespace(), vocab_size=lambda: 1000)
-    learner = build_learner(settings, training, redis=redis, lease=old)
+    learner = build_learner(settings, training, redis=RedisSide(redis, lease=old))
     await learner.source.start()
     await trajectories_stream(redis, StreamKeys(RUN)).publish(synthetic_group("g", group_size=2, rewards=[1.0, 0.0]))
     step = await learner.source.next_step(asyncio.Event(), learner.state)

@@ -12,8 +12,9 @@ import random
 import torch
 from safetensors.torch import load_file
 
+from searchr1.learner.compose import build_learner
 from searchr1.learner.metrics import StepLog
-from searchr1.learner.process import build_learner
+from searchr1.learner.parts import Outputs, RedisSide
 from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.train.build import build_training
 from searchr1.learner.train.model import DistInfo
@@ -39,7 +40,8 @@ def _settings(tmp_path, redis_url, model_path) -> LearnerSettings:
 async def test_forced_collapse_rolls_back_once_then_stops(tmp_path, redis, redis_server):
     model_path = tiny_qwen2(tmp_path / "model", vocab=256, hidden=64)
     s = _settings(tmp_path, redis_server.url, model_path)
-    learner = build_learner(s, build_training(s, DistInfo()), step_log=StepLog(s.log_dir / "g.jsonl"), redis=redis)
+    learner = build_learner(s, build_training(s, DistInfo()), redis=RedisSide(redis),
+                            outputs=Outputs(StepLog(s.log_dir / "g.jsonl")))
     await learner.start()
     producer = trajectories_stream(redis, StreamKeys("g"))
     rng = random.Random(0)

@@ -29,7 +29,7 @@ def _group(task: str, **change) -> TrajectoryGroup:
 async def test_poison_groups_are_dead_lettered_alone_and_their_batch_mates_train(redis):
     settings = LearnerSettings(batch={"groups_per_step": 3}, read_block_ms=50)
     keys = StreamKeys("t")
-    traj = trajectories_stream(redis, keys)
+    traj = trajectories_stream(redis, keys, visibility_timeout_ms=60_000, max_deliveries=3)
     source = StreamSource(settings, traj, tasks_stream(redis, keys), StalenessPolicy.from_settings(settings),
                           LearnerMetrics(), vocab_size=128)
     await source.start()
@@ -79,7 +79,7 @@ async def test_a_group_the_schema_refuses_is_replaced_and_the_lockstep_step_trai
     replacement, so a lockstep step that counted on it still fills."""
     settings = LearnerSettings(algorithm={"max_staleness": 0}, batch={"groups_per_step": 2}, read_block_ms=50)
     keys = StreamKeys("t")
-    traj = trajectories_stream(redis, keys)
+    traj = trajectories_stream(redis, keys, visibility_timeout_ms=60_000, max_deliveries=3)
     dispatcher = _Dispatcher(traj.publish)
     source = StreamSource(settings, traj, tasks_stream(redis, keys), StalenessPolicy.from_settings(settings),
                           LearnerMetrics(), vocab_size=128, dispatcher=dispatcher)
@@ -107,7 +107,7 @@ async def test_a_reward_float32_cannot_hold_and_a_group_the_batch_builder_refuse
     would raise mid-step, and restarts would dead-letter the whole step's groups as past `max_deliveries`)."""
     settings = LearnerSettings(algorithm={"max_staleness": 0}, batch={"groups_per_step": 3}, read_block_ms=50)
     keys = StreamKeys("t")
-    traj = trajectories_stream(redis, keys)
+    traj = trajectories_stream(redis, keys, visibility_timeout_ms=60_000, max_deliveries=3)
     dispatcher = _Dispatcher(traj.publish)
     source = StreamSource(settings, traj, tasks_stream(redis, keys), StalenessPolicy.from_settings(settings),
                           LearnerMetrics(), vocab_size=None, dispatcher=dispatcher)

@@ -17,7 +17,8 @@ from tests.support.synthetic import synthetic_group
 
 def _source(redis, settings: LearnerSettings) -> StreamSource:
     keys, link = StreamKeys("t"), RedisLink("learner")
-    traj = trajectories_stream(redis, keys, link=link, visibility_timeout_ms=settings.visibility_timeout_ms)
+    traj = trajectories_stream(redis, keys, link=link, visibility_timeout_ms=settings.visibility_timeout_ms,
+                               max_deliveries=3)
     return StreamSource(settings, traj, tasks_stream(redis, keys, link=link),
                         StalenessPolicy.from_settings(settings), LearnerMetrics())
 

@@ -14,8 +14,9 @@ from safetensors.torch import load_file
 
 from searchr1.core.schemas import Task, TrajectoryGroup, decode
 from searchr1.core.servers import HttpServer
+from searchr1.learner.compose import build_learner
 from searchr1.learner.metrics import LearnerMetrics, StepLog
-from searchr1.learner.process import build_learner
+from searchr1.learner.parts import Outputs, RedisSide
 from searchr1.learner.service import Learner
 from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.train.build import build_training
@@ -61,8 +62,8 @@ def _learner(settings, redis, consumer="learner-0") -> Learner:
     settings = settings.model_copy(update={"consumer": consumer})
     metrics = LearnerMetrics()
     training = build_training(settings, DistInfo(), metrics.stages)
-    return build_learner(settings, training, metrics=metrics, step_log=StepLog(settings.log_dir / "t.jsonl"),
-                         redis=redis)
+    return build_learner(settings, training, metrics=metrics, redis=RedisSide(redis),
+                         outputs=Outputs(StepLog(settings.log_dir / "t.jsonl")))
 
 
 def _producer(redis) -> TypedStream[TrajectoryGroup]:
@@ -266,7 +267,7 @@ async def test_dispatcher_keeps_max_inflight(tmp_path, redis):
     paced_keys = StreamKeys("p")
     paced_stream = tasks_stream(redis, paced_keys)
     await paced_stream.ensure_group()
-    policy = StalenessPolicy(max_staleness=0, groups_per_step=2)
+    policy = StalenessPolicy(max_staleness=0, groups_per_step=2, paced=True)
     paced = Dispatcher(paced_stream, specs, DispatcherSettings(max_inflight=10, epochs=2), staleness=policy)
     assert await paced.fill() == 2 and await paced.fill() == 0
     paced.grant(3, version=1)
@@ -406,7 +407,7 @@ async def test_slow_pruning_and_step_log_sinks_do_not_block_the_event_loop(tmp_p
     sink = _SlowWandb(1.5)
     publisher = _SlowPrunePublisher(settings.weights.dir, keep=settings.weights.keep)
     learner = build_learner(settings, build_training(settings, DistInfo()), publisher=publisher,
-                            step_log=StepLog(settings.log_dir / "t.jsonl", sink), redis=redis)
+                            outputs=Outputs(StepLog(settings.log_dir / "t.jsonl", sink)), redis=RedisSide(redis))
     await learner.start()
     await _producer(redis).publish_many(_groups("lag", 2))
     gaps: list[float] = []
@@ -456,8 +457,8 @@ async def test_replays_are_not_granted_a_replacement_task(tmp_path, redis, redis
             pass
 
     settings = settings.model_copy(update={"consumer": "learner-0"})
-    learner = build_learner(settings, build_training(settings, DistInfo()),
-                            step_log=StepLog(settings.log_dir / "t.jsonl"), redis=redis, dispatcher=Recorder())
+    learner = build_learner(settings, build_training(settings, DistInfo()), redis=RedisSide(redis),
+                            outputs=Outputs(StepLog(settings.log_dir / "t.jsonl")), dispatcher=Recorder())
     await learner.start()
     producer = _producer(redis)
     await producer.publish_many(_groups("a", 2))

@@ -22,6 +22,7 @@ from searchr1.core.protocol import normalize_answer, render_prompt
 from searchr1.core.schemas import Task, Trajectory, TrajectoryGroup
 from searchr1.rollout.agent import AgentLimits, Sampling, run_trajectory
 from searchr1.rollout.engine import HfCodec, TurnRequest
+from searchr1.rollout.settings import AgentSettings
 from tests.support.real_models import prepared
 from tests.support.rollout_stack import start_retriever, start_vllm
 
@@ -50,13 +51,13 @@ async def _group(gen, codec, tok, retriever):
     from searchr1.core.clients.retriever import RetrieverClient
 
     prompt_ids = codec.encode(render_prompt(QUESTION, tok) + PREFIX)
-    limits = AgentLimits(max_turns=2, max_tokens_per_turn=40, max_obs_tokens=160, max_response_tokens=400)
+    limits = AgentLimits.from_settings(AgentSettings(max_turns=2, max_tokens_per_turn=40, max_obs_tokens=160, max_response_tokens=400))
     async with RetrieverClient([retriever.address]) as client:
         async def search(q):
             return (await client.search([q], top_k=2))[0]
 
         rec = [Recording(gen) for _ in range(GROUP)]
-        results = [await run_trajectory(prompt_ids, rec[i], codec, search, limits, Sampling(seed=100 + i),
+        results = [await run_trajectory(prompt_ids, rec[i], codec, search, limits, Sampling.from_settings(AgentSettings(), seed=100 + i),
                                         request_id=f"g{i}", opened=PREFIX) for i in range(GROUP)]
     return prompt_ids, results, rec
 
@@ -132,7 +133,7 @@ async def test_real_model_rollout_step_reload_and_logprob_gap(tmp_path):
 
         t = time.perf_counter()
         hf_model, state = export_weights(policy, DistInfo())
-        snap = WeightPublisher(tmp_path / "weights").write(1, hf_model, state)
+        snap = WeightPublisher(tmp_path / "weights", keep=3).write(1, hf_model, state)
         figures["snapshot_write_s"] = time.perf_counter() - t
         t = time.perf_counter()
         await gen.reload(str(snap))
@@ -140,7 +141,8 @@ async def test_real_model_rollout_step_reload_and_logprob_gap(tmp_path):
 
         # fresh samples from the reloaded engine, scored by the learner under the same weights
         plain_ids = codec.encode(render_prompt(QUESTION, tok))
-        outs = [await gen.generate(TurnRequest(prompt_ids=plain_ids, max_tokens=48, seed=500 + i), f"m{i}")
+        outs = [await gen.generate(TurnRequest(prompt_ids=plain_ids, max_tokens=48, temperature=1.0, top_p=1.0,
+                                               top_k=-1, seed=500 + i), f"m{i}")
                 for i in range(SAMPLES)]
         trajs = [Trajectory(prompt_ids=plain_ids, response_ids=o.token_ids, loss_mask=[1] * len(o.token_ids),
                             behavior_logprobs=o.logprobs) for o in outs]

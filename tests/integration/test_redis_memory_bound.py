@@ -23,7 +23,7 @@ async def ids_in(redis, key: str) -> list[str]:
 
 
 async def test_trim_never_removes_pending_or_unread_entries(redis):
-    s = streams.tasks_stream(redis, KEYS, visibility_timeout_ms=50)
+    s = streams.tasks_stream(redis, KEYS, visibility_timeout_ms=50, max_deliveries=3)
     await s.ensure_group()
     await redis.xgroup_create(KEYS.tasks, "audit", id="0")  # a second group reading the same stream
     ids = await s.publish_many([task(i) for i in range(10)])
@@ -45,7 +45,7 @@ async def test_trim_never_removes_pending_or_unread_entries(redis):
 
 
 async def test_trim_every_acks_keeps_the_stream_short(redis):
-    s = streams.tasks_stream(redis, KEYS, trim_every=4)
+    s = streams.tasks_stream(redis, KEYS, trim_every=4, visibility_timeout_ms=60_000, max_deliveries=3)
     await s.ensure_group()
     for round_ in range(10):
         await s.publish_many([task(round_ * 4 + i) for i in range(4)])
@@ -56,7 +56,7 @@ async def test_trim_every_acks_keeps_the_stream_short(redis):
 
 
 async def test_a_stream_without_group_is_never_trimmed(redis):
-    s = streams.tasks_stream(redis, KEYS)
+    s = streams.tasks_stream(redis, KEYS, visibility_timeout_ms=60_000, max_deliveries=3)
     await redis.xadd(KEYS.tasks, {b"m": b"x"})
     assert await s.trim() == 0 and await s.length() == 1
 
@@ -76,7 +76,7 @@ async def test_soak_used_memory_flat_after_warmup(redis):
     stays within a small margin while the data pushed through is many times that margin."""
     rounds = int(os.environ.get("SEARCHR1_SOAK_ROUNDS", "1500"))
     pad, batch = 16_000, 4
-    s = streams.tasks_stream(redis, KEYS, trim_every=batch)
+    s = streams.tasks_stream(redis, KEYS, trim_every=batch, visibility_timeout_ms=60_000, max_deliveries=3)
     await s.ensure_group()
 
     async def step(k: int) -> None:

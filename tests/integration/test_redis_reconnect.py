@@ -50,7 +50,7 @@ async def test_calls_wait_through_a_restart_and_own_pending_entries_are_reread(a
     link, m = _link()
     redis = connect(aof_redis.url)
     try:
-        stream = tasks_stream(redis, StreamKeys("rc"), link=link)
+        stream = tasks_stream(redis, StreamKeys("rc"), link=link, visibility_timeout_ms=60_000, max_deliveries=3)
         await stream.ensure_group()
         assert link.up and m.up._value.get() == 1
         assert await stream.reread_own("c1", set()) == []  # the first call: nothing left from before
@@ -87,7 +87,7 @@ async def test_a_blocked_read_rides_through_a_restart(aof_redis):
     link, _ = _link()
     redis, producer = connect(aof_redis.url), connect(aof_redis.url)
     try:
-        stream = tasks_stream(redis, StreamKeys("rb"), link=link)
+        stream = tasks_stream(redis, StreamKeys("rb"), link=link, visibility_timeout_ms=60_000, max_deliveries=3)
         await stream.ensure_group()
         reading = asyncio.create_task(stream.read("c1", count=1, block_ms=20_000))
         await asyncio.sleep(0.3)
@@ -95,7 +95,7 @@ async def test_a_blocked_read_rides_through_a_restart(aof_redis):
         await asyncio.sleep(2.0)
         assert not reading.done()
         await asyncio.to_thread(aof_redis.start)
-        await tasks_stream(producer, StreamKeys("rb")).publish(_task(1))
+        await tasks_stream(producer, StreamKeys("rb"), visibility_timeout_ms=60_000, max_deliveries=3).publish(_task(1))
         got = await asyncio.wait_for(reading, 20)
         assert [e.value.task_id for e in got] == ["t1"]
     finally:
@@ -107,7 +107,7 @@ async def test_refused_commands_are_not_retried(aof_redis):
     link, m = _link()
     redis = connect(aof_redis.url)
     try:
-        stream = tasks_stream(redis, StreamKeys("rr"), link=link)
+        stream = tasks_stream(redis, StreamKeys("rr"), link=link, visibility_timeout_ms=60_000, max_deliveries=3)
         with pytest.raises(ResponseError, match="NOGROUP"):
             await stream.read("c1")  # no group yet: Redis answers, with an error
         assert m.retries._value.get() == 0

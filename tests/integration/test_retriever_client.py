@@ -76,7 +76,7 @@ async def test_retryable_codes_are_retried_with_backoff(code):
         a.script = [code, code]
         async with RetrieverClient([f"127.0.0.1:{server.port}"], retry=RetrySettings(retries=1, backoff_s=0.0)) as client:
             with pytest.raises(RetrieverError, match="after 2 attempts") as err:
-                await client.search(["q"])
+                await client.search(["q"], 3)
             assert err.value.code == code
     finally:
         await server.stop(0)
@@ -90,7 +90,7 @@ async def test_other_codes_are_not_retried(code):
     try:
         async with RetrieverClient([f"127.0.0.1:{server.port}"], retry=RetrySettings(retries=3, backoff_s=0.0)) as client:
             with pytest.raises(RetrieverError, match=code.name) as err:
-                await client.search(["q"])
+                await client.search(["q"], 3)
             assert err.value.code == code and a.calls == 1
     finally:
         await server.stop(0)

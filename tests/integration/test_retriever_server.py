@@ -81,7 +81,7 @@ def encoder():
 def built(tmp_path_factory, encoder):
     root = tmp_path_factory.mktemp("retriever")
     corpus = write_corpus(root / "corpus.jsonl")
-    build_index(corpus, root / "flat", "flat", encoder=encoder, encoder_spec=SPEC, chunk_size=10)
+    build_index(corpus, root / "flat", "flat", encoder=encoder, encoder_spec=SPEC, chunk_size=10, keep_chunks=False)
     build_index(corpus, root / "bm25", "bm25")
     return root
 
@@ -195,7 +195,7 @@ async def test_auth_token_required(built, encoder):
     try:
         async with RetrieverClient([running.grpc_address]) as client:
             with pytest.raises(RetrieverError, match="UNAUTHENTICATED"):
-                await client.search(["moon"])
+                await client.search(["moon"], 3)
         async with RetrieverClient([running.grpc_address], token="s3cret") as client:
             assert (await client.search(["moon"], top_k=1))[0][0].doc_id == "11"
         async with httpx.AsyncClient(base_url=running.http.url, timeout=60) as http:
@@ -217,7 +217,7 @@ async def test_client_round_robin_skips_dead_replica(built, encoder):
         assert ok == 4
         async with RetrieverClient([dead], retry=RetrySettings(retries=1, backoff_s=0.01, timeout_s=5)) as client:
             with pytest.raises(RetrieverError, match="after 2 attempts") as err:
-                await client.search(["x"])
+                await client.search(["x"], 3)
             assert err.value.code == grpc.StatusCode.UNAVAILABLE
     finally:
         await running.stop()

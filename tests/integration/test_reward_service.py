@@ -21,7 +21,7 @@ from searchr1.core.protocol import INVALID_ACTION_MESSAGE, make_prompt, observat
 from searchr1.core.servers import HttpServer, free_port
 from searchr1.core.settings import RetrySettings
 from searchr1.reward.app import build_service, create_app
-from searchr1.reward.settings import RewardSettings
+from searchr1.reward.settings import JudgeSettings, RewardSettings
 
 PROMPT = (f"<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
           f"{make_prompt('what is the capital of france')}<|im_end|>\n<|im_start|>assistant\n")
@@ -302,7 +302,7 @@ async def test_llm_judge_retries_429_but_not_other_4xx():
     server = HttpServer(app)
     await server.start()
     events: list[str] = []
-    judge = LLMJudge(server.url, model="m", retries=3, backoff_s=0.01, on_event=events.append)
+    judge = LLMJudge(server.url, JudgeSettings(model="m", retries=3, backoff_s=0.01), on_event=events.append)
     try:
         with pytest.raises(JudgeUnavailable, match="refused the request \\(400\\)"):
             await judge.judge("q", "a", ["a"], JudgeParams())

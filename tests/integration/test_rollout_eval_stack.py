@@ -18,11 +18,11 @@ import pytest_asyncio
 from searchr1.core.clients.retriever import RetrieverClient
 from searchr1.core.clients.reward import RewardClient
 from searchr1.core.protocol import make_prompt
-from searchr1.rollout.agent import AgentLimits, Sampling
 from searchr1.rollout.batcher import SearchBatcher
 from searchr1.rollout.engine import HfCodec
 from searchr1.rollout.evaluation.evaluate import EvalConfig, evaluate
 from searchr1.rollout.evaluation.stats import METRICS
+from searchr1.rollout.settings import AgentSettings, EvalSettings, RetrieverClientSettings
 from searchr1.rollout.tools.steering import steer_args, word_tokens
 from tests.support.rollout_stack import QUESTIONS, start_retriever, start_reward, start_vllm
 from tests.support.tiny_lm import build_tiny_lm
@@ -70,12 +70,13 @@ async def _run(stack, data, out, samples: int, seed: int = 0):
     gen, retriever, reward = stack
     tokenizer = gen.tokenizer()
     client = RetrieverClient([retriever.address])
-    batcher = SearchBatcher(client, top_k=2, max_wait_s=0.002)
+    batcher = SearchBatcher(client, RetrieverClientSettings(top_k=2, max_wait_ms=2))
     extra = steer_args(tokenizer, p_search=0.8, max_searches=2, search_tokens=word_tokens(tokenizer))
-    config = EvalConfig(samples=samples, sampling=Sampling(temperature=1.0, seed=seed, extra_args=extra), concurrency=4,
-                        group_by=("data_source", "question_type", "entity_kind", "knowledge"),
-                        limits=AgentLimits(max_turns=2, max_tokens_per_turn=48, max_obs_tokens=120,
-                                           max_response_tokens=600, max_context_tokens=4096))
+    agent = AgentSettings(max_turns=2, max_tokens_per_turn=48, max_obs_tokens=120, max_response_tokens=600,
+                          temperature=1.0, extra_args=extra)
+    groups = EvalSettings(group_by=["data_source", "question_type", "entity_kind", "knowledge"])
+    config = EvalConfig.from_settings(agent, groups, seed=seed, max_context_tokens=4096, samples=samples,
+                                      concurrency=4)
     try:
         async with RewardClient(reward.url) as scorer:
             return await evaluate(data, out, gen, HfCodec(tokenizer), tokenizer, batcher.search, scorer, config,

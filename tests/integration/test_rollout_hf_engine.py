@@ -22,7 +22,8 @@ async def test_hf_generator_turn_logprobs_seed_and_reload(model_dir, tmp_path):
     gen = HfGenerator(str(model_dir), threads=1)
     codec = HfCodec(gen.tokenizer())
     prompt = codec.encode("<|im_start|>user\nwhat is the capital of france?<|im_end|>\n<|im_start|>assistant\n")
-    req = TurnRequest(prompt_ids=prompt, max_tokens=12, seed=3, stop=("</search>", "</answer>"))
+    req = TurnRequest(prompt_ids=prompt, max_tokens=12, temperature=1.0, top_p=1.0, top_k=-1, seed=3,
+                      stop=("</search>", "</answer>"))
     out = await gen.generate(req, "a")
     assert 1 <= len(out.token_ids) <= 12 and out.finish in ("length", "eos", "stop")
     assert out.text == gen.tokenizer().decode(out.token_ids, skip_special_tokens=True)

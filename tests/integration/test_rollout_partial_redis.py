@@ -14,10 +14,10 @@ from searchr1.rollout.engine import TurnOutput, TurnRequest
 from searchr1.rollout.metrics import RolloutMetrics
 from searchr1.rollout.partial import InterruptibleGenerator
 from searchr1.rollout.sampler import GroupSampler
-from searchr1.rollout.settings import AgentSettings, RewardClientSettings
+from searchr1.rollout.settings import AgentSettings, RewardClientSettings, TaskSettings
 from searchr1.rollout.worker import Worker
 from searchr1.streams import StreamKeys, tasks_stream, trajectories_stream
-from searchr1.weightsync import WeightLoader, announce, snapshot_digest
+from searchr1.weightsync import LoadSettings, WeightLoader, announce, snapshot_digest
 
 ANSWER = "<answer> Paris </answer>"
 
@@ -81,12 +81,13 @@ async def _run(redis, tmp_path, *, partial: bool) -> tuple[TrajectoryGroup, Slow
     keys = StreamKeys("partial" if partial else "whole")
     gen = SlowGen()
     metrics = RolloutMetrics()
-    tasks, groups = tasks_stream(redis, keys), trajectories_stream(redis, keys)
+    tasks, groups = tasks_stream(redis, keys, visibility_timeout_ms=60_000, max_deliveries=3), trajectories_stream(redis, keys, visibility_timeout_ms=60_000, max_deliveries=3)
     engine = InterruptibleGenerator(gen, 0, on_interrupt=metrics.turns_interrupted.inc) if partial else None
     sampler = GroupSampler(engine or gen, Codec(), None, _search, OkScorer(), AgentSettings(), RewardClientSettings(),
                            metrics)
     loader = WeightLoader(redis, keys, gen, tmp_path / "dl", **metrics.loader_callbacks())
-    worker = Worker(sampler, tasks, groups, loader, metrics, "w", block_ms=50, weight_poll_s=0.05, partial=engine)
+    worker = Worker(sampler, tasks, groups, loader, metrics, "w", TaskSettings(block_ms=50),
+                    LoadSettings(poll_interval_s=0.05), partial=engine)
     await tasks.ensure_group()
     await groups.ensure_group()
     await tasks.publish(Task(task_id="t", question="q", golden_answers=["Paris"], group_size=2))

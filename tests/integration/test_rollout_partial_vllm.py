@@ -19,7 +19,7 @@ from searchr1.core.schemas import Task, Trajectory, TrajectoryGroup
 from searchr1.rollout.agent import AgentLimits, Sampling, run_trajectory
 from searchr1.rollout.engine import HfCodec
 from searchr1.rollout.partial import InterruptibleGenerator
-from searchr1.rollout.settings import EngineSettings
+from searchr1.rollout.settings import AgentSettings, EngineSettings
 from searchr1.rollout.vllm_engine import VllmEngineConfig, VllmGenerator
 from tests.support.tiny_lm import build_tiny_lm, perturb_weights
 
@@ -82,8 +82,8 @@ async def _turn(gen, codec) -> object:
     async def no_search(query: str):
         return []
 
-    limits = AgentLimits(max_turns=0, max_tokens_per_turn=TURN_TOKENS, max_response_tokens=TURN_TOKENS)
-    return await run_trajectory(PROMPT, gen, codec, no_search, limits, Sampling(temperature=0.0), "long")
+    limits = AgentLimits.from_settings(AgentSettings(max_turns=0, max_tokens_per_turn=TURN_TOKENS, max_response_tokens=TURN_TOKENS))
+    return await run_trajectory(PROMPT, gen, codec, no_search, limits, Sampling.from_settings(AgentSettings(), temperature=0.0), "long")
 
 
 async def test_a_push_mid_turn_gives_two_segments_with_each_side_s_log_probs(engine, models):

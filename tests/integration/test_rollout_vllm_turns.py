@@ -16,6 +16,7 @@ import pytest_asyncio
 
 from searchr1.rollout.agent import AgentLimits, Sampling, run_trajectory
 from searchr1.rollout.engine import HfCodec
+from searchr1.rollout.settings import AgentSettings
 from searchr1.rollout.tools.steering import steer_args, word_tokens
 from searchr1.rollout.vllm_engine import CPU_BLOCK_SIZE, VllmGenerator
 from tests.support.rollout_stack import QUESTIONS, start_vllm
@@ -23,7 +24,7 @@ from tests.support.tiny_lm import build_tiny_lm
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-LIMITS = AgentLimits(max_turns=3, max_tokens_per_turn=64, max_obs_tokens=200, max_response_tokens=2048)
+LIMITS = AgentLimits.from_settings(AgentSettings(max_turns=3, max_tokens_per_turn=64, max_obs_tokens=200, max_response_tokens=2048))
 OBSERVATION_DOCS = ['"Paris"\nParis is the capital and most populous city of France.',
                     '"Berlin"\nBerlin is the capital and largest city of Germany.']
 
@@ -92,7 +93,7 @@ async def _trajectories(gen: VllmGenerator, tok, n: int):
     extra = steer_args(tok, p_search=1.0, max_searches=LIMITS.max_turns, search_tokens=word_tokens(tok))
     prompts = [codec.encode(f"{QUESTIONS[i % len(QUESTIONS)][0]}?") for i in range(n)]
     return await asyncio.gather(*[
-        run_trajectory(p, gen, codec, search, LIMITS, Sampling(seed=11 + i, extra_args=extra), f"traj-{i}")
+        run_trajectory(p, gen, codec, search, LIMITS, Sampling.from_settings(AgentSettings(extra_args=extra), seed=11 + i), f"traj-{i}")
         for i, p in enumerate(prompts)])
 
 

@@ -25,7 +25,12 @@ from searchr1.rollout.batcher import SearchBatcher
 from searchr1.rollout.engine import TurnOutput, TurnRequest
 from searchr1.rollout.metrics import RolloutMetrics
 from searchr1.rollout.sampler import GroupSampler
-from searchr1.rollout.settings import AgentSettings, RewardClientSettings
+from searchr1.rollout.settings import (
+    AgentSettings,
+    RetrieverClientSettings,
+    RewardClientSettings,
+    TaskSettings,
+)
 from searchr1.rollout.worker import Worker
 from searchr1.streams import StreamKeys, tasks_stream, trajectories_stream
 from searchr1.weightsync import WeightLoader
@@ -71,14 +76,15 @@ async def test_a_worker_completes_trajectories_on_web_search_until_the_budget_is
     client = RetrieverClient([retriever.grpc_address])
     keys = StreamKeys("web")
     metrics = RolloutMetrics()
-    tasks, groups = tasks_stream(redis, keys), trajectories_stream(redis, keys)
+    tasks = tasks_stream(redis, keys, visibility_timeout_ms=60_000, max_deliveries=3)
+    groups = trajectories_stream(redis, keys)
     await tasks.ensure_group()
     await groups.ensure_group()
-    search = SearchBatcher(client, top_k=2, max_wait_s=0.002)
+    search = SearchBatcher(client, RetrieverClientSettings(top_k=2, max_wait_ms=2))
     sampler = GroupSampler(SearchThenAnswer(), Codec(), None, search.search, RewardClient(reward.url),
                            AgentSettings(), RewardClientSettings(url=reward.url, scorer="searchr1_em"), metrics)
-    worker = Worker(sampler, tasks, groups, WeightLoader(redis, keys, SearchThenAnswer(), tmp_path, **metrics.loader_callbacks()),
-                    metrics, "w", block_ms=50)
+    loader = WeightLoader(redis, keys, SearchThenAnswer(), tmp_path, **metrics.loader_callbacks())
+    worker = Worker(sampler, tasks, groups, loader, metrics, "w", TaskSettings(block_ms=50))
     stop = asyncio.Event()
     run = asyncio.create_task(worker.run(stop))
     try:

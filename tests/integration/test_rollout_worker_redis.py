@@ -12,10 +12,10 @@ from searchr1.core.schemas import Task, WeightVersion
 from searchr1.rollout.engine import TurnOutput, TurnRequest
 from searchr1.rollout.metrics import RolloutMetrics
 from searchr1.rollout.sampler import GroupSampler
-from searchr1.rollout.settings import AgentSettings, RewardClientSettings
+from searchr1.rollout.settings import AgentSettings, RewardClientSettings, TaskSettings
 from searchr1.rollout.worker import Worker
 from searchr1.streams import StreamKeys, tasks_stream, trajectories_stream
-from searchr1.weightsync import WeightLoader, announce
+from searchr1.weightsync import LoadSettings, WeightLoader, announce
 
 
 class Codec:
@@ -72,18 +72,21 @@ class Stack:
     metrics: RolloutMetrics
 
 
-async def _stack(redis, keys: StreamKeys, gen, download_dir, scorer=None, *, visibility_timeout_ms: int | None = None,
-                 **worker_kw) -> Stack:
+async def _stack(redis, keys: StreamKeys, gen, download_dir, scorer=None, *, visibility_timeout_ms: int = 60_000,
+                 weight_poll_s: float = 2.0, **task_settings) -> Stack:
     """A worker over real Redis streams (consumer groups created), sampling with `gen`, scoring with
-    `scorer` (every answer right by default), its weight loader downloading into `download_dir`."""
+    `scorer` (every answer right by default), its weight loader downloading into `download_dir`;
+    `task_settings`: its `[rollout.tasks]` (reads block 50 ms), and its heartbeat, watchdog, partial engine
+    or fault hook."""
     metrics = RolloutMetrics()
-    stream_kw = {} if visibility_timeout_ms is None else {"visibility_timeout_ms": visibility_timeout_ms}
-    tasks = tasks_stream(redis, keys, **stream_kw)
-    groups = trajectories_stream(redis, keys)
+    tasks = tasks_stream(redis, keys, visibility_timeout_ms=visibility_timeout_ms, max_deliveries=3)
+    groups = trajectories_stream(redis, keys, visibility_timeout_ms=60_000, max_deliveries=3)
     sampler = GroupSampler(gen, Codec(), None, _search, scorer or OkScorer(), AgentSettings(), RewardClientSettings(),
                            metrics)
     loader = WeightLoader(redis, keys, gen, download_dir, **metrics.loader_callbacks())
-    worker = Worker(sampler, tasks, groups, loader, metrics, "w", block_ms=50, **worker_kw)
+    worker_kw = {k: task_settings.pop(k) for k in ("heartbeat_s", "watchdog", "partial", "faults") if k in task_settings}
+    worker = Worker(sampler, tasks, groups, loader, metrics, "w", TaskSettings(block_ms=50, **task_settings),
+                    LoadSettings(poll_interval_s=weight_poll_s), **worker_kw)
     await tasks.ensure_group()
     await groups.ensure_group()
     return Stack(worker, tasks, groups, loader, metrics)
@@ -283,7 +286,7 @@ async def test_a_stopped_worker_releases_the_tasks_it_abandons(redis, tmp_path):
     await asyncio.wait_for(gen.started.wait(), 20)
     stop.set()
     await asyncio.wait_for(run, 10)
-    other = tasks_stream(redis, keys, visibility_timeout_ms=60_000)
+    other = tasks_stream(redis, keys, visibility_timeout_ms=60_000, max_deliveries=3)
     taken = await other.reclaim("w2")
     assert [e.value.task_id for e in taken] == ["long"] and taken[0].deliveries == 2
     assert await other.release("w", [taken[0].id]) == 0  # no longer the stopped worker's: left alone

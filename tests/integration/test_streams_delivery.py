@@ -102,7 +102,7 @@ async def test_a_fenced_ack_is_refused_once_a_newer_learner_holds_the_run(redis,
     the run over: the entry stays pending for the new holder."""
     old = Lease(redis, "delivery", ttl_ms=200, holder="old")
     await old.acquire()
-    s = streams.trajectories_stream(redis, KEYS, fence=old)
+    s = streams.trajectories_stream(redis, KEYS, fence=old, visibility_timeout_ms=60_000, max_deliveries=3)
     await s.ensure_group()
     from tests.support.synthetic import synthetic_group
 
@@ -117,7 +117,7 @@ async def test_a_fenced_ack_is_refused_once_a_newer_learner_holds_the_run(redis,
     with pytest.raises(LeaseLost):
         await s.ack(entry.id)
     assert await s.pending() == 1
-    assert await streams.trajectories_stream(redis, KEYS, fence=new).ack(entry.id) == 1
+    assert await streams.trajectories_stream(redis, KEYS, fence=new, visibility_timeout_ms=60_000, max_deliveries=3).ack(entry.id) == 1
 
 
 async def test_the_learner_heartbeat_never_takes_back_a_group_another_learner_reclaimed(redis):
@@ -128,8 +128,8 @@ async def test_the_learner_heartbeat_never_takes_back_a_group_another_learner_re
     from tests.support.synthetic import synthetic_group
 
     settings = LearnerSettings(visibility_timeout_ms=100, read_block_ms=50)
-    traj = streams.trajectories_stream(redis, KEYS, visibility_timeout_ms=100)
-    source = StreamSource(settings, traj, streams.tasks_stream(redis, KEYS), StalenessPolicy.from_settings(settings),
+    traj = streams.trajectories_stream(redis, KEYS, visibility_timeout_ms=100, max_deliveries=3)
+    source = StreamSource(settings, traj, streams.tasks_stream(redis, KEYS, visibility_timeout_ms=60_000, max_deliveries=3), StalenessPolicy.from_settings(settings),
                           LearnerMetrics())
     await source.start()
     await traj.publish(synthetic_group("g", group_size=2, rewards=[1.0, 0.0]))
@@ -148,7 +148,7 @@ async def test_a_fenced_dead_letter_is_refused_once_a_newer_learner_holds_the_ru
 
     old = Lease(redis, "delivery", holder="old")
     await old.acquire()
-    s = streams.trajectories_stream(redis, KEYS, fence=old)
+    s = streams.trajectories_stream(redis, KEYS, fence=old, visibility_timeout_ms=60_000, max_deliveries=3)
     await s.ensure_group()
     await s.publish(synthetic_group("g", group_size=2, rewards=[1.0, 0.0]))
     [entry] = await s.read("learner")
@@ -158,7 +158,7 @@ async def test_a_fenced_dead_letter_is_refused_once_a_newer_learner_holds_the_ru
     with pytest.raises(LeaseLost):
         await s.dead_letter(entry.id, "poison")
     assert await s.pending() == 1 and await read_dead(redis, KEYS.dead) == []
-    await streams.trajectories_stream(redis, KEYS, fence=new).dead_letter(entry.id, "poison")
+    await streams.trajectories_stream(redis, KEYS, fence=new, visibility_timeout_ms=60_000, max_deliveries=3).dead_letter(entry.id, "poison")
     [dead] = await read_dead(redis, KEYS.dead)
     assert dead.reason == "poison" and dead.source_id == entry.id and await s.pending() == 0
 

@@ -17,6 +17,7 @@ from searchr1.core.servers import HttpServer
 from searchr1.core.supervise import Supervisor, TaskDied
 from searchr1.retriever.batcher import MicroBatcher
 from searchr1.retriever.indexes import Ranked
+from searchr1.retriever.settings import BatchSettings, LimitSettings
 
 
 async def _app(scope, receive, send):
@@ -67,7 +68,7 @@ async def test_a_retriever_batcher_whose_loop_dies_stops_the_retriever():
             raise _Fatal("the search thread died")
         return Ranked(np.zeros((len(queries), 1), dtype=np.int64), np.ones((len(queries), 1), dtype=np.float32))
 
-    batcher = MicroBatcher(search, max_queries=4, max_wait_s=0.0)
+    batcher = MicroBatcher(search, BatchSettings(max_queries=4, max_wait_ms=0), LimitSettings())
     await batcher.start()
     sup = Supervisor("retriever")
     sup.watch("micro-batcher", batcher.task)

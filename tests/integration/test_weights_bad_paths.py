@@ -11,7 +11,7 @@ from tests.integration.test_auth_endpoints import tiny_model
 
 
 async def test_odd_file_names_get_404(tmp_path):
-    publisher = WeightPublisher(tmp_path / "weights")
+    publisher = WeightPublisher(tmp_path / "weights", keep=3)
     model = tiny_model()
     publisher.write(3, model, model.state_dict())
     server = HttpServer(weights_app(publisher))

@@ -39,12 +39,12 @@ def model(tmp_path_factory):
 async def test_broadcast_transport_announces_sends_and_falls_back_to_a_snapshot(redis, model, tmp_path):
     keys = StreamKeys("bt")
     publisher = WeightPublisher(tmp_path / "weights", keep=2)
-    bc = Broadcaster("127.0.0.1", 0, 2, timeout_s=10)
+    bc = Broadcaster("127.0.0.1", 0, 2, backend="gloo", timeout_s=10)
     transport = BroadcastTransport(publisher, bc, redis, keys, snapshot_every=2)
     state = model.state_dict()
 
     got: dict = {}
-    t = receive_in_thread(Receiver(timeout_s=10), bc.address, 2, got)
+    t = receive_in_thread(Receiver(backend="gloo", timeout_s=10), bc.address, 2, got)
     wv = await transport.publish(2, model, state)
     t.join(30)
     assert "error" not in got, got.get("error")
@@ -64,7 +64,7 @@ async def test_broadcast_transport_announces_sends_and_falls_back_to_a_snapshot(
 
     # version 4: a receiver joins generation 1 and gets it
     got = {}
-    t = receive_in_thread(Receiver(timeout_s=10), bc.address, 4, got)
+    t = receive_in_thread(Receiver(backend="gloo", timeout_s=10), bc.address, 4, got)
     wv4 = await transport.publish(4, model, state)
     t.join(30)
     assert "digest" in got and parse_group_uri(wv4.uri)[0].generation == 1

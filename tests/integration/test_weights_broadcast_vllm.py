@@ -59,7 +59,7 @@ def _snapshot_tensors(model_dir):
 
 
 async def _greedy(gen: VllmGenerator, tag: str):
-    out = await gen.generate(TurnRequest(prompt_ids=list(range(5, 25)), max_tokens=12, temperature=0.0), tag)
+    out = await gen.generate(TurnRequest(prompt_ids=list(range(5, 25)), max_tokens=12, temperature=0.0, top_p=1.0, top_k=-1), tag)
     return out.token_ids, out.logprobs
 
 
@@ -78,7 +78,7 @@ async def test_two_engines_receive_one_broadcast_equal_to_the_snapshot(engines, 
     a, b = engines
     _, v1 = models
     before = await _greedy(a, "before")
-    bc = Broadcaster("127.0.0.1", 0, 3, timeout_s=TIMEOUT_S, bucket_bytes=256 << 10)
+    bc = Broadcaster("127.0.0.1", 0, 3, backend="gloo", timeout_s=TIMEOUT_S, bucket_bytes=256 << 10)
     sent, got_a, got_b = await _broadcast(bc, 1, _snapshot_tensors(v1), [a, b])
     assert not isinstance(sent, BaseException), sent
     assert got_a == got_b == sent
@@ -109,7 +109,7 @@ _DYING_RECEIVER = textwrap.dedent("""
     import os, sys
     from searchr1.weightsync import Receiver, parse_group_uri
     addr, _ = parse_group_uri(sys.argv[1])
-    Receiver(timeout_s=float(sys.argv[2])).join(addr)
+    Receiver(backend="gloo", timeout_s=float(sys.argv[2])).join(addr)
     print("joined", flush=True)
     os._exit(0)  # dies before the publication arrives
 """)
@@ -118,7 +118,7 @@ _DYING_RECEIVER = textwrap.dedent("""
 async def test_a_dead_receiver_fails_the_send_in_time_and_a_restart_rejoins(engines, models):
     a, _ = engines
     base, v1 = models
-    bc = Broadcaster("127.0.0.1", 0, 3, timeout_s=TIMEOUT_S)
+    bc = Broadcaster("127.0.0.1", 0, 3, backend="gloo", timeout_s=TIMEOUT_S)
     bc.generation = 7  # a fresh group, apart from the first test's
     named = _snapshot_tensors(base)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
@@ -165,7 +165,7 @@ async def test_the_worker_loader_receives_a_broadcast_version_and_catches_up_fro
     try:
         model = AutoModelForCausalLM.from_pretrained(v1, dtype=torch.float32)
         state = model.state_dict()
-        transport = BroadcastTransport(WeightPublisher(tmp_path / "weights"), Broadcaster("127.0.0.1", 0, 2, timeout_s=TIMEOUT_S),
+        transport = BroadcastTransport(WeightPublisher(tmp_path / "weights", keep=3), Broadcaster("127.0.0.1", 0, 2, backend="gloo", timeout_s=TIMEOUT_S),
                                        redis, keys, snapshot_every=100)
         loader = WeightLoader(redis, keys, a, tmp_path / "dl", **RolloutMetrics().loader_callbacks())
 

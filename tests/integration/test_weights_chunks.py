@@ -81,7 +81,7 @@ async def test_a_corrupted_chunk_is_refused_before_anything_is_loaded(redis, mod
 
 async def test_a_manifest_not_matching_the_announcement_is_refused_on_both_transports(redis, model_dir, tmp_path):
     keys = StreamKeys("manifest")
-    pub = WeightPublisher(tmp_path / "w")
+    pub = WeightPublisher(tmp_path / "w", keep=3)
     model = _model(model_dir, 1)
     path = pub.write(1, model, model.state_dict())
     wv = await pub.announce(redis, keys, 1)
@@ -115,7 +115,7 @@ async def test_a_manifest_not_matching_the_announcement_is_refused_on_both_trans
 
 async def test_the_http_download_keeps_the_manifest_and_loads_verified(redis, model_dir, tmp_path):
     keys = StreamKeys("httpload")
-    pub = WeightPublisher(tmp_path / "w", base_url="http://placeholder")
+    pub = WeightPublisher(tmp_path / "w", keep=3, base_url="http://placeholder")
     model = _model(model_dir, 4)
     pub.write(1, model, model.state_dict())
     server = HttpServer(weights_app(pub))

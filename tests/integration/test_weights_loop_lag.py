@@ -23,10 +23,10 @@ from searchr1.core.schemas import Task, TrajectoryGroup, WeightVersion
 from searchr1.rollout.engine import TurnOutput, TurnRequest
 from searchr1.rollout.metrics import RolloutMetrics
 from searchr1.rollout.sampler import GroupSampler
-from searchr1.rollout.settings import AgentSettings, RewardClientSettings
+from searchr1.rollout.settings import AgentSettings, RewardClientSettings, TaskSettings
 from searchr1.rollout.worker import Worker
 from searchr1.streams import StreamKeys, TypedStream
-from searchr1.weightsync import WeightLoader, announce, snapshot_digest
+from searchr1.weightsync import LoadSettings, WeightLoader, announce, snapshot_digest
 
 SNAPSHOT_BYTES = 500 * 2**20
 MAX_STALL_S = 0.050
@@ -108,13 +108,15 @@ async def test_worker_loop_does_not_stall_while_loading_a_500mb_snapshot(redis, 
 
     keys = StreamKeys("lag")
     metrics = RolloutMetrics()
-    tasks = TypedStream(redis, keys.tasks, Task, "rollout", dead_key=keys.dead)
+    tasks = TypedStream(redis, keys.tasks, Task, "rollout", dead_key=keys.dead, visibility_timeout_ms=60_000,
+                        max_deliveries=3)
     groups = TypedStream(redis, keys.trajectories, TrajectoryGroup, "learner", dead_key=keys.dead)
     engine = Engine()
     sampler = GroupSampler(engine, Codec(), None, _search, NoScorer(), AgentSettings(), RewardClientSettings(),
                            metrics)
     loader = WeightLoader(redis, keys, engine, tmp_path / "dl", **metrics.loader_callbacks())
-    worker = Worker(sampler, tasks, groups, loader, metrics, "w", block_ms=20, weight_poll_s=0.05)
+    worker = Worker(sampler, tasks, groups, loader, metrics, "w", TaskSettings(block_ms=20),
+                    LoadSettings(poll_interval_s=0.05))
     stop = asyncio.Event()
     run = asyncio.create_task(worker.run(stop))
     probe = LagProbe()

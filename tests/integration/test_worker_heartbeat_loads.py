@@ -11,10 +11,10 @@ import time
 from searchr1.core.schemas import Task, WeightVersion
 from searchr1.rollout.metrics import RolloutMetrics
 from searchr1.rollout.sampler import GroupSampler
-from searchr1.rollout.settings import AgentSettings, RewardClientSettings
+from searchr1.rollout.settings import AgentSettings, RewardClientSettings, TaskSettings
 from searchr1.rollout.worker import Worker
 from searchr1.streams import StreamKeys, tasks_stream, trajectories_stream
-from searchr1.weightsync import WeightLoader, announce, snapshot_digest
+from searchr1.weightsync import LoadSettings, WeightLoader, announce, snapshot_digest
 from tests.integration.test_rollout_worker_redis import Codec, Gen, OkScorer, _search
 
 VISIBILITY_MS = 300
@@ -34,13 +34,14 @@ async def test_a_task_read_before_a_weight_load_is_heartbeaten_through_the_load(
     (snap / "model.safetensors").write_bytes(b"weights")
     digest = await asyncio.to_thread(snapshot_digest, snap)
     metrics = RolloutMetrics()
-    tasks = tasks_stream(redis, keys, visibility_timeout_ms=VISIBILITY_MS)
-    groups = trajectories_stream(redis, keys)
+    tasks = tasks_stream(redis, keys, visibility_timeout_ms=VISIBILITY_MS, max_deliveries=3)
+    groups = trajectories_stream(redis, keys, visibility_timeout_ms=60_000, max_deliveries=3)
     gen = SlowReloadGen()
     sampler = GroupSampler(gen, Codec(), None, _search, OkScorer(), AgentSettings(), RewardClientSettings(), metrics)
     loader = WeightLoader(redis, keys, gen, tmp_path / "dl", **metrics.loader_callbacks())
-    worker = Worker(sampler, tasks, groups, loader, metrics, "w1", block_ms=50, weight_poll_s=3600,
-                    reclaim_interval_s=3600, heartbeat_s=VISIBILITY_MS / 4000)
+    worker = Worker(sampler, tasks, groups, loader, metrics, "w1",
+                    TaskSettings(block_ms=50, reclaim_interval_s=3600), LoadSettings(poll_interval_s=3600),
+                    heartbeat_s=VISIBILITY_MS / 4000)
     await tasks.ensure_group()
     await groups.ensure_group()
     stop = asyncio.Event()
@@ -49,7 +50,7 @@ async def test_a_task_read_before_a_weight_load_is_heartbeaten_through_the_load(
     await announce(redis, keys, WeightVersion(version=1, uri=f"file://{snap}", sha256=digest))
     await tasks.publish(Task(task_id="a", question="capital of france", golden_answers=["Paris"], group_size=2,
                              min_policy_version=1))
-    other = tasks_stream(redis, keys, visibility_timeout_ms=VISIBILITY_MS)
+    other = tasks_stream(redis, keys, visibility_timeout_ms=VISIBILITY_MS, max_deliveries=3)
     stolen = []
     end = time.monotonic() + 20
     got = []
@@ -79,20 +80,21 @@ async def test_tasks_held_through_a_partial_rollout_swap_are_heartbeaten(redis, 
     keys = StreamKeys("hbswap")
     gen = SlowSwapGen()
     metrics = RolloutMetrics()
-    tasks = tasks_stream(redis, keys, visibility_timeout_ms=VISIBILITY_MS)
-    groups = trajectories_stream(redis, keys)
+    tasks = tasks_stream(redis, keys, visibility_timeout_ms=VISIBILITY_MS, max_deliveries=3)
+    groups = trajectories_stream(redis, keys, visibility_timeout_ms=60_000, max_deliveries=3)
     engine = InterruptibleGenerator(gen, 0, on_interrupt=metrics.turns_interrupted.inc)
     sampler = GroupSampler(engine, CharCodec(), None, _search, OkScorer(), AgentSettings(), RewardClientSettings(),
                            metrics)
     loader = WeightLoader(redis, keys, gen, tmp_path / "dl", **metrics.loader_callbacks())
-    worker = Worker(sampler, tasks, groups, loader, metrics, "w1", block_ms=50, weight_poll_s=0.05,
-                    reclaim_interval_s=3600, heartbeat_s=VISIBILITY_MS / 4000, partial=engine)
+    worker = Worker(sampler, tasks, groups, loader, metrics, "w1",
+                    TaskSettings(block_ms=50, reclaim_interval_s=3600), LoadSettings(poll_interval_s=0.05),
+                    heartbeat_s=VISIBILITY_MS / 4000, partial=engine)
     await tasks.ensure_group()
     await groups.ensure_group()
     await tasks.publish(Task(task_id="t", question="q", golden_answers=["Paris"], group_size=2))
     stop = asyncio.Event()
     run = asyncio.create_task(worker.run(stop))
-    other = tasks_stream(redis, keys, visibility_timeout_ms=VISIBILITY_MS)
+    other = tasks_stream(redis, keys, visibility_timeout_ms=VISIBILITY_MS, max_deliveries=3)
     stolen, got = [], []
     end = time.monotonic() + 30
     while min(gen.emitted.values(), default=0) < 5:  # both trajectories are mid-answer

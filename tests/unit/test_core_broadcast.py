@@ -57,9 +57,9 @@ def _named(seed: int) -> list[tuple[str, torch.Tensor]]:
 
 
 def test_two_receivers_get_one_broadcast_with_the_senders_digest():
-    bc = Broadcaster("127.0.0.1", 0, 3, timeout_s=20, bucket_bytes=512)
+    bc = Broadcaster("127.0.0.1", 0, 3, backend="gloo", timeout_s=20, bucket_bytes=512)
     results = [{}, {}]
-    threads = [receive_in_thread(Receiver(timeout_s=20), bc.address, 5, r) for r in results]
+    threads = [receive_in_thread(Receiver(backend="gloo", timeout_s=20), bc.address, 5, r) for r in results]
     named = _named(0)
     digest = bc.send(5, named)
     for t in threads:
@@ -73,16 +73,16 @@ def test_two_receivers_get_one_broadcast_with_the_senders_digest():
 
 
 def test_a_receiver_that_never_joins_fails_the_send_and_the_next_generation_reforms():
-    bc = Broadcaster("127.0.0.1", 0, 3, timeout_s=3, bucket_bytes=1 << 20)
+    bc = Broadcaster("127.0.0.1", 0, 3, backend="gloo", timeout_s=3, bucket_bytes=1 << 20)
     lone = {}
-    t = receive_in_thread(Receiver(timeout_s=3), bc.address, 1, lone)
+    t = receive_in_thread(Receiver(backend="gloo", timeout_s=3), bc.address, 1, lone)
     with pytest.raises(BroadcastFailed):
         bc.send(1, _named(1))
     t.join(30)
     assert isinstance(lone.get("error"), BroadcastFailed)
     assert bc.generation == 1
     results = [{}, {}]
-    threads = [receive_in_thread(Receiver(timeout_s=20), bc.address, 2, r) for r in results]
+    threads = [receive_in_thread(Receiver(backend="gloo", timeout_s=20), bc.address, 2, r) for r in results]
     digest = bc.send(2, _named(2))
     for th in threads:
         th.join(30)
@@ -90,23 +90,23 @@ def test_a_receiver_that_never_joins_fails_the_send_and_the_next_generation_refo
 
 
 def test_a_late_joiner_of_a_full_group_is_refused():
-    bc = Broadcaster("127.0.0.1", 0, 2, timeout_s=20)
+    bc = Broadcaster("127.0.0.1", 0, 2, backend="gloo", timeout_s=20)
     first = {}
-    t = receive_in_thread(Receiver(timeout_s=20), bc.address, 1, first)
+    t = receive_in_thread(Receiver(backend="gloo", timeout_s=20), bc.address, 1, first)
     bc.send(1, _named(1))
     t.join(30)
     assert first.get("digest")
     with pytest.raises(BroadcastFailed, match="full"):
-        Receiver(timeout_s=5).join(bc.address)
+        Receiver(backend="gloo", timeout_s=5).join(bc.address)
 
 
 def test_a_version_signed_without_the_runs_key_is_rejected():
     """A sender that took rank 0 without the run's secret cannot sign: the receiver refuses its version;
     the same transfer signed with the run's key is accepted."""
     for sender_key, accepted in ((b"stranger", False), (b"run-secret", True)):
-        bc = Broadcaster("127.0.0.1", 0, 2, timeout_s=20, key=sender_key)
+        bc = Broadcaster("127.0.0.1", 0, 2, backend="gloo", timeout_s=20, key=sender_key)
         got: dict = {}
-        t = receive_in_thread(Receiver(timeout_s=20, key=b"run-secret"), bc.address, 3, got)
+        t = receive_in_thread(Receiver(backend="gloo", timeout_s=20, key=b"run-secret"), bc.address, 3, got)
         digest = bc.send(3, _named(1))
         t.join(30)
         if accepted:
@@ -120,7 +120,7 @@ def test_the_store_listens_only_on_the_configured_address():
     """Bound to 127.0.0.1, the store is not reachable on another local address (127.0.0.2)."""
     import socket
 
-    bc = Broadcaster("127.0.0.1", 0, 2, timeout_s=5)
+    bc = Broadcaster("127.0.0.1", 0, 2, backend="gloo", timeout_s=5)
     try:
         with socket.create_connection(("127.0.0.1", bc.port), timeout=5):
             pass
@@ -140,7 +140,7 @@ def test_the_broadcast_transport_announces_public_host_and_binds_host(tmp_path):
 
     weights = PublishSettings(transport="broadcast", broadcast={"host": "127.0.0.1", "port": 0,
                                                                 "public_host": "learner-0.learner"})
-    transport = build_transport(weights, WeightPublisher(tmp_path / "w"), object(), StreamKeys("r"), None)
+    transport = build_transport(weights, WeightPublisher(tmp_path / "w", keep=3), object(), StreamKeys("r"), None)
     assert isinstance(transport, BroadcastTransport)
     try:
         addr, version = parse_group_uri(transport.broadcaster.uri(4))
@@ -150,7 +150,7 @@ def test_the_broadcast_transport_announces_public_host_and_binds_host(tmp_path):
     finally:
         transport.close()
     unset = build_transport(PublishSettings(transport="broadcast", broadcast={"host": "127.0.0.1", "port": 0}),
-                            WeightPublisher(tmp_path / "w2"), object(), StreamKeys("r"), None)
+                            WeightPublisher(tmp_path / "w2", keep=3), object(), StreamKeys("r"), None)
     try:
         assert unset.broadcaster.uri(1).startswith("broadcast://127.0.0.1:")  # type: ignore[attr-defined]
     finally:

@@ -16,6 +16,7 @@ from searchr1.core.servers import free_port
 from searchr1.core.settings import RetrySettings
 from searchr1.rollout.agent import AgentLimits, run_trajectory
 from searchr1.rollout.engine import TurnOutput, TurnRequest
+from searchr1.rollout.settings import AgentSettings
 
 
 class CharCodec:
@@ -53,7 +54,7 @@ def failing_search(code: grpc.StatusCode):
     (grpc.StatusCode.UNAUTHENTICATED, "error"),
 ])
 async def test_agent_names_why_the_search_failed(code, reason):
-    res = await run_trajectory([1, 2], SearchingGenerator(), CharCodec(), failing_search(code), AgentLimits())
+    res = await run_trajectory([1, 2], SearchingGenerator(), CharCodec(), failing_search(code), AgentLimits.from_settings(AgentSettings()))
     assert res.finish_reason == reason and code.name in (res.error or "")
     assert res.num_turns == 1 and res.response_ids == list(range(70_000, 70_005))  # what was sampled is kept
 
@@ -65,7 +66,7 @@ async def test_retriever_client_counts_retries_and_gives_up_within_its_deadline(
     t0 = time.monotonic()
     try:
         with pytest.raises(RetrieverError) as err:
-            await client.search(["moon"])
+            await client.search(["moon"], 3)
     finally:
         await client.close()
     assert time.monotonic() - t0 < 3.0

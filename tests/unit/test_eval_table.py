@@ -12,6 +12,9 @@ from typer.testing import CliRunner
 
 from searchr1.rollout.evaluation.report import eval_labels, paper_table_markdown, read_eval
 from searchr1.rollout.evaluation.stats import SEARCH_R1_TEST_SETS, aggregate, paper_table
+from searchr1.rollout.settings import EvalSettings
+
+GROUP_BY = EvalSettings().group_by
 
 
 def _rec(qid: str, source: str, searchr1_em: float, mode: str = "greedy", em: float | None = None) -> dict:
@@ -28,7 +31,7 @@ def _doc(model: str, scores: dict[str, list[float]], max_turns: int = 4) -> dict
     for source, ems in scores.items():
         for i, e in enumerate(ems):
             records += [_rec(f"{source}-{i}", source, e), _rec(f"{source}-{i}", source, 1.0, mode="sampled")]
-    return {"meta": {"model": model, "max_turns": max_turns}, "summary": aggregate(records), "records": records}
+    return {"meta": {"model": model, "max_turns": max_turns}, "summary": aggregate(records, GROUP_BY), "records": records}
 
 
 # nq 2/4 = .5, triviaqa 1/2, popqa 0/1, hotpotqa 1/1, 2wiki 1/4, musique 0/2, bamboogle 3/4
@@ -65,13 +68,13 @@ def test_rows_per_model_missing_sets_and_extra_sources():
 def test_other_metrics_and_bad_inputs():
     doc = _doc("m", {"nq": [1, 0]})
     recs = [_rec("q0", "nq", 1.0, em=0.0), _rec("q1", "nq", 0.0, em=0.0)]
-    t = paper_table([("m", {"meta": {}, "summary": aggregate(recs)})], metric="em")
+    t = paper_table([("m", {"meta": {}, "summary": aggregate(recs, GROUP_BY)})], metric="em")
     assert t.rows[0].scores == {"nq": 0.0} and t.rows[0].max_turns is None
     assert paper_table([("m", doc)], metric="f1").rows[0].scores == {"nq": 0.5}
     with pytest.raises(ValueError, match="metric must be one of"):
         paper_table([("m", doc)], metric="accuracy")
     with pytest.raises(ValueError, match="m: no greedy trajectories"):
-        paper_table([("m", {"summary": aggregate([_rec("q", "nq", 1.0, mode="sampled")])})])
+        paper_table([("m", {"summary": aggregate([_rec("q", "nq", 1.0, mode="sampled")], GROUP_BY)})])
     with pytest.raises(ValueError, match="m: no per-data_source breakdown"):
         paper_table([("m", {"summary": aggregate([_rec("q", "nq", 1.0)], ["kind"])})])
     with pytest.raises(ValueError, match="no evaluations"):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -133,7 +134,7 @@ def test_convert_flat(tmp_path: Path, kind: str):
     from searchr1.retriever.manifest import Manifest
 
     src, vecs = _flat_dir(tmp_path)
-    m = convert_index(src, tmp_path / kind, kind, params=FaissParams(ivf_nlist=4, ivf_nprobe=4, pq_m=4), block=64)
+    m = convert_index(src, tmp_path / kind, kind, params=replace(FaissParams.of(), ivf_nlist=4, ivf_nprobe=4, pq_m=4), block=64)
     assert (m.kind, m.count, m.dim) == (kind, 400, 16)
     assert Manifest.read(tmp_path / kind) == m
     assert Manifest.read(tmp_path / kind).corpus == Manifest.read(src).corpus

@@ -9,6 +9,7 @@ from pydantic import ValidationError
 
 from searchr1.reward.params import render_template, template_parts
 from searchr1.reward.registry import JudgeParams
+from searchr1.reward.settings import JudgeSettings
 
 
 @pytest.mark.parametrize("prompt", ["{question.x}", "{question[0]}", "{question:>9999999999}", "{question!r}",
@@ -46,7 +47,7 @@ def test_the_policy_answer_is_fenced_and_cannot_close_the_fence(prediction):
         return httpx.Response(200, json={"choices": [{"message": {"content": "no"}}]})
 
     async def ask() -> None:
-        judge = LLMJudge("http://judge.invalid", model="m")
+        judge = LLMJudge("http://judge.invalid", JudgeSettings(model="m"))
         judge._http = httpx.AsyncClient(transport=httpx.MockTransport(reply))
         try:
             await judge.judge("q?", prediction, ["Paris"], JudgeParams())

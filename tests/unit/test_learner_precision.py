@@ -97,3 +97,26 @@ def test_control_bf16_parameters_updated_in_place_do_not_move(layer_model):
         opt.step()
     moved = sum(int((p.detach() != b).sum()) for p, b in zip(params, before)) / sum(p.numel() for p in params)
     assert moved < 0.1
+
+
+def test_a_sharded_policy_publishes_a_version_transformers_loads(tmp_path):
+    """FSDP2 renames a sharded model's class (`FSDPQwen2ForCausalLM`); the snapshot's config names the
+    transformers class, and a fresh load reads the bf16 values the learner published."""
+    from transformers import AutoModelForCausalLM
+
+    from searchr1.learner.train.build import build_training
+    from searchr1.learner.train.model import DistInfo, export_weights, is_sharded
+    from searchr1.weightsync import WeightPublisher
+    from tests.support.synthetic import tiny_qwen2
+
+    model = tiny_qwen2(tmp_path / "m", vocab=128, hidden=64)
+    training = build_training(LearnerSettings(model={"path": str(model), "dtype": "bfloat16"}, device="cpu"),
+                              DistInfo())
+    assert is_sharded(training.trainer.policy)
+    hf, state = export_weights(training.trainer.policy, DistInfo(), training.publish_dtype)
+    path = WeightPublisher(tmp_path / "w", keep=3).write(1, hf, state)
+    loaded = AutoModelForCausalLM.from_pretrained(str(path))
+    assert type(loaded).__name__ == "Qwen2ForCausalLM"
+    assert loaded.config.architectures == ["Qwen2ForCausalLM"]
+    got = loaded.state_dict()
+    assert all(torch.equal(got[k].to(torch.bfloat16), v) for k, v in state.items() if k in got)

@@ -47,7 +47,7 @@ def test_write_replace_and_prune(tmp_path):
     assert torch.equal(loaded["model.embed_tokens.weight"], again.state_dict()["model.embed_tokens.weight"])
     assert not [p for p in (tmp_path / "w").iterdir() if p.name.startswith(".")], "no temp dirs left"
     assert pub.uri(3) == str(pub.path(3))
-    assert WeightPublisher(tmp_path / "w", base_url="http://h:1/").uri(3) == "http://h:1/weights/3"
+    assert WeightPublisher(tmp_path / "w", keep=3, base_url="http://h:1/").uri(3) == "http://h:1/weights/3"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -61,7 +61,7 @@ def test_snapshot_loads_like_save_pretrained(tmp_path, dtype, untied):
     state = model.state_dict()
     if untied:  # as the learner exports it
         state = {k: v for k, v in state.items() if k != "lm_head.weight"}
-    path = WeightPublisher(tmp_path / "w").write(1, model, state)
+    path = WeightPublisher(tmp_path / "w", keep=3).write(1, model, state)
     model.save_pretrained(tmp_path / "hf", state_dict=state, safe_serialization=True)
     assert snapshot_listing(path) == sorted(snapshot_listing(tmp_path / "hf") + [MANIFEST])
     assert (path / "config.json").read_text() == (tmp_path / "hf" / "config.json").read_text()
@@ -102,7 +102,7 @@ def test_write_safetensors_matches_the_library_and_feeds_the_digest():
 
 
 def test_digest_is_computed_while_writing_and_recomputed_after_a_change(tmp_path):
-    pub = WeightPublisher(tmp_path / "w")
+    pub = WeightPublisher(tmp_path / "w", keep=3)
     path = publish(pub, 5, tiny(0))
     written = pub.digest(5)
     assert written == snapshot_digest(path) == manifest_digest((path / MANIFEST).read_bytes())
@@ -112,12 +112,12 @@ def test_digest_is_computed_while_writing_and_recomputed_after_a_change(tmp_path
     (path / "config.json").write_text("{}")  # the files are no longer the ones written
     assert pub.digest(5) == snapshot_digest(path) != written
     assert manifest_digest((path / MANIFEST).read_bytes()) == pub.digest(5)  # the manifest written again
-    fresh = WeightPublisher(tmp_path / "w")  # a restarted learner has no digest cached
+    fresh = WeightPublisher(tmp_path / "w", keep=3)  # a restarted learner has no digest cached
     assert fresh.digest(5) == snapshot_digest(path)
 
 
 def test_http_files_protocol(tmp_path):
-    pub = WeightPublisher(tmp_path / "w")
+    pub = WeightPublisher(tmp_path / "w", keep=3)
     path = publish(pub, 7, tiny(0))
     client = TestClient(weights_app(pub))
     names = client.get("/weights/7/files").json()

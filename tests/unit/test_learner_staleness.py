@@ -11,24 +11,24 @@ from tests.support.synthetic import synthetic_group
 
 
 def test_min_policy_version_is_the_version_minus_max_staleness_floored_at_zero():
-    p = StalenessPolicy(max_staleness=2, groups_per_step=8)
+    p = StalenessPolicy(max_staleness=2, groups_per_step=8, paced=True)
     assert [p.min_policy_version(v) for v in (0, 1, 2, 3, 7)] == [0, 0, 0, 1, 5]
-    assert StalenessPolicy(0, 8).min_policy_version(7) == 7
+    assert StalenessPolicy(0, 8, True).min_policy_version(7) == 7
 
 
 def test_budget_is_staleness_plus_one_steps_of_groups_and_one_grant_per_consumed_group():
-    assert StalenessPolicy(0, 8).initial_budget() == 8
-    assert StalenessPolicy(2, 8).initial_budget() == 24
+    assert StalenessPolicy(0, 8, True).initial_budget() == 8
+    assert StalenessPolicy(2, 8, True).initial_budget() == 24
     assert StalenessPolicy(2, 8, paced=False).initial_budget() is None
-    assert StalenessPolicy(2, 8).grant(5) == 5
+    assert StalenessPolicy(2, 8, True).grant(5) == 5
     with pytest.raises(ValueError):
-        StalenessPolicy(2, 8).grant(-1)
+        StalenessPolicy(2, 8, True).grant(-1)
     with pytest.raises(ValueError):
-        StalenessPolicy(-1, 8)
+        StalenessPolicy(-1, 8, True)
 
 
 def test_split_keeps_lags_up_to_max_staleness_and_says_why_it_drops():
-    p = StalenessPolicy(max_staleness=1, groups_per_step=3)
+    p = StalenessPolicy(max_staleness=1, groups_per_step=3, paced=True)
     groups = [synthetic_group(f"g{v}", policy_version=v) for v in (3, 4, 5)]
     kept, dropped = p.split(groups, version=5)
     assert [g.policy_version for g in kept] == [4, 5]

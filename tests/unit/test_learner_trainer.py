@@ -79,23 +79,23 @@ def test_shard_rows_cover_everything_once():
 
 
 def test_warmup_schedule_matches_verl_constant_with_warmup():
-    f = lr_lambda(10, warmup_steps=4)
+    f = lr_lambda(10, 4, "constant", 0.0)
     assert [f(s) for s in range(6)] == [0.0, 0.25, 0.5, 0.75, 1.0, 1.0]
-    assert lr_lambda(10)(0) == 1.0 and lr_lambda(10)(50) == 1.0
+    assert lr_lambda(10, 0, "constant", 0.0)(0) == 1.0 and lr_lambda(10, 0, "constant", 0.0)(50) == 1.0
 
 
 def test_decaying_schedules_by_hand():
     # cosine over the 8 steps after a 2-step warm-up, floor 0.1: 0.1 + 0.9 * (1 + cos(pi * k / 8)) / 2
-    f = lr_lambda(10, warmup_steps=2, schedule="cosine", min_lr_ratio=0.1)
+    f = lr_lambda(10, 2, "cosine", 0.1)
     assert [f(s) for s in (0, 1)] == [0.0, 0.5]
     assert f(2) == pytest.approx(1.0)
     assert f(4) == pytest.approx(0.1 + 0.9 * (1 + math.cos(math.pi / 4)) / 2)  # 0.868198
     assert f(6) == pytest.approx(0.55)  # half-way: the mean of peak and floor
     assert f(10) == pytest.approx(0.1) and f(25) == pytest.approx(0.1)  # past total_steps: the floor
-    g = lr_lambda(5, schedule="linear")
+    g = lr_lambda(5, 0, "linear", 0.0)
     assert [g(s) for s in range(7)] == pytest.approx([1.0, 0.8, 0.6, 0.4, 0.2, 0.0, 0.0])
     with pytest.raises(ValueError, match="unknown lr schedule"):
-        lr_lambda(5, schedule="step")
+        lr_lambda(5, 0, "step", 0.0)
 
 
 def test_schedule_steps_once_per_training_step_whatever_the_mini_batches(model_path):
@@ -301,7 +301,7 @@ def test_lora_snapshot_is_merged_full_weights(model_path, tmp_path):
     t = build_training(s, DistInfo())
     t.trainer.train_step(build_batch(_groups()), version=0)
     model, state = export_weights(t.trainer.policy, DistInfo())
-    path = WeightPublisher(tmp_path / "w").write(1, model, state)
+    path = WeightPublisher(tmp_path / "w", keep=3).write(1, model, state)
     w = load_file(str(next(path.glob("model*.safetensors"))))
     base = load_file(str(next(model_path.glob("model*.safetensors"))))
     assert set(w) == set(base), "no lora_ or base_layer keys: workers load plain weights"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import zlib
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -78,14 +79,15 @@ def test_flat_build_resumes_missing_chunks(tmp_path):
         (out / CHUNKS_DIR / f"{i:06d}.npy").unlink()
     (out / "manifest.json").unlink()
     enc2 = HashEncoder()
-    build_index(corpus, out, "flat", encoder=enc2, encoder_spec=SPEC, chunk_size=8)
+    build_index(corpus, out, "flat", encoder=enc2, encoder_spec=SPEC, chunk_size=8, keep_chunks=False)
     assert enc2.encoded == 50 - 24
     assert not (out / CHUNKS_DIR).exists()
     # a different encoder spec invalidates the chunks instead of mixing embedding spaces
     build_index(corpus, tmp_path / "idx2", "flat", encoder=HashEncoder(), encoder_spec=SPEC, chunk_size=8,
                 keep_chunks=True)
     enc3 = HashEncoder()
-    build_index(corpus, tmp_path / "idx2", "flat", encoder=enc3, encoder_spec=EncoderSpec("other"), chunk_size=8)
+    build_index(corpus, tmp_path / "idx2", "flat", encoder=enc3, encoder_spec=EncoderSpec("other"), chunk_size=8,
+                keep_chunks=False)
     assert enc3.encoded == 50
     queries = ["w1 w2 w3", "w40 w41", "w7"]
     loaded = load_index(out, encoder_factory=lambda spec: HashEncoder())
@@ -105,7 +107,8 @@ def test_hnsw_and_ivfpq(tmp_path):
     for kind in ("hnsw", "ivfpq"):
         out = tmp_path / kind
         m = build_index(corpus, out, kind, encoder=HashEncoder(), encoder_spec=SPEC,
-                        params=FaissParams(hnsw_m=16, ivf_nlist=8, pq_m=8), chunk_size=100)
+                        params=replace(FaissParams.of(), hnsw_m=16, ivf_nlist=8, pq_m=8), chunk_size=100,
+                        keep_chunks=False)
         assert m.kind == kind and m.count == 400
         loaded = load_index(out, encoder_factory=lambda spec: HashEncoder(),
                             search_params={"ivf_nprobe": 8, "hnsw_ef_search": 64})
@@ -143,7 +146,8 @@ def test_refusals(tmp_path):
         build_index(corpus, tmp_path / "x", "flat")
     with pytest.raises(ValueError, match="unknown index kind"):
         build_index(corpus, tmp_path / "x", "annoy")  # type: ignore[arg-type]
-    build_index(corpus, tmp_path / "idx", "flat", encoder=HashEncoder(), encoder_spec=SPEC)
+    build_index(corpus, tmp_path / "idx", "flat", encoder=HashEncoder(), encoder_spec=SPEC, chunk_size=10_000,
+                keep_chunks=False)
     (tmp_path / "c.jsonl").unlink()
     with pytest.raises(IndexMismatchError, match="not found"):
         load_index(tmp_path / "idx", encoder_factory=lambda spec: HashEncoder())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from searchr1.retriever.corpus import Corpus, CorpusError, parse_row, quick_fing
 from searchr1.retriever.encoders import BGE_QUERY_INSTRUCTION, apply_convention, resolve_convention
 from searchr1.retriever.indexes import FaissParams, Ranked, ivfpq_shape, rrf_fuse
 from searchr1.retriever.service import InvalidRequest, format_retrieve_response, validate_request
-from searchr1.retriever.settings import LimitSettings, RetrieverSettings
+from searchr1.retriever.settings import BatchSettings, LimitSettings, RetrieverSettings
 
 
 def test_parse_row_forms():
@@ -80,11 +81,11 @@ def test_rrf_hand_checked():
 
 
 def test_ivfpq_shape_clamps():
-    assert ivfpq_shape(384, 100_000, FaissParams(ivf_nlist=1024)) == (1024, 48, 8)
-    assert ivfpq_shape(384, 100, FaissParams(ivf_nlist=1024)) == (2, 48, 1)
-    assert ivfpq_shape(384, 400, FaissParams(ivf_nlist=8)) == (8, 48, 3)
+    assert ivfpq_shape(384, 100_000, replace(FaissParams.of(), ivf_nlist=1024)) == (1024, 48, 8)
+    assert ivfpq_shape(384, 100, replace(FaissParams.of(), ivf_nlist=1024)) == (2, 48, 1)
+    assert ivfpq_shape(384, 400, replace(FaissParams.of(), ivf_nlist=8)) == (8, 48, 3)
     with pytest.raises(ValueError, match="divide"):
-        ivfpq_shape(384, 10_000, FaissParams(pq_m=7))
+        ivfpq_shape(384, 10_000, replace(FaissParams.of(), pq_m=7))
 
 
 def test_validate_request_bounds():
@@ -132,7 +133,7 @@ class CountingSearch:
 
 async def test_microbatcher_merges_concurrent_requests():
     search = CountingSearch()
-    batcher = MicroBatcher(search, max_queries=64, max_wait_s=0.005)
+    batcher = MicroBatcher(search, BatchSettings(max_queries=64, max_wait_ms=5), LimitSettings())
     await batcher.start()
     try:
         requests = [([f"q{10 * i}", f"q{10 * i + 1}"], 1 + i % 3) for i in range(20)]
@@ -148,7 +149,7 @@ async def test_microbatcher_merges_concurrent_requests():
 
 async def test_microbatcher_respects_max_queries_and_queue_bound():
     search = CountingSearch(delay=0.05)
-    batcher = MicroBatcher(search, max_queries=4, max_wait_s=0.0, max_queue_queries=10)
+    batcher = MicroBatcher(search, BatchSettings(max_queries=4), LimitSettings(max_queue_queries=10))
     await batcher.start()
     try:
         first = [asyncio.create_task(batcher.search([f"q{i}", f"q{i}", f"q{i}"], 1)) for i in range(3)]
@@ -170,7 +171,7 @@ async def test_microbatcher_fails_requests_not_itself():
             raise RuntimeError("index exploded")
         return Ranked(np.zeros((len(queries), k), dtype=np.int64), np.ones((len(queries), k), dtype=np.float32))
 
-    batcher = MicroBatcher(boom, max_wait_s=0.0)
+    batcher = MicroBatcher(boom, BatchSettings(), LimitSettings())
     await batcher.start()
     try:
         with pytest.raises(RuntimeError, match="exploded"):
@@ -235,7 +236,7 @@ async def test_service_reads_corpus_rows_off_the_event_loop(tmp_path):
             return super().get(row)
 
     corpus = WatchedCorpus(path, scan_corpus(path).offsets)
-    batcher = MicroBatcher(CountingSearch(delay=0.0), max_wait_s=0.0)
+    batcher = MicroBatcher(CountingSearch(delay=0.0), BatchSettings(), LimitSettings())
     service = RetrieverService(corpus, batcher, LimitSettings(), RetrieverMetrics.create(CollectorRegistry()))
     await batcher.start()
     try:

@@ -15,7 +15,7 @@ from searchr1.retriever.batcher import MicroBatcher, refill_wait_s
 from searchr1.retriever.encoders import length_order
 from searchr1.retriever.indexes import Ranked
 from searchr1.retriever.server import event_loop_factory
-from searchr1.retriever.settings import RetrieverSettings
+from searchr1.retriever.settings import BatchSettings, LimitSettings, RetrieverSettings
 from searchr1.retriever.threads import (
     FAISS_DEFAULT_BLAS_THRESHOLD,
     ThreadPolicy,
@@ -81,7 +81,7 @@ def _fake_search(thread_ids: list[int]):
 async def test_finish_runs_on_the_search_thread_and_a_failing_finish_fails_only_its_request():
     ids: list[int] = []
     finish_threads: list[int] = []
-    batcher = MicroBatcher(_fake_search(ids))
+    batcher = MicroBatcher(_fake_search(ids), BatchSettings(), LimitSettings())
     await batcher.start()
 
     def rows_plus_one(hits):
@@ -105,7 +105,7 @@ async def test_finish_runs_on_the_search_thread_and_a_failing_finish_fails_only_
 
 async def test_default_batcher_does_not_wait_for_more_requests():
     ids: list[int] = []
-    batcher = MicroBatcher(_fake_search(ids))
+    batcher = MicroBatcher(_fake_search(ids), BatchSettings(), LimitSettings())
     assert batcher.max_wait_s == 0.0
     await batcher.start()
     try:
@@ -156,7 +156,7 @@ def _sleeping_search(sizes: list[int], delay: float):
 
 async def test_refill_keeps_closed_loop_clients_in_one_batch():
     sizes: list[int] = []
-    batcher = MicroBatcher(_sleeping_search(sizes, 0.05), refill_share=1.0)
+    batcher = MicroBatcher(_sleeping_search(sizes, 0.05), BatchSettings(refill_share=1.0), LimitSettings())
     await batcher.start()
     try:
         await _closed_loop(batcher, clients=8, rounds=6)

@@ -13,6 +13,7 @@ from searchr1.reward.runner import run_scorer
 from searchr1.reward.scorers import SCORERS, default_registry, question_of
 from searchr1.reward.settings import RewardSettings
 
+INLINE = RewardSettings().inline_max_items
 PROMPT = f"<|im_start|>user\n{make_prompt('capital of france')}<|im_end|>\n<|im_start|>assistant\n"
 OBS = observation_for(["Paris\nParis is the capital of France."])
 GOOD = "<think>a</think><search>capital</search>" + OBS + "<think>b</think><answer> Paris </answer>"
@@ -20,7 +21,7 @@ ITEM = ScoreItem(prompt=PROMPT, response=GOOD, golden_answers=["Paris"])
 
 
 def ctx(**defaults) -> ScoringContext:
-    return ScoringContext(registry=default_registry(), defaults=defaults)
+    return ScoringContext(registry=default_registry(), defaults=defaults, inline_max_items=INLINE)
 
 
 def test_registry_lists_every_scorer_with_params_schema():
@@ -144,7 +145,7 @@ async def test_embedding_scorer_with_a_fake_encoder_batches_one_encode():
             calls.append(list(texts))
             return [[1.0, 0.0] if t.lower().startswith("paris") else [0.6, 0.8] for t in texts]
 
-    c = ScoringContext(registry=default_registry(), encoder=lambda model: Fake())
+    c = ScoringContext(registry=default_registry(), encoder=lambda model: Fake(), inline_max_items=INLINE)
     items = [ITEM, ScoreItem(prompt=PROMPT, response="<answer>Lyon</answer>", golden_answers=["Paris"]),
              ScoreItem(prompt=PROMPT, response="no answer", golden_answers=["Paris"])]
     results = await run_scorer(c, "embedding_similarity", items)

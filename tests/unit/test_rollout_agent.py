@@ -11,6 +11,7 @@ from searchr1.core.protocol import INVALID_ACTION_MESSAGE, STOP_STRINGS, observa
 from searchr1.core.schemas import Trajectory
 from searchr1.rollout.agent import OBS_CLOSE, AgentLimits, Sampling, run_trajectory, truncate_observation
 from searchr1.rollout.engine import TurnOutput, TurnRequest
+from searchr1.rollout.settings import AgentSettings
 
 
 class CharCodec:
@@ -75,6 +76,12 @@ SEARCH = ("<think>need info</think><search> capital of france </search>", "stop"
 ANSWER = ("<think>ok</think><answer> Paris </answer>", "stop")
 
 
+
+def limits(max_context_tokens: int | None = None, **agent) -> AgentLimits:
+    """The limits of `AgentSettings(**agent)`."""
+    return AgentLimits.from_settings(AgentSettings(**agent), max_context_tokens=max_context_tokens)
+
+
 def _sampled(res, gen):
     return [t for t, m in zip(res.response_ids, res.loss_mask) if m == 1]
 
@@ -92,7 +99,7 @@ def _check_invariants(res):
 
 async def test_answer_on_first_turn():
     gen, search = ScriptedGenerator([ANSWER]), FakeSearch()
-    res = await run_trajectory(PROMPT, gen, CharCodec(), search, AgentLimits(max_turns=3))
+    res = await run_trajectory(PROMPT, gen, CharCodec(), search, limits(max_turns=3))
     assert res.finish_reason == "answer" and res.answer == "Paris"
     assert res.num_turns == 1 and res.num_searches == 0 and search.queries == []
     assert res.response_ids == gen.returned[0]
@@ -104,7 +111,7 @@ async def test_answer_on_first_turn():
 
 async def test_search_then_answer_masks_exactly_the_observation():
     gen, search, codec = ScriptedGenerator([SEARCH, ANSWER]), FakeSearch(), CharCodec()
-    res = await run_trajectory(PROMPT, gen, codec, search, AgentLimits(max_turns=3))
+    res = await run_trajectory(PROMPT, gen, codec, search, limits(max_turns=3))
     obs = codec.encode(observation_for([h.contents for h in search.hits]))
     assert search.queries == ["capital of france"]
     assert res.finish_reason == "answer" and res.num_turns == 2 and res.num_searches == 1
@@ -120,7 +127,7 @@ async def test_search_then_answer_masks_exactly_the_observation():
 
 async def test_always_search_hits_max_turns_then_a_final_turn_that_cannot_search():
     gen, search = ScriptedGenerator([SEARCH]), FakeSearch()
-    res = await run_trajectory(PROMPT, gen, CharCodec(), search, AgentLimits(max_turns=2))
+    res = await run_trajectory(PROMPT, gen, CharCodec(), search, limits(max_turns=2))
     assert len(gen.requests) == 3  # two search turns + the final answer-only turn
     assert len(search.queries) == 2  # the final turn's search is not executed
     assert res.num_turns == 3 and res.num_searches == 2
@@ -131,13 +138,13 @@ async def test_always_search_hits_max_turns_then_a_final_turn_that_cannot_search
 
 async def test_final_turn_may_answer():
     gen, search = ScriptedGenerator([SEARCH, ANSWER]), FakeSearch()
-    res = await run_trajectory(PROMPT, gen, CharCodec(), search, AgentLimits(max_turns=1))
+    res = await run_trajectory(PROMPT, gen, CharCodec(), search, limits(max_turns=1))
     assert res.finish_reason == "answer" and res.num_turns == 2 and res.num_searches == 1
 
 
 async def test_max_turns_zero_is_one_answer_only_turn():
     gen, search = ScriptedGenerator([SEARCH]), FakeSearch()
-    res = await run_trajectory(PROMPT, gen, CharCodec(), search, AgentLimits(max_turns=0))
+    res = await run_trajectory(PROMPT, gen, CharCodec(), search, limits(max_turns=0))
     assert res.num_turns == 1 and search.queries == [] and res.finish_reason == "max_turns"
 
 
@@ -145,7 +152,7 @@ async def test_invalid_action_appends_the_invalid_message_with_mask_zero():
     # a turn cut by its own token budget without any action, then a closing tag with no opening tag
     gen = ScriptedGenerator([("<think>rambling on and on", "length"), ("just text </search>", "stop"), ANSWER])
     codec, search = CharCodec(), FakeSearch()
-    res = await run_trajectory(PROMPT, gen, codec, search, AgentLimits(max_turns=4, max_tokens_per_turn=5))
+    res = await run_trajectory(PROMPT, gen, codec, search, limits(max_turns=4, max_tokens_per_turn=5))
     msg = codec.encode(INVALID_ACTION_MESSAGE)
     assert res.response_ids == gen.returned[0] + msg + gen.returned[1] + msg + gen.returned[2]
     assert _env(res) == msg + msg
@@ -158,7 +165,7 @@ async def test_observation_truncation_keeps_the_closing_tag_and_is_counted():
     codec = CharCodec()
     long_hit = FakeHit("Title\n" + "x" * 500)
     gen, search = ScriptedGenerator([SEARCH, ANSWER]), FakeSearch(hits=[long_hit])
-    res = await run_trajectory(PROMPT, gen, codec, search, AgentLimits(max_turns=2, max_obs_tokens=60))
+    res = await run_trajectory(PROMPT, gen, codec, search, limits(max_turns=2, max_obs_tokens=60))
     env = _env(res)
     assert len(env) == 60
     assert codec.decode(env).endswith(OBS_CLOSE)
@@ -176,8 +183,8 @@ def test_truncate_observation_pure():
 
 async def test_response_budget_ends_with_length():
     gen, search = ScriptedGenerator([SEARCH]), FakeSearch()
-    limits = AgentLimits(max_turns=10, max_tokens_per_turn=100, max_response_tokens=40)
-    res = await run_trajectory(PROMPT, gen, CharCodec(), search, limits)
+    budget = limits(max_turns=10, max_tokens_per_turn=100, max_response_tokens=40)
+    res = await run_trajectory(PROMPT, gen, CharCodec(), search, budget)
     assert res.finish_reason == "length"
     assert len(res.response_ids) <= 40
     # each turn asked for at most what was left of the budget
@@ -190,21 +197,21 @@ async def test_response_budget_ends_with_length():
 
 async def test_eos_without_action_ends_the_trajectory():
     gen, search = ScriptedGenerator([("<think>I give up</think>", "eos")]), FakeSearch()
-    res = await run_trajectory(PROMPT, gen, CharCodec(), search, AgentLimits(max_turns=3))
+    res = await run_trajectory(PROMPT, gen, CharCodec(), search, limits(max_turns=3))
     assert res.finish_reason == "eos" and res.num_turns == 1 and res.env_tokens == 0
 
 
 async def test_search_failure_ends_with_error():
     gen, search = ScriptedGenerator([SEARCH, ANSWER]), FakeSearch(fail=True)
-    res = await run_trajectory(PROMPT, gen, CharCodec(), search, AgentLimits(max_turns=3))
+    res = await run_trajectory(PROMPT, gen, CharCodec(), search, limits(max_turns=3))
     assert res.finish_reason == "error" and "retriever down" in res.error
     assert res.response_ids == gen.returned[0]
 
 
 async def test_seeds_differ_per_turn_and_sampling_is_passed_through():
     gen, search = ScriptedGenerator([SEARCH, ANSWER]), FakeSearch()
-    s = Sampling(temperature=0.7, top_p=0.9, top_k=20, seed=11, extra_args={"k": 1})
-    await run_trajectory(PROMPT, gen, CharCodec(), search, AgentLimits(), s)
+    s = Sampling.from_settings(AgentSettings(extra_args={"k": 1}), seed=11, temperature=0.7, top_p=0.9, top_k=20)
+    await run_trajectory(PROMPT, gen, CharCodec(), search, limits(), s)
     r0, r1 = gen.requests
     assert (r0.temperature, r0.top_p, r0.top_k, r0.extra_args) == (0.7, 0.9, 20, {"k": 1})
     assert r0.seed == 11 and r1.seed != r0.seed
@@ -219,8 +226,8 @@ async def test_a_trajectory_waiting_on_search_does_not_block_another():
             return await super().__call__(query)
 
     slow_gen, fast_gen = ScriptedGenerator([SEARCH, ANSWER]), ScriptedGenerator([SEARCH, SEARCH, ANSWER])
-    slow = asyncio.create_task(run_trajectory(PROMPT, slow_gen, CharCodec(), SlowSearch(), AgentLimits()))
-    fast = await asyncio.wait_for(run_trajectory(PROMPT, fast_gen, CharCodec(), FakeSearch(), AgentLimits()), 5)
+    slow = asyncio.create_task(run_trajectory(PROMPT, slow_gen, CharCodec(), SlowSearch(), limits()))
+    fast = await asyncio.wait_for(run_trajectory(PROMPT, fast_gen, CharCodec(), FakeSearch(), limits()), 5)
     assert fast.finish_reason == "answer" and fast.num_searches == 2
     assert not slow.done()
     release.set()
@@ -229,8 +236,8 @@ async def test_a_trajectory_waiting_on_search_does_not_block_another():
 
 async def test_context_length_bounds_every_turn():
     gen, search = ScriptedGenerator([SEARCH]), FakeSearch()
-    limits = AgentLimits(max_turns=10, max_tokens_per_turn=100, max_response_tokens=10_000, max_context_tokens=60)
-    res = await run_trajectory(PROMPT, gen, CharCodec(), search, limits)
+    context = limits(max_turns=10, max_tokens_per_turn=100, max_response_tokens=10_000, max_context_tokens=60)
+    res = await run_trajectory(PROMPT, gen, CharCodec(), search, context)
     assert res.finish_reason == "length"
     assert len(res.prompt_ids) + len(res.response_ids) <= 60
     assert all(len(r.prompt_ids) + r.max_tokens <= 60 for r in gen.requests)
@@ -239,10 +246,10 @@ async def test_context_length_bounds_every_turn():
 def test_a_tag_opened_by_the_prompt_counts_for_the_first_turn():
     gen = ScriptedGenerator([(" capital of france </search>", "stop"), ANSWER])
     search = FakeSearch()
-    res = asyncio.run(run_trajectory(PROMPT, gen, CharCodec(), search, AgentLimits(max_turns=3),
+    res = asyncio.run(run_trajectory(PROMPT, gen, CharCodec(), search, limits(max_turns=3),
                                      opened="<think>x</think><search>"))
     assert search.queries == ["capital of france"] and res.num_searches == 1 and res.answer == "Paris"
     # without it the same turn is an invalid action
     gen = ScriptedGenerator([(" capital of france </search>", "stop"), ANSWER])
-    res = asyncio.run(run_trajectory(PROMPT, gen, CharCodec(), FakeSearch(), AgentLimits(max_turns=3)))
+    res = asyncio.run(run_trajectory(PROMPT, gen, CharCodec(), FakeSearch(), limits(max_turns=3)))
     assert res.num_searches == 0 and res.answer == "Paris"

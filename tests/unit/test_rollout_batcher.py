@@ -11,7 +11,7 @@ from searchr1.core.schemas import SamplingParams, Task
 from searchr1.core.settings import load_settings
 from searchr1.rollout.batcher import SearchBatcher
 from searchr1.rollout.sampler import limits_for, sampling_for, score_items
-from searchr1.rollout.settings import AgentSettings, RolloutSettings
+from searchr1.rollout.settings import AgentSettings, RetrieverClientSettings, RolloutSettings
 
 
 class Backend:
@@ -31,7 +31,7 @@ class Backend:
 async def test_concurrent_searches_become_one_call_and_each_gets_its_own_hits():
     backend = Backend()
     sizes = []
-    b = SearchBatcher(backend, top_k=2, max_batch=64, max_wait_s=0.02, on_batch=lambda n, s: sizes.append(n))
+    b = SearchBatcher(backend, RetrieverClientSettings(top_k=2, max_batch=64, max_wait_ms=20), on_batch=lambda n, s: sizes.append(n))
     results = await asyncio.gather(*[b.search(f"q{i}") for i in range(10)])
     assert backend.calls == [[f"q{i}" for i in range(10)]]
     assert results[3] == ["q3#0", "q3#1"]
@@ -40,7 +40,7 @@ async def test_concurrent_searches_become_one_call_and_each_gets_its_own_hits():
 
 async def test_max_batch_splits_calls():
     backend = Backend()
-    b = SearchBatcher(backend, max_batch=4, max_wait_s=0.05)
+    b = SearchBatcher(backend, RetrieverClientSettings(max_batch=4, max_wait_ms=50))
     await asyncio.gather(*[b.search(f"q{i}") for i in range(10)])
     assert sorted(len(c) for c in backend.calls) == [2, 4, 4]
     assert sorted(q for c in backend.calls for q in c) == sorted(f"q{i}" for i in range(10))
@@ -48,7 +48,7 @@ async def test_max_batch_splits_calls():
 
 async def test_a_failed_call_fails_its_callers_only():
     backend = Backend(fail=True)
-    b = SearchBatcher(backend, max_wait_s=0.0)
+    b = SearchBatcher(backend, RetrieverClientSettings(max_wait_ms=0))
     with pytest.raises(RuntimeError, match="boom"):
         await b.search("x")
     backend.fail = False
@@ -57,7 +57,7 @@ async def test_a_failed_call_fails_its_callers_only():
 
 async def test_late_queries_go_in_the_next_batch():
     backend = Backend(delay=0.05)
-    b = SearchBatcher(backend, max_wait_s=0.001)
+    b = SearchBatcher(backend, RetrieverClientSettings(max_wait_ms=1))
     first = asyncio.create_task(b.search("a"))
     await asyncio.sleep(0.02)  # first batch in flight
     second = await b.search("b")
@@ -100,7 +100,7 @@ def test_settings_from_toml_and_env(tmp_path, monkeypatch):
 
 async def test_blank_queries_get_no_hits_without_a_call_and_long_ones_are_cut():
     backend = Backend()
-    b = SearchBatcher(backend, top_k=1, max_wait_s=0.01, max_query_chars=5)
+    b = SearchBatcher(backend, RetrieverClientSettings(top_k=1, max_wait_ms=10, max_query_chars=5))
     blank, spaces, long, ok = await asyncio.gather(b.search(""), b.search("   "), b.search("abcdefghij"), b.search(" q "))
     assert blank == [] and spaces == []
     assert backend.calls == [["abcde", "q"]]

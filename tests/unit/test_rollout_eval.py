@@ -13,7 +13,6 @@ import pytest
 
 from searchr1.core.datasets import Question
 from searchr1.core.protocol import make_prompt, render_prompt
-from searchr1.rollout.agent import AgentLimits, Sampling
 from searchr1.rollout.engine import TurnOutput, TurnRequest
 from searchr1.rollout.evaluation.evaluate import (
     EvalConfig,
@@ -28,9 +27,18 @@ from searchr1.rollout.evaluation.evaluate import (
 )
 from searchr1.rollout.evaluation.report import markdown_report, summary_table
 from searchr1.rollout.evaluation.stats import MISSING, aggregate, metrics_of
+from searchr1.rollout.settings import AgentSettings, EvalSettings
 
 WORLD_GROUPS = ("data_source", "question_type", "entity_kind", "knowledge")
 """The tiny world's breakdown, as its config names it (`[rollout.eval] group_by`)."""
+
+
+def config(agent: AgentSettings | None = None, *, seed: int = 0, temperature: float | None = None,
+           group_by: tuple[str, ...] | None = None, **how) -> EvalConfig:
+    """The eval config of `agent` (default settings when None) and `group_by` (`[rollout.eval]`'s default
+    when None)."""
+    groups = EvalSettings() if group_by is None else EvalSettings(group_by=list(group_by))
+    return EvalConfig.from_settings(agent or AgentSettings(), groups, seed=seed, temperature=temperature, **how)
 
 
 def _groups(q: Question) -> tuple:
@@ -216,7 +224,7 @@ def test_aggregate_leaves_out_absent_group_keys_and_accepts_json_records():
 
 
 def test_group_keys_are_the_callers_choice():
-    by_default = aggregate(RECORDS)  # data_source only: no dataset's fields are built in
+    by_default = aggregate(RECORDS, EvalSettings().group_by)  # data_source only: no dataset's fields are built in
     assert list(by_default["greedy"]["by"]) == ["data_source"]
     assert by_default["greedy"]["by"]["data_source"] == aggregate(RECORDS, WORLD_GROUPS)["greedy"]["by"]["data_source"]
     s = aggregate(RECORDS, ("knowledge", "data_source"))  # the caller's order
@@ -227,7 +235,7 @@ def test_group_keys_are_the_callers_choice():
     assert list(RECORDS[0].to_json())[:8] == ["qid", "mode", "sample", "data_source", "question_type",
                                               "entity_kind", "knowledge", "question"]
     with pytest.raises(ValueError, match="record field"):
-        EvalConfig(group_by=("data_source", "em"))
+        config(group_by=("data_source", "em"))
 
 
 def test_markdown_report_tables():
@@ -331,9 +339,9 @@ async def test_run_eval_greedy_and_sampled_records_and_scores():
           for i in range(5)]
     gen, scorer = ScriptedGenerator(), FakeScorer()
     seen: list[int] = []
-    config = EvalConfig(samples=2, sampling=Sampling(temperature=0.7, seed=3), concurrency=2,
-                        limits=AgentLimits(max_turns=2, max_tokens_per_turn=64))
-    records = await run_eval(qs, gen, CharCodec(), None, _search, scorer, config, lambda r: seen.append(len(r)))
+    cfg = config(AgentSettings(max_turns=2, max_tokens_per_turn=64), seed=3, temperature=0.7, samples=2,
+                 concurrency=2)
+    records = await run_eval(qs, gen, CharCodec(), None, _search, scorer, cfg, lambda r: seen.append(len(r)))
     assert len(records) == 5 * 3 and seen == [3] * 5
     assert [r.qid for r in records] == [f"q{i}" for i in range(5) for _ in range(3)]
     assert [(r.mode, r.sample) for r in records[:3]] == [("greedy", 0), ("sampled", 0), ("sampled", 1)]
@@ -364,7 +372,7 @@ async def test_evaluate_writes_json_and_markdown(tmp_path):
                           "capital", "city", i < 2) for i in range(3)]
     data = _write_parquet(tmp_path / "test.parquet", rows)
     run = await evaluate(data, tmp_path / "out", ScriptedGenerator(), CharCodec(), None, _search, FakeScorer(),
-                         EvalConfig(samples=1, limits=AgentLimits(max_turns=2), group_by=WORLD_GROUPS),
+                         config(AgentSettings(max_turns=2), samples=1, group_by=WORLD_GROUPS),
                          meta={"model": "scripted"})
     doc = json.loads((tmp_path / "out" / "eval.json").read_text())
     assert set(doc) == {"meta", "summary", "records"}
@@ -381,6 +389,6 @@ async def test_evaluate_writes_json_and_markdown(tmp_path):
 
 def test_config_bounds():
     with pytest.raises(ValueError):
-        EvalConfig(samples=-1)
+        config(samples=-1)
     with pytest.raises(ValueError):
-        EvalConfig(greedy=False, samples=0)
+        config(greedy=False, samples=0)

@@ -13,6 +13,7 @@ from searchr1.core.schemas import Trajectory
 from searchr1.rollout.agent import AgentLimits, TrajectoryResult, run_trajectory
 from searchr1.rollout.engine import TurnOutput, TurnRequest
 from searchr1.rollout.partial import RESUME_SEED_STRIDE, InterruptibleGenerator
+from searchr1.rollout.settings import AgentSettings
 
 
 class TickingEngine:
@@ -54,7 +55,8 @@ async def _ticks(engine: TickingEngine, n: int) -> None:
 async def test_a_swap_interrupts_a_turn_and_it_resumes_from_its_prefix_under_the_new_version():
     engine = TickingEngine()
     gen = InterruptibleGenerator(engine, version=0)
-    turn = asyncio.create_task(gen.generate(TurnRequest(prompt_ids=[1, 2], max_tokens=6, seed=7), "t0"))
+    turn = asyncio.create_task(gen.generate(TurnRequest(prompt_ids=[1, 2], max_tokens=6, temperature=1.0, top_p=1.0,
+                                                        top_k=-1, seed=7), "t0"))
     await _ticks(engine, 3)  # three tokens under version 0
 
     async def load() -> bool:
@@ -86,7 +88,7 @@ async def test_a_turn_asked_for_during_a_swap_waits_for_the_new_weights():
 
     swap = asyncio.create_task(gen.swap(load, lambda: 5))
     await asyncio.sleep(0)
-    turn = asyncio.create_task(gen.generate(TurnRequest(prompt_ids=[1], max_tokens=2), "late"))
+    turn = asyncio.create_task(gen.generate(TurnRequest(prompt_ids=[1], max_tokens=2, temperature=1.0, top_p=1.0, top_k=-1), "late"))
     await _ticks(engine, 2)
     assert engine.requests == []  # held until the weights are in
     loaded.set()
@@ -116,7 +118,7 @@ async def test_the_agent_records_the_seam_as_two_segments_and_they_validate():
     async def no_search(query: str):
         return []
 
-    limits = AgentLimits(max_turns=1, max_tokens_per_turn=5, max_response_tokens=5)
+    limits = AgentLimits.from_settings(AgentSettings(max_turns=1, max_tokens_per_turn=5, max_response_tokens=5))
     run = asyncio.create_task(run_trajectory([1, 2, 3], gen, Codec(), no_search, limits))
     await _ticks(engine, 2)
     swap = asyncio.create_task(gen.swap(lambda: engine.reload("/w"), lambda: 3))

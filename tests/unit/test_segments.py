@@ -80,7 +80,7 @@ def test_a_trajectory_is_as_old_as_its_oldest_segment_and_a_group_as_its_oldest_
 def test_staleness_drops_a_group_by_its_oldest_segment():
     """Learner at step 8 with max_staleness 2: a group stamped 6 whose trajectory began under version 5 is
     3 behind (8 − 5) and dropped; one whose oldest segment is 6 is 2 behind and kept."""
-    p = StalenessPolicy(max_staleness=2, groups_per_step=2)
+    p = StalenessPolicy(max_staleness=2, groups_per_step=2, paced=True)
     mask = [1, 1, 1]
     old = synthetic_group("old", group_size=1, policy_version=6)
     old.trajectories[0] = _traj(mask, [(0, 1, 5), (1, 3, 7)])

@@ -23,6 +23,7 @@ from searchr1.core.protocol import (
 )
 from searchr1.rollout.agent import AgentLimits, run_trajectory
 from searchr1.rollout.engine import HfCodec, TurnOutput, TurnRequest
+from searchr1.rollout.settings import AgentSettings
 from tests.support.real_models import tokenizer
 
 TOKENIZERS = ["smollm2-135m", "qwen2.5-tokenizer"]
@@ -78,7 +79,7 @@ def _rollout(name: str, texts: list[str]):
     codec = HfCodec(tok)
     prompt_ids = codec.encode(render_prompt(QUESTION, tok))
     gen = BpeGenerator(tok, texts)
-    res = asyncio.run(run_trajectory(prompt_ids, gen, codec, _search, AgentLimits(max_turns=3)))
+    res = asyncio.run(run_trajectory(prompt_ids, gen, codec, _search, AgentLimits.from_settings(AgentSettings(max_turns=3))))
     return tok, codec, gen, res
 
 

@@ -20,7 +20,10 @@ from searchr1.retriever.web.limits import (
     wait_for_token,
     within_budget,
 )
+from searchr1.retriever.web.settings import WebSettings
 
+CUTS = {k: getattr(WebSettings(), k) for k in ("max_title_chars", "max_snippet_chars")}
+"""The title and snippet cuts of `[retriever.web]` by default."""
 SERPER = {"searchParameters": {"q": "capital of france", "type": "search"},
           "knowledgeGraph": {"title": "Paris"},
           "organic": [{"title": "Paris - Wikipedia", "link": "https://en.wikipedia.org/wiki/Paris",
@@ -50,7 +53,7 @@ def _body(data) -> bytes:
     ("searxng", SEARXNG, "Paris is the capital of France."),
 ])
 def test_each_provider_maps_to_wiki_shaped_passages(provider, data, snippet):
-    parsed = parse_response(provider, _body(data), 3)
+    parsed = parse_response(provider, _body(data), 3, **CUTS)
     first = parsed.results[0]
     assert first.url == "https://en.wikipedia.org/wiki/Paris" and first.title == "Paris - Wikipedia"
     assert first.contents == f'"Paris - Wikipedia"\n{snippet}'  # title on the first line, as wiki-18 rows
@@ -58,9 +61,9 @@ def test_each_provider_maps_to_wiki_shaped_passages(provider, data, snippet):
 
 
 def test_ranks_score_one_over_rank_and_top_k_cuts():
-    parsed = parse_response("serper", _body(SERPER), 3)
+    parsed = parse_response("serper", _body(SERPER), 3, **CUTS)
     assert [r.score for r in parsed.results] == [1.0, 0.5]
-    assert len(parse_response("serper", _body(SERPER), 1).results) == 1
+    assert len(parse_response("serper", _body(SERPER), 1, **CUTS).results) == 1
 
 
 @pytest.mark.parametrize("body", [
@@ -73,18 +76,18 @@ def test_ranks_score_one_over_rank_and_top_k_cuts():
 ])
 def test_not_the_documented_json_is_malformed(body):
     with pytest.raises(MalformedResponse):
-        parse_response("serper", body, 3)
+        parse_response("serper", body, 3, **CUTS)
 
 
 def test_error_json_names_the_providers_error():
     with pytest.raises(MalformedResponse, match="Invalid API key"):
-        parse_response("serpapi", _body({"error": "Invalid API key."}), 3)
+        parse_response("serpapi", _body({"error": "Invalid API key."}), 3, **CUTS)
 
 
 def test_results_without_url_or_text_are_skipped_and_counted():
     data = {"organic": [{"title": "no link", "snippet": "x"}, "not a dict", {"link": "https://a", "title": None},
                         {"link": "https://b", "title": "B", "snippet": 7}, {"link": "https://c", "snippet": "only text"}]}
-    parsed = parse_response("serper", _body(data), 10)
+    parsed = parse_response("serper", _body(data), 10, **CUTS)
     assert [r.url for r in parsed.results] == ["https://b", "https://c"]
     assert parsed.results[0].contents == '"B"\n' and parsed.results[1].contents == '""\nonly text'
     assert [r.score for r in parsed.results] == [1.0, 0.5]  # ranks count kept results
@@ -99,7 +102,7 @@ def test_huge_snippets_are_cut_and_counted():
 
 
 def test_brave_without_web_results_is_an_empty_answer():
-    assert parse_response("brave", _body({"type": "search", "query": {"original": "zzz"}}), 3).results == []
+    assert parse_response("brave", _body({"type": "search", "query": {"original": "zzz"}}), 3, **CUTS).results == []
 
 
 def test_clean_text():
@@ -131,7 +134,7 @@ def test_cache_keys_normalise_case_space_and_unicode_but_not_punctuation():
 
 
 def test_cache_values_round_trip_and_garbage_is_a_miss():
-    results = parse_response("serper", _body(SERPER), 3).results
+    results = parse_response("serper", _body(SERPER), 3, **CUTS).results
     assert decode_results(encode_results(results)) == results
     assert decode_results(b"not json") is None and decode_results(b'[["only two", 1]]') is None
 
@@ -183,7 +186,7 @@ async def test_sqlite_cache_expires_entries_and_survives_reopening(tmp_path):
     from searchr1.retriever.web.cache import SqliteCache
 
     now = [1000.0]
-    results = parse_response("serper", _body(SERPER), 3).results
+    results = parse_response("serper", _body(SERPER), 3, **CUTS).results
     cache = SqliteCache(tmp_path / "c.sqlite", ttl_s=60, clock=lambda: now[0])
     await cache.put("k", results)
     now[0] += 59

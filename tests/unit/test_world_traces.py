@@ -18,7 +18,12 @@ GEN = GeneratorSettings(people=30, cities=8, companies=6, countries=3, known_peo
                         known_companies=2, known_countries=1)
 WORLD = generate_world(GEN, 11)
 SEARCH = CorpusSearch(WORLD.corpus()).search
-PERFECT = TraceRates(p_guess=0, p_needless_search=0, p_noisy_query=0, p_wrong_copy=0)
+
+def _rates(**warmstart) -> TraceRates:
+    return TraceRates.from_settings(WarmstartSettings(**warmstart))
+
+
+PERFECT = _rates(p_guess=0, p_needless_search=0, p_noisy_query=0, p_wrong_copy=0)
 
 
 def _q(known: bool, hops: int):
@@ -55,12 +60,12 @@ def test_known_question_is_answered_from_memory():
 
 def test_imperfect_kinds():
     rng = random.Random(1)
-    needless = make_trace(WORLD, _q(True, 1), SEARCH, TraceRates(p_needless_search=1, p_noisy_query=0,
+    needless = make_trace(WORLD, _q(True, 1), SEARCH, _rates(p_needless_search=1, p_noisy_query=0,
                                                                   p_wrong_copy=0), rng)
     assert needless.kind == "needless_search" and needless.searches >= 1 and needless.answer == _q(True, 1).answers[0]
-    guess = make_trace(WORLD, _q(False, 1), SEARCH, TraceRates(p_guess=1), rng)
+    guess = make_trace(WORLD, _q(False, 1), SEARCH, _rates(p_guess=1), rng)
     assert guess.kind == "guess" and guess.searches == 0 and guess.answer != _q(False, 1).answers[0]
-    wrong = make_trace(WORLD, _q(False, 1), SEARCH, TraceRates(p_guess=0, p_noisy_query=0, p_wrong_copy=1), rng)
+    wrong = make_trace(WORLD, _q(False, 1), SEARCH, _rates(p_guess=0, p_noisy_query=0, p_wrong_copy=1), rng)
     assert wrong.kind == "wrong_copy" and wrong.answer != _q(False, 1).answers[0]
     assert is_well_formed(wrong.response_text) and is_well_formed(guess.response_text)
 
@@ -83,7 +88,7 @@ def test_a_search_that_misses_the_gold_passage_is_retried_with_the_name():
 
 def test_trace_mix_is_deterministic_and_contains_every_kind():
     ws = WarmstartSettings()
-    rates = TraceRates(ws.p_guess, ws.p_needless_search, ws.p_noisy_query, ws.p_wrong_copy)
+    rates = TraceRates.from_settings(ws)
     qs = WORLD.questions()
 
     def kinds(seed):

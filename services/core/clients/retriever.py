@@ -121,7 +121,7 @@ class RetrieverClient:
             stub = self._stubs[address] = retriever_pb2_grpc.RetrieverStub(channel)
         return stub
 
-    async def search(self, queries: Sequence[str], top_k: int = 3) -> list[list[Hit]]:
+    async def search(self, queries: Sequence[str], top_k: int) -> list[list[Hit]]:
         """Search every query (top_k hits each). Raises RetrieverError when the request is refused or
         every attempt failed."""
         queries = list(queries)

@@ -86,12 +86,15 @@ class Batch:
                         for f in fields(self)})
 
 
-def build_batch(groups: Sequence[TrajectoryGroup], *, pad_id: int = 0, max_seq_len: int = 8192) -> Batch:
-    """Pad every trajectory of `groups` into one `Batch` (rows in group order)."""
+def build_batch(groups: Sequence[TrajectoryGroup], *, pad_id: int = 0, max_seq_len: int | None = None) -> Batch:
+    """Pad every trajectory of `groups` into one `Batch` (rows in group order), each cut to `max_seq_len`
+    tokens (the learner's `batch.max_seq_len`; None: none is cut)."""
     rows = [(gi, oldest_version(t, g.policy_version), t) for gi, g in enumerate(groups) for t in g.trajectories]
     if not rows:
         raise ValueError("cannot build a batch from zero trajectories")
-    lengths = [min(len(t.prompt_ids) + len(t.response_ids), max_seq_len) for _, _, t in rows]
+    lengths = [len(t.prompt_ids) + len(t.response_ids) for _, _, t in rows]
+    if max_seq_len is not None:
+        lengths = [min(n, max_seq_len) for n in lengths]
     L = max(max(lengths), 2)
     B = len(rows)
     input_ids = torch.full((B, L), pad_id, dtype=torch.long)

@@ -61,13 +61,14 @@ class DesyncDecision:
 
 @dataclass(frozen=True)
 class DesyncPolicy:
-    """The desync rule (see the module docstring)."""
+    """The desync rule (see the module docstring), built from `[learner.desync]` (`from_settings`), whose
+    fields declare the defaults."""
 
-    abs_threshold: float = 0.005
+    abs_threshold: float
     """Mean |Δ log p| per token below which no worker is flagged."""
-    ratio: float = 5.0
+    ratio: float
     """How many times the median of the other workers' means a worker must exceed to be flagged."""
-    min_tokens: int = 64
+    min_tokens: int
     """Workers with fewer sampled tokens in the step are not judged (too little evidence)."""
 
     def __post_init__(self) -> None:

@@ -39,7 +39,7 @@ def group_problem(group: TrajectoryGroup, vocab_size: int | None) -> str | None:
     return None
 
 
-def batch_problem(group: TrajectoryGroup, *, max_seq_len: int = 8192) -> str | None:
+def batch_problem(group: TrajectoryGroup, *, max_seq_len: int | None = None) -> str | None:
     """Why the batch builder refuses `group` on its own (None: it builds): the error of a trial build of
     the group alone, so a group that would crash a step's batch is dead-lettered alone and named."""
     try:

@@ -55,7 +55,7 @@ class StalenessPolicy:
     """Versions a group's weights may lag the learner's and still be trained on (0 = on-policy)."""
     groups_per_step: int
     """Groups the learner consumes per step (the grant unit of a paced dispatcher)."""
-    paced: bool = True
+    paced: bool
     """Whether the dispatcher publishes only what it is granted; False = only `max_inflight` bounds it."""
 
     def __post_init__(self) -> None:

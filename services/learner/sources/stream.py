@@ -128,8 +128,7 @@ class StreamSource:
     def __init__(self, settings: LearnerSettings, trajectories: TypedStream[TrajectoryGroup],
                  tasks: TypedStream[Any], staleness: StalenessPolicy, metrics: LearnerMetrics, *,
                  vocab_size: int | None = None, dispatcher: Grants | None = None,
-                 clock: Callable[[], float] = time.monotonic, beat: Callable[[], None] | None = None) -> None:
-        del beat  # waiting for groups is not progress: the learner's watchdog counts trained steps
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.s = settings
         self.clock = clock
         self.waiting_for = ""

@@ -13,7 +13,7 @@ from searchr1.learner.settings import LearnerSettings
 LR_SCHEDULES = ("constant", "cosine", "linear")
 
 
-def lr_lambda(total_steps: int, warmup_steps: int = 0, schedule: str = "constant", min_lr_ratio: float = 0.0):
+def lr_lambda(total_steps: int, warmup_steps: int, schedule: str, min_lr_ratio: float):
     """The learning-rate factor at training step `step` (0-based; LambdaLR calls it once per step).
 
     A linear warm-up 0 → 1 over `warmup_steps` (veRL's constant-with-warm-up), then `schedule` over the

@@ -148,9 +148,10 @@ def _items(provider: Provider, data: Any) -> list[tuple[Any, Any, Any]]:
     raise ValueError(f"unknown provider {provider!r}")
 
 
-def parse_response(provider: Provider, body: bytes, top_k: int, *, max_title_chars: int = 256,
-                   max_snippet_chars: int = 2048) -> Parsed:
-    """A provider's answer body → its first `top_k` usable results as passages (see the module docstring)."""
+def parse_response(provider: Provider, body: bytes, top_k: int, *, max_title_chars: int,
+                   max_snippet_chars: int) -> Parsed:
+    """A provider's answer body → its first `top_k` usable results as passages (see the module docstring),
+    titles and snippets cut to `[retriever.web]`'s `max_title_chars` and `max_snippet_chars`."""
     try:
         data = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

@@ -39,14 +39,12 @@ from pathlib import Path
 from typing import Any
 
 from searchr1.core.datasets import DatasetError, Question, parse_row, read_rows
-from searchr1.core.protocol import render_prompt
-from searchr1.core.settings import default
+from searchr1.core.protocol import SEARCH_R1, render_prompt
 from searchr1.rollout.agent import AgentLimits, Sampling, SearchFn, TrajectoryResult, run_trajectory
 from searchr1.rollout.engine import Generator, TextCodec
 from searchr1.rollout.evaluation.report import write_outputs
-from searchr1.rollout.evaluation.stats import DEFAULT_GROUP_BY
 from searchr1.rollout.sampler import Scorer
-from searchr1.rollout.settings import AgentSettings
+from searchr1.rollout.settings import AgentSettings, EvalSettings
 
 
 class EvalDataError(DatasetError):
@@ -89,7 +87,7 @@ def read_questions(path: str | Path, limit: int | None = None) -> list[Question]
     return questions
 
 
-def prompt_text(q: Question, tokenizer: Any, template: str = "search_r1") -> str:
+def prompt_text(q: Question, tokenizer: Any, template: str = SEARCH_R1) -> str:
     """The prompt the policy sees: the row's messages through the chat template (Search-R1's dataset
     does this; without a chat template, the first message's content), else `render_prompt`."""
     if q.messages:
@@ -104,22 +102,33 @@ def prompt_text(q: Question, tokenizer: Any, template: str = "search_r1") -> str
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """How to evaluate: samples, sampling, limits and concurrency."""
+    """How to evaluate: samples, sampling, limits and concurrency. The sampling, limits, template and
+    group keys come from the rollout settings (`run.eval_config`: `[rollout.agent]`, `[rollout.eval]`)."""
 
-    samples: int = 1
-    """K sampled trajectories per question (0: greedy only)."""
-    sampling: Sampling = Sampling(seed=0)
+    sampling: Sampling
     """How the sampled trajectories sample; its `seed` is the base seed (each trajectory gets its own,
     derived from question and sample index). The greedy one is temperature 0 with the same `extra_args`."""
+    limits: AgentLimits
+    template: str
+    group_by: tuple[str, ...]
+    """Keys the reports break metrics down by: `data_source` or any key of a question's metadata
+    (`Question.group_value`); each record carries its question's values of them."""
+    samples: int = 1
+    """K sampled trajectories per question (0: greedy only)."""
     greedy: bool = True
     """Run the greedy trajectory too."""
     concurrency: int = 16
     """Questions in flight at once (each runs 1 + K trajectories concurrently on the one engine)."""
-    limits: AgentLimits = field(default_factory=AgentLimits)
-    template: str = default(AgentSettings, "template")
-    group_by: tuple[str, ...] = DEFAULT_GROUP_BY
-    """Keys the reports break metrics down by: `data_source` or any key of a question's metadata
-    (`Question.group_value`); each record carries its question's values of them."""
+
+    @classmethod
+    def from_settings(cls, agent: AgentSettings, eval_settings: EvalSettings, *, seed: int,
+                      temperature: float | None = None, max_context_tokens: int | None = None,
+                      **how: Any) -> EvalConfig:
+        """The config of `agent` (limits, template, sampling with `seed` and, when given, `temperature`)
+        and `eval_settings` (group keys); `how`: samples, greedy, concurrency."""
+        return cls(sampling=Sampling.from_settings(agent, seed=seed, temperature=temperature),
+                   limits=AgentLimits.from_settings(agent, max_context_tokens=max_context_tokens),
+                   template=agent.template, group_by=tuple(eval_settings.group_by), **how)
 
     def __post_init__(self) -> None:
         if self.samples < 0 or self.concurrency < 1 or self.sampling.temperature < 0:
@@ -197,7 +206,7 @@ async def eval_question(index: int, q: Question, generator: Generator, codec: Te
     if config.greedy:
         # greedy decoding ignores the seed; a fixed per-question one keeps seeded logits processors
         # (e.g. the steering used with random models) reproducible across runs and `--seed`s
-        runs.append(("greedy", 0, Sampling(temperature=0.0, seed=index, extra_args=config.sampling.extra_args)))
+        runs.append(("greedy", 0, dataclasses.replace(config.sampling, temperature=0.0, seed=index)))
     for k in range(config.samples):
         seed = sample_seed(config.sampling.seed or 0, index, k)
         runs.append(("sampled", k, dataclasses.replace(config.sampling, seed=seed)))

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from searchr1.rollout.evaluation.stats import DEFAULT_GROUP_BY, METRICS, PaperTable, aggregate
+from searchr1.rollout.evaluation.stats import METRICS, PaperTable, aggregate
 
 
 def _fmt(key: str, value: float | None) -> str:
@@ -96,7 +96,7 @@ def summary_table(summary: Mapping[str, Any]):
 
 
 def write_outputs(out_dir: str | Path, records: Sequence[Mapping[str, Any]], meta: Mapping[str, Any],
-                  group_by: Sequence[str] = DEFAULT_GROUP_BY) -> dict[str, Any]:
+                  group_by: Sequence[str]) -> dict[str, Any]:
     """Write `eval.json` (meta, summary, per-question records in their JSON form) and `eval.md`; returns
     the JSON document. Blocking file I/O: async callers run it in a thread."""
     out = Path(out_dir)

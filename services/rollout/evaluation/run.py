@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from searchr1.core.commandline import EXIT_FAILED, error
-from searchr1.rollout.agent import AgentLimits, Sampling
 from searchr1.rollout.evaluation.evaluate import EvalConfig
 from searchr1.rollout.settings import RolloutSettings
 
@@ -32,12 +31,9 @@ class EvalRequest:
 
 def eval_config(settings: RolloutSettings, req: EvalRequest) -> EvalConfig:
     """The evaluation's config: the request's sampling, the agent settings' limits and template."""
-    a = settings.agent
-    return EvalConfig(
-        samples=req.samples, sampling=Sampling.from_settings(a, seed=req.seed, temperature=req.temperature),
-        greedy=req.greedy,
-        concurrency=req.concurrency, template=a.template, group_by=tuple(settings.eval.group_by),
-        limits=AgentLimits.from_settings(a, max_context_tokens=settings.engine.max_model_len))
+    return EvalConfig.from_settings(settings.agent, settings.eval, seed=req.seed, temperature=req.temperature,
+                                    max_context_tokens=settings.engine.max_model_len, samples=req.samples,
+                                    greedy=req.greedy, concurrency=req.concurrency)
 
 
 def output_dirs(models: list[str], out: Path) -> list[Path]:
@@ -103,8 +99,7 @@ async def _evaluate_one(settings: RolloutSettings, config: EvalConfig, req: Eval
         console.print(f"starting the {settings.engine.kind} engine on {policy} …")
         generator = await start_generator(policy, settings.engine)
         tokenizer = generator.tokenizer()  # type: ignore[attr-defined]
-        batcher = SearchBatcher(client, top_k=r.top_k, max_batch=r.max_batch,
-                                max_wait_s=r.max_wait_ms / 1000.0, max_query_chars=r.max_query_chars)
+        batcher = SearchBatcher(client, r)
         with Progress(TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console) as progress:
             bar = progress.add_task("questions", total=n_questions)

@@ -20,13 +20,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from searchr1.core.settings import default
-from searchr1.rollout.settings import EvalSettings
-
-DEFAULT_GROUP_BY: tuple[str, ...] = tuple(default(EvalSettings, "group_by"))
-"""Group keys when the caller names none: `EvalSettings.group_by`'s default (Search-R1 reports per
-`data_source`)."""
-
 METRICS: tuple[tuple[str, str], ...] = (
     ("em", "EM"),
     ("f1", "F1"),
@@ -86,10 +79,11 @@ def metrics_of(records: Sequence[GroupedRecord | Mapping[str, Any]]) -> dict[str
 
 
 def aggregate(records: Sequence[GroupedRecord | Mapping[str, Any]],
-              group_by: Sequence[str] = DEFAULT_GROUP_BY) -> dict[str, Any]:
+              group_by: Sequence[str]) -> dict[str, Any]:
     """Records in → the metrics table out, separately per mode (greedy, sampled):
     `{mode: {"overall": metrics, "by": {group_key: {group_value: metrics}}}}`, group keys in `group_by`
-    order. A group key appears when at least one record of the mode has a value for it (records without
+    order (`[rollout.eval] group_by`).
+    A group key appears when at least one record of the mode has a value for it (records without
     one go to `(none)`); groups are sorted by name."""
     out: dict[str, Any] = {}
     for mode in ("greedy", "sampled"):
