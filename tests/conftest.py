@@ -50,3 +50,21 @@ async def redis(redis_server):
     await client.flushdb()
     yield client
     await client.aclose()
+
+
+WARMSTART = _TESTS.parent / "assets" / "tiny-world" / "warmstart"
+"""The committed tiny-world warm start (a real policy of the tiny world: it searches and answers)."""
+
+
+@pytest.fixture(scope="session")
+def tiny_world(tmp_path_factory: pytest.TempPathFactory):
+    """The default tiny world (seed 0, the one the committed warm start learned) without its random model,
+    and a BM25 index of its corpus: (world dir, index dir, warm-start model dir). About 8 s."""
+    from searchr1.retriever.builder import build_index
+    from searchr1.world.build import build_world
+    from searchr1.world.settings import WorldSettings
+
+    root = tmp_path_factory.mktemp("tiny-world")
+    build_world(WorldSettings(seed=0), root / "world", with_model=False)
+    build_index(root / "world" / "corpus.jsonl", root / "index", "bm25")
+    return root / "world", root / "index", WARMSTART

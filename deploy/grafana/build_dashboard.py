@@ -78,6 +78,13 @@ ROWS: list[tuple[str, list[tuple[str, list[tuple[str, str]], str]]]] = [
             ("histogram_quantile(0.99, sum by (le) (rate(searchr1_reward_request_duration_seconds_bucket[1m])))",
              "p99 s")], "none"),
     ]),
+    ("Validation during training (searchr1 up)", [
+        ("Held-out scores, greedy", [("searchr1_validation_score", "{{metric}}")], "percentunit"),
+        ("Validated step and failed trajectories", [("searchr1_validation_step", "step"),
+                                                    ("searchr1_validation_failed_trajectories", "failed")], "none"),
+        ("Validations and their wall time", [("sum by (outcome) (searchr1_validation_runs_total)", "{{outcome}}"),
+                                             ("searchr1_validation_duration_seconds", "last, s")], "none"),
+    ]),
     ("Web search backend", [
         ("Web search queries/s and cache hit rate", [
             ("sum by (backend) (rate(searchr1_retriever_backend_queries_total[5m]))", "{{backend}} queries/s"),

@@ -22,12 +22,33 @@ if TYPE_CHECKING:
 
 M = TypeVar("M", bound="BaseModel")
 
-EXIT_USAGE = 2
-"""Bad input: a config, flag or file the command cannot use."""
-
+EXIT_OK = 0
+"""Done: what the command was asked to do succeeded."""
 
 EXIT_FAILED = 1
-"""The command ran and failed (a service it needs, an audit that found a loss)."""
+"""The command ran and failed: a service or file it needs is unreachable or refused it, a check it runs
+found a problem (an audit that found a loss, an evaluation whose failed searches or scores passed its
+threshold), or an unexpected error (one line; `SEARCHR1_TRACEBACK=1` shows the traceback)."""
+
+EXIT_USAGE = 2
+"""Bad input: a flag, config, setting or file the command cannot use (found before anything ran)."""
+
+EXIT_HELD = 3
+"""Another process holds what the command needs: a second learner on a run whose lease is held."""
+
+EXIT_INTERRUPTED = 130
+"""Stopped by Ctrl-C (SIGINT, 128 + 2); SIGTERM is 143 (128 + 15). `searchr1 train` stopped by a signal
+before its last step exits 143 after checkpointing; `searchr1 up` passes the learner's code through."""
+
+EXIT_CODES: tuple[tuple[int, str], ...] = (
+    (EXIT_OK, "success"),
+    (EXIT_FAILED, "ran and failed: a service or file it needs is unreachable or refused it; a check found a problem "
+                  "(audit, eval over its failure threshold); an unexpected error"),
+    (EXIT_USAGE, "bad input: a flag, config, setting or file it cannot use, found before anything ran"),
+    (EXIT_HELD, "another process holds the run (a second learner)"),
+    (EXIT_INTERRUPTED, "interrupted (Ctrl-C); 143 for SIGTERM"),
+)
+"""Every exit code of `searchr1`, documented once (docs/cli.md prints this table)."""
 
 
 def error(message: str, code: int = EXIT_USAGE) -> int:
@@ -119,8 +140,9 @@ def _names(annotation: ast.expr | None) -> list[str]:
     return [] if annotation is None else [n.id for n in ast.walk(annotation) if isinstance(n, ast.Name)]
 
 
-def _field(module: str, name: str, field: str) -> tuple[str, str, str | None, list[str]]:
-    """(module, class, docstring, annotation names) of `field` on class `name`, its bases included."""
+def _field(module: str, name: str, field: str) -> tuple[str, str, str | None, list[str], ast.expr | None]:
+    """(module, class, docstring, annotation names, default expression) of `field` on class `name`, its bases
+    included."""
     where, node = _class(module, name)
     body = node.body
     for stmt, after in zip(body, [*body[1:], None], strict=True):
@@ -129,7 +151,7 @@ def _field(module: str, name: str, field: str) -> tuple[str, str, str | None, li
             if (isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
                     and isinstance(after.value.value, str)):
                 doc = " ".join(after.value.value.split())
-            return where, name, doc, _names(stmt.annotation)
+            return where, name, doc, _names(stmt.annotation), stmt.value
     for base in node.bases:
         if isinstance(base, ast.Name):
             try:
@@ -151,14 +173,50 @@ def field_help(settings: str | type, path: str, extra: str = "") -> str:
     else:
         module, name = settings.__module__, settings.__name__
     doc: str | None = None
+    value: ast.expr | None = None
     for field in path.split("."):
-        module, name, doc, annotation = _field(module, name, field)
+        module, name, doc, annotation, value = _field(module, name, field)
         nested = [n for n in annotation if n[:1].isupper() and n not in _NOT_MODELS]
         if nested:
             name = nested[0]
     if not doc:
         raise KeyError(f"{settings}.{path} has no docstring")
-    return help_text(f"{doc} {extra}".strip())
+    shown = default_text(value)
+    return help_text(f"{doc} {extra}".strip() + (f" [default: {shown}]" if shown is not None else ""))
+
+
+def default_text(value: ast.expr | None) -> str | None:
+    """A settings field's default as `--help` shows it (the setting's own default: a run config or its
+    environment variable may set another), read from its declaration: a literal, `Field(default=…)`, a
+    `default_factory` lambda's literal, `Path("…")`. None when there is none to show (None, a computed one)."""
+    node = value
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Field":
+        keywords = {k.arg: k.value for k in node.keywords}
+        if "default" in keywords:
+            node = keywords["default"]
+        elif node.args:
+            node = node.args[0]
+        else:
+            factory = keywords.get("default_factory")
+            if not isinstance(factory, ast.Lambda):
+                return None
+            node = factory.body
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Path" and node.args
+            and isinstance(node.args[0], ast.Constant)):
+        return str(node.args[0].value)
+    if node is None:
+        return None
+    try:
+        literal = ast.literal_eval(node)
+    except (ValueError, SyntaxError, TypeError):
+        return None
+    if literal is None or literal in ({}, []):
+        return None
+    if isinstance(literal, bool):
+        return "true" if literal else "false"
+    if isinstance(literal, list | tuple):
+        return ", ".join(str(x) for x in literal)
+    return str(literal)
 
 
 def help_text(text: str) -> str:
@@ -167,3 +225,74 @@ def help_text(text: str) -> str:
     from rich.markup import escape
 
     return escape(text)
+
+
+# (exception class name anywhere in its MRO, module prefix) → (what it means, exit code): the errors a
+# command may let escape that still have one plain reading. Matched by name, so nothing heavy is imported.
+_KNOWN_ERRORS: tuple[tuple[str, str, str, int], ...] = (
+    ("AuthenticationError", "redis", "Redis refused the password", EXIT_FAILED),
+    ("ConnectionError", "redis", "cannot reach Redis", EXIT_FAILED),
+    ("TimeoutError", "redis", "Redis did not answer in time", EXIT_FAILED),
+    ("ArrowInvalid", "pyarrow", "not a readable Parquet/Arrow file", EXIT_USAGE),
+    ("SafetensorError", "safetensors", "not a readable safetensors file", EXIT_USAGE),
+    ("FileNotFoundError", "builtins", "not found", EXIT_USAGE),
+    ("FileExistsError", "builtins", "already exists", EXIT_USAGE),
+    ("IsADirectoryError", "builtins", "a directory, not a file", EXIT_USAGE),
+    ("NotADirectoryError", "builtins", "not a directory", EXIT_USAGE),
+    ("PermissionError", "builtins", "permission denied", EXIT_USAGE),
+    ("ConnectionError", "builtins", "cannot reach a service or the network", EXIT_FAILED),
+    ("TimeoutError", "builtins", "timed out", EXIT_FAILED),
+)
+
+
+def describe_unexpected(exc: BaseException) -> tuple[str, int]:
+    """One line and an exit code for an exception no command handled: a known kind (Redis unreachable, a
+    corrupt Parquet file, a missing file) in plain words, anything else as its type and message with the
+    way to see the traceback."""
+    detail = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, OSError) and exc.filename and exc.strerror:
+        detail = f"{exc.filename}: {exc.strerror}"
+    for klass in type(exc).__mro__:
+        for name, module, meaning, code in _KNOWN_ERRORS:
+            if klass.__name__ == name and (klass.__module__ or "").split(".")[0] == module:
+                return f"{meaning}: {detail}", code
+    return (f"unexpected {type(exc).__name__}: {detail} (SEARCHR1_TRACEBACK=1 shows where)", EXIT_FAILED)
+
+
+RUN_DIR_HELP = ("Run directory of a live `searchr1 up` run: its Redis URL (password included) and run name come "
+                "from RUN_DIR/connection.json, which the launcher writes with mode 0600. --redis and --run win.")
+
+
+def redis_target(redis_url: str | None, run: str | None, run_dir: Path | None) -> tuple[str, str]:
+    """(Redis URL, run name) of an ops command: the flags, else the run directory's connection file, else
+    `RedisSettings`' defaults (`redis_or_exit`). A run directory without a usable connection file exits 2."""
+    if run_dir is not None:
+        from searchr1.core.run_connection import RunConnectionError, read_connection
+
+        try:
+            conn = read_connection(run_dir)
+        except RunConnectionError as exc:
+            fail(str(exc))
+        redis_url, run = redis_url or conn.redis_url, run or conn.run
+    redis = redis_or_exit(redis_url, run)
+    return redis.url, redis.run
+
+
+def redis_failure(url: str, exc: BaseException, hint: str = "for a `searchr1 up` run pass --run-dir RUN_DIR") -> NoReturn:
+    """Exit 1 with one line naming the Redis that failed (its password hidden) and, for a URL without a
+    password, `hint` (how to point the command at a run)."""
+    from searchr1.core.redaction import redact_url
+
+    detail = " ".join(str(exc).split()).rstrip(".")
+    fail(f"cannot use Redis at {redact_url(url)}: {detail}" + (f"; {hint}" if hint and "@" not in url else ""),
+         EXIT_FAILED)
+
+
+def model_dir_or_exit(path: str | Path, what: str = "model") -> Path:
+    """`core.models.require_model_dir`, exiting 2 with its one line when `path` is no model directory."""
+    from searchr1.core.models import ModelDirError, require_model_dir
+
+    try:
+        return require_model_dir(path, what)
+    except ModelDirError as exc:
+        fail(str(exc))

@@ -124,13 +124,22 @@ def read_rows(path: str | Path, limit: int | None = None) -> list[dict[str, Any]
             import pyarrow.parquet as pq
         except ImportError as exc:  # pragma: no cover - pyarrow comes with the learner/rollout extras
             raise DatasetError("reading parquet needs pyarrow (pip install pyarrow)") from exc
-        table = pq.read_table(p)
+        import pyarrow as pa
+
+        try:
+            table = pq.read_table(p)
+        except (OSError, pa.ArrowException) as exc:
+            raise DatasetError(f"{p} is not a readable parquet file: {' '.join(str(exc).split())}") from None
         if limit is not None:
             table = table.slice(0, limit)
         return table.to_pylist()
     if p.suffix in (".jsonl", ".json"):
         rows: list[dict[str, Any]] = []
-        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+        try:
+            text = p.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise DatasetError(f"{p} is not a readable UTF-8 JSONL file: {exc}") from None
+        for n, line in enumerate(text.splitlines(), 1):
             if limit is not None and len(rows) >= limit:
                 break
             if line.strip():

@@ -30,3 +30,25 @@ def resolve_model_path(name: str, aliases: Mapping[str, str] | None = None) -> P
     configured = f"a configured model ({sorted(aliases)}), " if aliases else ""
     raise FileNotFoundError(f"model {name!r} is neither {configured}a packaged model ({sorted(PACKAGED_MODELS)}) "
                             "nor a local directory")
+
+
+class ModelDirError(ValueError):
+    """A policy model path that is not a loadable local model directory."""
+
+
+def require_model_dir(path: str | Path, what: str = "model") -> Path:
+    """`path` when it is a local model directory (HF `save_pretrained` layout: a `config.json`); else
+    `ModelDirError` naming the path at once. The services never download models: without this check a
+    missing directory reaches transformers or vLLM, which take the path for a Hub repository id and retry the
+    Hub for tens of seconds before failing with a network error."""
+    if not str(path):
+        raise ModelDirError(f"no {what} given: pass a model directory")
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ModelDirError(f"{what} directory {p} not found (models are read from local directories only)")
+    if not p.is_dir():
+        raise ModelDirError(f"{what} {p} is a file, not a model directory")
+    if not (p / "config.json").is_file():
+        raise ModelDirError(f"{what} directory {p} has no config.json: not a Hugging Face model directory "
+                            "(save_pretrained output)")
+    return p

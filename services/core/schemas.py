@@ -234,6 +234,16 @@ class WeightVersion(_Wire):
     every byte loaded (`searchr1.weightsync`'s manifest)."""
     created_at: float = Field(default_factory=time.time)
     """Unix time of publication."""
+    base: int | None = Field(default=None, ge=0)
+    """None: `uri` names a full snapshot. Else `uri` names a delta that turns version `base` (always
+    `version − 1`) into this one; a worker at another version starts from the newest full version
+    (optional, so records written without it read as full snapshots)."""
+
+    @model_validator(mode="after")
+    def _delta_follows_base(self) -> WeightVersion:
+        if self.base is not None and self.base != self.version - 1:
+            raise ValueError(f"a delta of version {self.version} applies to version {self.version - 1}, not {self.base}")
+        return self
 
 
 M = TypeVar("M", bound=BaseModel)

@@ -129,7 +129,13 @@ class GrpcServer:
                  reflection.SERVICE_NAME],
                 self._server,
             )
-        bound = self._server.add_insecure_port(f"{self._host}:{self._requested_port}")
+        if self._requested_port and not port_is_free(self._host, self._requested_port):
+            # checked first: gRPC's own bind failure is a RuntimeError after a C-level log line
+            raise OSError(f"cannot bind gRPC server to {self._host}:{self._requested_port}: address already in use")
+        try:
+            bound = self._server.add_insecure_port(f"{self._host}:{self._requested_port}")
+        except RuntimeError as exc:
+            raise OSError(f"cannot bind gRPC server to {self._host}:{self._requested_port}: {exc}") from None
         if bound == 0:
             raise OSError(f"cannot bind gRPC server to {self._host}:{self._requested_port} (port in use?)")
         self.port = bound

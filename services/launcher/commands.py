@@ -24,7 +24,7 @@ def register(groups: Groups) -> None:
 
 def up(
     config: Annotated[Path, typer.Option(
-        "--config", help="Run config (TOML/YAML); its launcher table configures this command and "
+        "--config", "-c", help="Run config (TOML/YAML); its launcher table configures this command and "
                          "every service gets it with --config.")],
     run_dir: Annotated[Path | None, typer.Option(
         "--run-dir", help="Run directory (logs in RUN_DIR/logs); default: run_dir of the launcher table.")] = None,
@@ -46,11 +46,13 @@ def up(
 
     from searchr1.core.commandline import fail
     from searchr1.core.settings import ConfigError, load_settings
+    from searchr1.core.tracking import TrackerUnavailable
     from searchr1.launcher.planner import build_plan
     from searchr1.launcher.settings import LauncherSettings
     from searchr1.launcher.specs import dry_run_lines, total_steps
     from searchr1.launcher.status import StatusCollector
     from searchr1.launcher.supervisor import EXIT_REFUSED, Supervisor
+    from searchr1.launcher.validation_setup import make_validator
 
     console = Console(highlight=False)
     try:
@@ -58,6 +60,8 @@ def up(
         plan = build_plan(settings, config, run_dir)
     except (ConfigError, ValueError) as exc:
         fail(str(exc), EXIT_REFUSED)
+    for note in plan.notes:
+        console.print(f"note: {note}", style="yellow", soft_wrap=True, markup=False)
     if dry_run:
         for line in dry_run_lines(plan):
             console.print(line, soft_wrap=True, markup=False)
@@ -70,12 +74,16 @@ def up(
         prometheus_names=settings.status.prometheus_names)
     supervisor = Supervisor(plan, settings, console=console, collector=collector, verbose=verbose,
                             total_steps=total_steps(config))
+    try:
+        supervisor.validator = make_validator(settings, plan, supervisor.mux.say)
+    except TrackerUnavailable as exc:
+        fail(str(exc), EXIT_REFUSED)
     raise typer.Exit(asyncio.run(supervisor.run()))
 
 
 def demo(
     config: Annotated[Path, typer.Option(
-        "--config", help="Run config (TOML/YAML): its launcher and launcher.demo tables plus every service's table.")]
+        "--config", "-c", help="Run config (TOML/YAML): its launcher and launcher.demo tables plus every service's table.")]
         = Path("configs/tiny-cpu.toml"),
     run_dir: Annotated[Path | None, typer.Option(
         "--run-dir", help="Run directory (must be new); default: run_dir of the launcher table.")] = None,

@@ -37,6 +37,7 @@ from searchr1.launcher.settings import LauncherSettings
 from searchr1.launcher.specs import LaunchPlan, eval_plan, total_steps
 from searchr1.launcher.status import StatusCollector
 from searchr1.launcher.supervisor import Supervisor
+from searchr1.weightsync import materialize
 
 STAGES = ("world", "warm start", "eval-before", "train", "eval-after", "report")
 
@@ -78,7 +79,10 @@ def has_weights(model_dir: Path) -> bool:
 
 
 def latest_snapshot(weights_dir: Path) -> Path | None:
-    """The highest-version `v########` snapshot directory with weights, if any."""
+    """The highest-version `v########` snapshot directory with weights, if any; when the newest version
+    was published as a delta, its full snapshot is first rebuilt from the chain (`materialize`)."""
+    if weights_dir.is_dir():
+        materialize(weights_dir)
     snaps = sorted(p for p in weights_dir.glob("v*") if p.is_dir() and p.name[1:].isdigit() and has_weights(p))
     return snaps[-1] if snaps else None
 

@@ -9,7 +9,7 @@ groups of `tensor_parallel_size`, one vLLM worker per group.
 
 The placement decides these settings: `placement_conflicts` lists the run config's service-table values
 that say otherwise (`[retriever.search] faiss_gpu = true` beside `[placement.retriever] faiss_gpu = false`),
-which every consumer of a placement (`searchr1 up`, compose_gpu.py, the Kubernetes patch) refuses rather
+which every consumer of a placement (`searchr1 up`, `searchr1 deploy compose|k8s`) refuses rather
 than override without a word.
 
 Errors are raised for a GPU out of range, a GPU listed twice, GPUs shared between roles (unless
@@ -21,23 +21,17 @@ every GPU in turn; here the rollout workers and the learner are separate process
 side on disjoint GPUs (the default) or share them (`colocate`, with vLLM's memory fraction leaving the
 rest to FSDP). What it does not do: start processes or pick free ports (`searchr1.launcher.specs`).
 
-`k8s_placement_patch` writes the same placement as a kustomize patch (deploy/k8s/overlays/gpu/placement.yaml:
-`python -m searchr1.launcher.placement configs/searchr1-3b-grpo.toml`): one rollout replica per vLLM worker
-with `nvidia.com/gpu` = its tensor-parallel size (the KEDA ScaledObject's ceiling), the learner Job with one
-GPU per rank under the same torchrun prefix, the retriever on one GPU or none, and with cores whole CPUs
-(requests = limits). `CUDA_VISIBLE_DEVICES` is left out there: the device plugin gives each container its
-GPUs, numbered from 0. GPU pods select no node label: asking for `nvidia.com/gpu` already confines them
-to nodes whose device plugin offers GPUs; they tolerate the `nvidia.com/gpu` taint.
+The same placement is written as deployment files by `searchr1.deploy` (`searchr1 deploy compose|k8s`):
+a compose project for one node (each process's GPUs and cpuset) and the Kubernetes gpu overlays'
+placement patch (GPUs, and cores as whole CPUs with requests = limits).
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Literal
 
-import yaml
 from pydantic import Field, model_validator
 
 from searchr1.core.settings import ServiceSettings
@@ -47,14 +41,18 @@ from searchr1.launcher.cpu_placement import (
     CoresMixin,
     SmallServicePlacement,
     core_env,
-    k8s_with_cores,
     lists_cores,
     shares_for,
     thread_overflows,
 )
 
 __all__ = ["PlacementError", "PlacementSettings", "Placement", "ProcessPlacement", "plan_placement",
-           "placement_conflicts", "k8s_placement_patch"]
+           "placement_conflicts", "LEARNER_SHM", "TORCHRUN"]
+
+
+TORCHRUN = ("python", "-m", "searchr1.learner.torchrun")
+"""How the learner's FSDP ranks are started: torchrun, with its shutdown timeout honoured on every torch
+the images pin (`searchr1.learner.torchrun`; `searchr1 up` runs it with its own interpreter)."""
 
 
 class PlacementError(ValueError):
@@ -143,7 +141,7 @@ class ProcessPlacement:
     env: dict[str, str] = field(default_factory=dict)
     """Environment to set: `CUDA_VISIBLE_DEVICES` (empty string hides every GPU) and settings overrides."""
     command_prefix: tuple[str, ...] = ()
-    """Program and arguments before `-m searchr1.cli …` (torchrun for the learner; empty: the interpreter)."""
+    """Program and arguments before `-m searchr1.cli …` (`TORCHRUN` for the learner; empty: the interpreter)."""
     cores: CoreShare | None = None
     """Its CPU cores (None: no core placement; the OS decides)."""
 
@@ -263,7 +261,7 @@ def _plan_gpus(s: PlacementSettings) -> Placement:
     lgpus = tuple(lr.gpus)
     learner = ProcessPlacement(
         "learner", lgpus, {"CUDA_VISIBLE_DEVICES": _devices(lgpus), "LEARNER_DEVICE": "cuda"},
-        ("torchrun", "--nnodes", "1", "--nproc_per_node", str(len(lgpus)), "--master_addr", lr.master_addr,
+        (*TORCHRUN, "--nnodes", "1", "--nproc_per_node", str(len(lgpus)), "--master_addr", lr.master_addr,
          "--master_port", str(lr.master_port)))
 
     if ret_gpus:
@@ -322,79 +320,5 @@ def placement_conflicts(config: dict[str, Any], placed: Placement) -> list[str]:
     return out + thread_overflows(config, shares)
 
 
-_GPU_NODE: dict[str, Any] = {
-    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-}
 LEARNER_SHM = "8Gi"
 """Size of the learner pod's /dev/shm when it runs more than one rank (NCCL's shared-memory transport)."""
-
-
-def _k8s_env(p: ProcessPlacement) -> list[dict[str, str]]:
-    return [{"name": k, "value": v} for k, v in p.env.items() if k != "CUDA_VISIBLE_DEVICES"]
-
-
-def _k8s_workload(kind: str, name: str, replicas: int | None, container: dict[str, Any],
-                  pod: dict[str, Any], container_name: str | None = None) -> dict[str, Any]:
-    spec: dict[str, Any] = {} if replicas is None else {"replicas": replicas}
-    spec["template"] = {"spec": {**pod, "containers": [{"name": container_name or name, **container}]}}
-    api = "batch/v1" if kind == "Job" else "apps/v1"
-    return {"apiVersion": api, "kind": kind, "metadata": {"name": name}, "spec": spec}
-
-
-def k8s_placement_patch(s: PlacementSettings, source: str = "") -> str:
-    """The kustomize strategic-merge patch (multi-document YAML) that places the rollout Deployment, the
-    learner Job (`learner-k8s`, the base's name, which the overlay's run replaces after its patches) and
-    the retriever Deployment as `plan_placement(s)` does on one node. The autoscalers' ceilings are the
-    overlay's targeted patches (absent under components/hpa, so not in this patch). `source`: the config
-    named in the header comment."""
-    p = plan_placement(s)
-    if not p.places_gpus:
-        raise PlacementError("the Kubernetes GPU patch needs GPUs in [placement] (rollout.gpus, learner.gpus)")
-    workers, tp = len(p.rollout), s.rollout.tensor_parallel_size
-    first = p.rollout[0]
-    rollout_env = [e for e in _k8s_env(first) if e["name"] != "VLLM_PORT"]
-    if s.rollout.vllm_port is not None:  # each pod has its own network: every worker takes the first port
-        rollout_env.append({"name": "VLLM_PORT", "value": str(s.rollout.vllm_port)})
-    ranks = len(p.learner.gpus)
-    learner: dict[str, Any] = {
-        "command": [*p.learner.command_prefix, "-m", "searchr1.cli"],
-        "env": _k8s_env(p.learner),
-        "resources": {"limits": {"nvidia.com/gpu": ranks}},
-    }
-    learner_pod: dict[str, Any] = dict(_GPU_NODE)
-    if ranks > 1:
-        learner["volumeMounts"] = [{"name": "shm", "mountPath": "/dev/shm"}]
-        learner_pod["volumes"] = [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": LEARNER_SHM}}]
-    retriever: dict[str, Any] = {"env": _k8s_env(p.retriever)}
-    retriever_pod: dict[str, Any] = {}
-    if p.retriever.gpus:
-        retriever["resources"] = {"limits": {"nvidia.com/gpu": 1}}
-        retriever_pod = dict(_GPU_NODE)
-    docs = [
-        _k8s_workload("Deployment", "rollout", workers,
-                      {"env": rollout_env, "resources": {"limits": {"nvidia.com/gpu": tp}}}, dict(_GPU_NODE)),
-        _k8s_workload("Job", "learner-k8s", None, learner, learner_pod, container_name="learner"),
-        _k8s_workload("Deployment", "retriever", 1, retriever, retriever_pod),
-    ]
-    docs = k8s_with_cores(docs, p)  # with cores: whole CPUs, requests = limits
-    rgpus = " | ".join(w.cuda_visible_devices for w in p.rollout)
-    head = (f"# Generated from the [placement] table of {source or 'a run config'} by\n"
-            f"#   python -m searchr1.launcher.placement {source or '<config>'}\n"
-            f"# {workers} vLLM worker(s) (GPUs {rgpus} under `searchr1 up`), {tp} GPU(s) each; the learner's "
-            f"{ranks} FSDP rank(s) under torchrun;\n# the retriever on "
-            f"{'one GPU' if p.retriever.gpus else 'CPU'}. Edit the config and regenerate; do not edit by hand.\n")
-    body = "---\n".join(yaml.safe_dump(d, sort_keys=False, default_flow_style=None, width=110) for d in docs)
-    return head + body
-
-
-if __name__ == "__main__":
-    from searchr1.core.commandline import error
-    from searchr1.core.settings import load_settings, read_config_file
-
-    if len(sys.argv) != 2:
-        raise SystemExit(error("usage: python -m searchr1.launcher.placement <run config with a [placement] table>"))
-    placement = load_settings(PlacementSettings, sys.argv[1])
-    conflicts = placement_conflicts(read_config_file(sys.argv[1]), plan_placement(placement))
-    if conflicts:
-        raise SystemExit(error(f"{sys.argv[1]}: " + "; ".join(conflicts)))
-    sys.stdout.write(k8s_placement_patch(placement, sys.argv[1]))

@@ -5,8 +5,8 @@ there says what a plan holds).
 The order is the dependency order: Redis → index build if the index is missing → retriever → reward →
 rollout workers → learner. Ports configured as 0 are resolved here to free ones, so every process's
 address is known before the first one starts; what is wrong (a port taken, `redis-server` not found, a
-corpus missing, a `[launcher.*]` entry or a service-table value that contradicts the placement) is collected in
-`plan.problems`.
+corpus missing, a service table its settings class refuses (`tables.py`), a `[launcher.*]` entry or a
+service-table value that contradicts the placement) is collected in `plan.problems`.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from searchr1.core.redis_server import RedisNotFound, find_redis_server
+from searchr1.core.run_connection import RunConnection
 from searchr1.core.servers import free_port, port_is_free
 from searchr1.core.settings import ConfigError, load_settings, read_config_file
 from searchr1.launcher.cpu_placement import core_list
@@ -39,6 +40,8 @@ from searchr1.launcher.specs import (
     render_env,
     render_template,
 )
+from searchr1.launcher.tables import table_problems
+from searchr1.launcher.validation_setup import validation_problems
 
 
 class _Ports:
@@ -122,9 +125,9 @@ class _Planner:
         if kind == "learner" and self.placed is not None and self.placed.learner.command_prefix:
             prefix = list(self.placed.learner.command_prefix)
             literal = [*prefix, "-m", "searchr1.cli"]
-            if not self.settings.command and prefix[:1] == ["torchrun"]:
-                # torchrun of the interpreter that runs every other service (no PATH lookup)
-                prefix[:1] = [sys.executable, "-m", "torch.distributed.run"]
+            if not self.settings.command and prefix[:1] == ["python"]:
+                # the interpreter that runs every other service (no PATH lookup)
+                prefix[:1] = [sys.executable]
             torchrun = [*prefix, "-m", "searchr1.cli"]
             configured = self.settings.commands.get("learner")
             if configured and list(configured) not in (torchrun, literal):
@@ -211,6 +214,17 @@ class _Planner:
         return workers
 
 
+SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+TORCHRUN_EXIT_S = 10
+"""The part of `grace_period_s` left for torchrun's own exit after its ranks'."""
+
+
+def torchrun_timeout_s(grace_period_s: float) -> int:
+    """torchrun's wait between forwarding SIGTERM to the learner's ranks and killing them, under a launcher
+    that kills torchrun itself `grace_period_s` after SIGTERM."""
+    return max(1, int(grace_period_s) - TORCHRUN_EXIT_S)
+
+
 def web_search_backend(config: Path) -> bool:
     """Whether the run's retriever answers from a web search API (`[retriever] backend = "web"`, or
     RETRIEVER_BACKEND): it needs no index, so none is built."""
@@ -233,10 +247,14 @@ def build_plan(settings: LauncherSettings, config: str | Path, run_dir: str | Pa
     run_root = Path(run_dir if run_dir is not None else settings.run_dir).resolve()
     placed = plan_placement(placement, workers=settings.rollout.workers) if placement is not None else None
     plan = _Planner(settings, config_path, run_root, placed)
+    notes: list[str] = []
     if not config_found:
         plan.problems.append(f"run config not found: {config_path}")
-    elif plan.placed is not None:  # a service table saying otherwise than the placement
-        plan.problems += placement_conflicts(read_config_file(config_path), plan.placed)
+    else:
+        table_issues, notes = table_problems(config_path)  # every service's table, as the service loads it
+        plan.problems += table_issues
+        if plan.placed is not None:  # a service table saying otherwise than the placement
+            plan.problems += placement_conflicts(read_config_file(config_path), plan.placed)
     redis_url = plan.redis()
     host, r = settings.host, settings.retriever
     index_dir = Path(r.index_dir).resolve() if r.index_dir else run_root / "index"
@@ -269,11 +287,24 @@ def build_plan(settings: LauncherSettings, config: str | Path, run_dir: str | Pa
                                  f"let the launcher use (it may run on {core_list(here)})")
     # a `broadcast` weight transport's group is the learner and every worker (unless the env says otherwise)
     plan.specs[-1].env.setdefault("LEARNER_WEIGHTS__BROADCAST__RECEIVERS", str(workers))
+    if plan.placed is not None:  # torchrun lets its ranks finish within the launcher's own grace
+        plan.specs[-1].env.setdefault(SHUTDOWN_TIMEOUT_ENV, str(torchrun_timeout_s(settings.grace_period_s)))
     jsonl = Path(render_template("metrics_jsonl", [le.metrics_jsonl], {"run": settings.run,
                                                                         "run_dir": str(run_root)})[0])
+    v = settings.validation
+    vport = None
+    if v.enabled:
+        plan.problems += validation_problems(v, config_path, placed=plan.placed is not None)
+        if v.metrics_port is not None:
+            vport = plan.ports.get(v.metrics_port, "validation metrics")
     return LaunchPlan(
         specs=plan.specs, run_dir=run_root, redis_url=redis_url, run=settings.run,
         learner_metrics_url=f"http://{host}:{lport}/metrics", metrics_jsonl=jsonl.resolve(),
         problems=plan.problems, preflight_gates=plan.preflight, values=common, base_command=plan.default_base,
         placement=plan.placed,
+        connection=RunConnection(run=settings.run, redis_url=redis_url, token=common["token"],
+                                 retriever=common["retriever_grpc"], retriever_http=common["retriever_http"],
+                                 reward=common["reward_url"], config=str(config_path),
+                                 validation_metrics=f"http://{host}:{vport}/metrics" if vport else ""),
+        validation_metrics_port=vport, notes=notes,
     )

@@ -204,7 +204,7 @@ def rehearsal_config(shipped: dict[str, Any], stand_ins: StandIns, *, name: str,
         cfg["reward"]["workers"] = 1
     _set(cfg, "launcher.rollout.workers", 1)
     _set(cfg, "launcher.rollout.env", {"VLLM_CPU_KVCACHE_SPACE": str(stand_ins.kv_cache_gib)})
-    _set(cfg, "launcher.commands.learner", [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+    _set(cfg, "launcher.commands.learner", [sys.executable, "-m", "searchr1.learner.torchrun", "--nnodes", "1",
                                             "--nproc-per-node", "2", "-m", "searchr1.cli"])
     _set(cfg, "learner.device", "cpu")
     _set(cfg, "learner.threads", 1)
@@ -221,7 +221,9 @@ def rehearsal_config(shipped: dict[str, Any], stand_ins: StandIns, *, name: str,
 
 def same_rehearsal(config: dict[str, Any]) -> str:
     """A digest of what the rehearsal runs, its names and paths left out: two configs with one digest
-    (3B and 7B, base and instruct, once the model is swapped) are one rehearsal."""
+    (3B and 7B, base and instruct, once the model is swapped) are one rehearsal. The launcher's grace is
+    left out with the model: it is the model's stop budget (`searchr1.learner.stop_budget`), so it differs
+    between 3B and 7B and not in what a rehearsal trains."""
     leaves = {k: v for k, v in flatten(config) if k not in NAMING_KEYS and k not in
-              ("rollout.model", "learner.model.path", "learner.model.critic_path")}
+              ("rollout.model", "learner.model.path", "learner.model.critic_path", "launcher.grace_period_s")}
     return hashlib.sha256(json.dumps(leaves, sort_keys=True, default=str).encode()).hexdigest()[:16]

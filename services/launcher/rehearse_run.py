@@ -41,6 +41,7 @@ from searchr1.launcher.rehearsal import (
     rehearsal_config,
     same_rehearsal,
 )
+from searchr1.weightsync import materialize
 
 MISMATCH_BAND = 0.1
 """`mismatch_abs_logp_mean` above this is the MismatchHigh alert's fleet-wide disagreement."""
@@ -170,6 +171,8 @@ def judge(rehearsed: dict[str, Any], run_dir: Path, work: Path, steps_wanted: in
                         f"staleness of each step's groups {stale} (0: sampled with the version the step followed)"))
     engine_dtype = str(rehearsed.get("rollout", {}).get("engine", {}).get("dtype", "auto"))
     weights = run_dir / "weights"
+    if weights.is_dir():  # the newest version as a full snapshot, whichever form it was published in
+        materialize(weights)
     last = _latest(weights, "v")
     if last is not None:
         have = _safetensors_dtypes(last / "model.safetensors")

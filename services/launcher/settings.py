@@ -148,6 +148,64 @@ class StatusSettings(Section):
     used when the JSONL log lacks the field."""
 
 
+class ValidationSettings(Section):
+    """Validation during training (Search-R1's `trainer.test_freq` and `trainer.val_before_train`): the
+    launcher evaluates the learner's snapshots on a held-out set with `searchr1 eval` against the run's live
+    retriever and reward service (greedy; the run config's rollout table gives engine and limits), one at a
+    time beside the training, and records the curve (`searchr1.launcher.validation`)."""
+
+    eval_every: int = Field(default=0, ge=0, le=1_000_000)
+    """Validate every policy version that is a multiple of this (the learner publishes version N after step
+    N); 0: never during training."""
+    eval_before_train: bool = False
+    """Validate the initial policy (`[rollout] model`) too, recorded as step 0."""
+    eval_after_train: bool = True
+    """With `eval_every` > 0: when the learner ends, validate its last version too if it was not."""
+    data: str | None = None
+    """Held-out questions (Search-R1 parquet or tasks JSONL), relative to the working directory; needed when
+    validation is on."""
+    limit: int | None = Field(default=None, ge=1)
+    """Validate on the first N questions only."""
+    samples: int = Field(default=0, ge=0, le=64)
+    """Sampled trajectories per question besides the greedy one (the curve is the greedy score)."""
+    args: list[str] = Field(default_factory=list)
+    """Extra arguments for `searchr1 eval` (e.g. ["--concurrency", "32"])."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Environment of the validation process over the rollout workers' (its engine's settings): with a
+    `[placement]`, the GPU it evaluates on, e.g. {CUDA_VISIBLE_DEVICES = "7",
+    ROLLOUT_ENGINE__GPU_MEMORY_UTILIZATION = "0.3"}."""
+    base_model: str | None = None
+    """Where the tokenizer and chat template of the snapshots come from, and the model of step 0 (default:
+    `[rollout] model` of the run config)."""
+    metrics_port: int | None = Field(default=0, ge=0, le=65535)
+    """Port of the launcher's Prometheus endpoint with the validation gauges (`searchr1_validation_*`; 0: a
+    free one, named in RUN_DIR/connection.json; None: not served)."""
+    tensorboard_dir: str | None = None
+    """Also write the curve as TensorBoard scalars here (`{run_dir}` is substituted; extra `tensorboard`)."""
+    wandb_project: str | None = None
+    """Also log the curve to this Weights & Biases project (a run named `<run>-validation`; extra `wandb`)."""
+    wandb_mode: Literal["online", "offline", "disabled"] | None = None
+    """W&B mode for that run (None: W&B's default, WANDB_MODE)."""
+    timeout_s: float = Field(default=7200.0, gt=0, le=604_800)
+    """How long one validation may take before it is stopped (and recorded as failed)."""
+    drain_timeout_s: float = Field(default=3600.0, ge=0, le=604_800)
+    """When the learner ends, how long the launcher waits for validations still queued or running before it
+    stops the services (they need the retriever and reward)."""
+    poll_interval_s: float = Field(default=2.0, gt=0, le=600)
+    """How often the learner's snapshot directory is looked at for new versions."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.eval_every > 0 or self.eval_before_train
+
+    @model_validator(mode="after")
+    def _needs_data(self) -> ValidationSettings:
+        if self.enabled and not self.data:
+            raise ValueError("validation is on (eval_every or eval_before_train) but [launcher.validation] data "
+                             "names no held-out set")
+        return self
+
+
 class DemoSettings(Section):
     """`searchr1 demo`: the tiny world end to end (world → warm start → eval → GRPO via `up` → eval →
     report). Paths are relative to the working directory."""
@@ -188,8 +246,10 @@ class LauncherSettings(ServiceSettings):
     templates: dict[str, list[str]] = Field(default_factory=dict)
     """Per-process argument templates overriding the built-in ones (keys `index-build`, `retriever`,
     `reward`, `rollout`, `learner`; see `searchr1.launcher.specs.DEFAULT_TEMPLATES`)."""
-    grace_period_s: float = Field(default=10.0, gt=0, le=600)
-    """After SIGTERM, how long a process may take to exit before it is killed."""
+    grace_period_s: float = Field(default=10.0, gt=0, le=7200)
+    """After SIGTERM, how long a process may take to exit before it is killed. A learner on GPUs needs a
+    whole step and its checkpoint (`searchr1.learner.stop_budget`; the Search-R1 configs set it so); its
+    torchrun gets this less 10 s (`TORCH_ELASTIC_SHUTDOWN_TIMEOUT`)."""
     log_tail_lines: int = Field(default=20, ge=0, le=1000)
     """Lines of a failed process's log shown in the failure message."""
     die_with_launcher: bool = True
@@ -210,3 +270,5 @@ class LauncherSettings(ServiceSettings):
     """Where the status line finds its numbers."""
     demo: DemoSettings = Field(default_factory=DemoSettings)
     """`searchr1 demo`'s paths and steps."""
+    validation: ValidationSettings = Field(default_factory=ValidationSettings)
+    """Validation during training: held-out evaluations of the learner's snapshots (off by default)."""

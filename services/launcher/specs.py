@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from searchr1.core.redaction import redact_config
+from searchr1.core.run_connection import RunConnection
 from searchr1.core.settings import ConfigError, read_config_file
 from searchr1.launcher.cpu_placement import core_list
 from searchr1.launcher.health import Gate
@@ -161,6 +162,12 @@ class LaunchPlan:
     starts."""
     placement: Placement | None = None
     """The GPU placement the plan follows (None: the config has no `[placement]` table)."""
+    connection: RunConnection | None = None
+    """How commands reach this run (`RUN_DIR/connection.json`, mode 0600, written before anything starts)."""
+    validation_metrics_port: int | None = None
+    """Port of the launcher's validation gauges (None: validation off, or not served)."""
+    notes: list[str] = field(default_factory=list)
+    """What is worth saying but stops nothing (a config table no service reads)."""
 
     @property
     def log_dir(self) -> Path:
@@ -237,6 +244,17 @@ def dry_run_lines(plan: LaunchPlan) -> list[str]:
     return lines
 
 
+def eval_env(plan: LaunchPlan) -> dict[str, str]:
+    """The environment an evaluation against the plan's services gets: the rollout workers' (the engine's
+    settings, the retriever and reward tokens), less the launcher's per-worker defaults (a worker's
+    weight-copy directory) and the Redis URL (an evaluation runs without Redis). Without rollout workers
+    (`workers = 0`), the tokens a worker would get."""
+    rollout_env = next((s.env for s in plan.specs if s.stage == "rollout"), None)
+    if rollout_env is None:
+        rollout_env = render_env("rollout", {}, {**plan.values, "worker_id": "validation", "worker_index": "0"})
+    return {k: v for k, v in rollout_env.items() if k not in {*DEFAULT_ENV["rollout"], "ROLLOUT_REDIS__URL"}}
+
+
 def eval_plan(plan: LaunchPlan, eval_args: list[str], templates: dict[str, list[str]] | None = None) -> LaunchPlan:
     """The same plan with the rollout workers, the learner and Redis replaced by one main `searchr1 eval`
     process (template `eval` + `eval_args`) against the plan's retriever and reward service: what
@@ -246,8 +264,7 @@ def eval_plan(plan: LaunchPlan, eval_args: list[str], templates: dict[str, list[
     Redis); it keeps the tokens it sends to the retriever and the reward service."""
     template = {**DEFAULT_TEMPLATES, **(templates or {})}["eval"]
     keep = [s for s in plan.specs if s.stage in ("index-build", "retriever", "reward")]
-    rollout_env = next((s.env for s in plan.specs if s.stage == "rollout"), {})
-    env = {k: v for k, v in rollout_env.items() if k not in {*DEFAULT_ENV["rollout"], "ROLLOUT_REDIS__URL"}}
+    env = eval_env(plan)
     main = ProcessSpec(name="eval", stage="eval", main=True, health_timeout_s=3600.0, env=env,
                        argv=list(plan.base_command) + render_template("eval", template, plan.values) + list(eval_args))
     return LaunchPlan(specs=[*keep, main], run_dir=plan.run_dir, redis_url=plan.redis_url, run=plan.run,

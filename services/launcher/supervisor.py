@@ -24,6 +24,9 @@ write that fails — a full disk — drops those lines and says so, and the pump
 a process never blocks on a full pipe), the waiters on each process and the restarts; one that dies ends
 the run with its cause instead of leaving a process unwatched.
 
+Validation (`validation.py`): once everything is up the validator evaluates snapshots beside the training;
+when the learner exits 0 it finishes (`Validator.finish`) before the services it needs are stopped.
+
 Exit codes: the main process's (the learner's; `128+n` if it died of signal n) when it ends the run;
 `128+n` on SIGINT/SIGTERM (130/143); 1 when any other process dies without a restart left, fails its
 gate or times out; 2 when the plan is refused before anything starts.
@@ -51,6 +54,7 @@ from itertools import groupby
 from rich.console import Console
 
 from searchr1.core.commandline import EXIT_USAGE
+from searchr1.core.run_connection import write_connection
 from searchr1.launcher.health import check_all
 from searchr1.launcher.logs import LogMux, tail
 from searchr1.launcher.processes import (
@@ -70,6 +74,7 @@ from searchr1.launcher.settings import LauncherSettings
 from searchr1.launcher.specs import LaunchPlan, ProcessSpec
 from searchr1.launcher.status import StatusCollector
 from searchr1.launcher.ticker import StatusTicker
+from searchr1.launcher.validation import Validator
 from searchr1.launcher.view import LiveView, PlainCadence
 
 POLL_S = 0.2
@@ -80,13 +85,15 @@ class Supervisor:
 
     def __init__(self, plan: LaunchPlan, settings: LauncherSettings, *, console: Console,
                  collector: StatusCollector | None = None, verbose: bool = False, title: str = "searchr1 up",
-                 total_steps: int | None = None) -> None:
+                 total_steps: int | None = None, validator: Validator | None = None) -> None:
         """`settings` gives the grace period, log tails, parent-death signal and status cadence;
-        `collector` (None: no status line) the figures; `total_steps` the progress bar's total."""
+        `collector` (None: no status line) the figures; `total_steps` the progress bar's total;
+        `validator` (None: no validation) evaluates snapshots beside the training once everything is up."""
         self.plan = plan
         self.console = console
         self.s = settings
         self.collector = collector
+        self.validator = validator
         self.verbose = verbose
         self.mux = LogMux(console, plan.log_dir, [s.name for s in plan.specs], verbose=verbose)
         self.view = LiveView(console, title, total_steps)
@@ -124,6 +131,8 @@ class Supervisor:
             return EXIT_REFUSED
         self.plan.run_dir.mkdir(parents=True, exist_ok=True)
         self.plan.log_dir.mkdir(parents=True, exist_ok=True)
+        if self.plan.connection is not None:  # before anything starts: ops commands find the run by it
+            write_connection(self.plan.run_dir, self.plan.connection)
         self._install_signals()
         code = EXIT_FAILED
         if not self.verbose:
@@ -141,6 +150,8 @@ class Supervisor:
                     await self._drain(name)
                     self._say_tail(name)
         finally:  # whatever happened above (even a bug or a cancellation), nothing is left running
+            if self.validator is not None:
+                await self.validator.stop()
             if self.ticker is not None:
                 await self.ticker.stop()
             self.view.phase("stopping")
@@ -174,9 +185,17 @@ class Supervisor:
         if self.collector is not None and self.ticker is not None:
             self.collector.scrape_learner = True
             self.ticker.start()
+        if self.validator is not None:
+            self.validator.start()
         while True:
             self._check_stop()
-            self._check_exits(started=True)
+            try:
+                self._check_exits(started=True)
+            except Stop as stop:
+                if stop.code == 0 and self.validator is not None:  # the learner is done: the last validations
+                    self.view.phase("validating")
+                    await self.validator.finish_unless(lambda: self._signal is not None, POLL_S)
+                raise
             # polled, not only woken by a process's exit: asyncio's `wait()` returns once the process's pipes are
             # closed too, and a killed process's own children (vLLM's engine process) can hold them open
             await self._sleep_until_woken(POLL_S)

@@ -16,11 +16,17 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from searchr1.core.commandline import (
+    EXIT_FAILED,
+    EXIT_HELD,
+    EXIT_USAGE,
     INSECURE_HELP,
+    RUN_DIR_HELP,
     error,
     fail,
     field_help,
-    redis_or_exit,
+    model_dir_or_exit,
+    redis_failure,
+    redis_target,
     settings_or_exit,
     token_or_exit,
 )
@@ -51,6 +57,9 @@ def run_train(settings: LearnerSettings, max_steps: int | None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     waits = set_openmp_waits(settings.openmp_wait_policy())  # before torch loads
     logging.getLogger("searchr1.learner").info("OpenMP waits: %s", waits)
+    from redis.exceptions import RedisError
+
+    from searchr1.core.tracking import TrackerUnavailable
     from searchr1.learner.process import run_learner
     from searchr1.learner.redis_budget import RedisBudgetError
     from searchr1.learner.tools.data import DatasetError
@@ -60,12 +69,16 @@ def run_train(settings: LearnerSettings, max_steps: int | None) -> int:
     try:
         state = asyncio.run(run_learner(settings, stop, max_steps=max_steps,
                                         faults=faults_from_env()))  # armed only by the fault suite
+    except RedisError as exc:  # Redis never answered at start (a lost connection later is ridden out)
+        redis_failure(settings.redis.url, exc, "is Redis running, and is [learner.redis] url (--redis) its URL?")
     except (LeaseHeld, LeaseLost) as exc:  # another learner runs this run: nothing was written
-        return error(str(exc), 3)
+        return error(str(exc), EXIT_HELD)
     except RedisBudgetError as exc:  # the run's settings, not a fault: nothing was written
-        return error(str(exc), 2)
+        return error(str(exc), EXIT_USAGE)
     except DatasetError as exc:  # a row the wire refuses, named: nothing was dispatched
-        return error(str(exc), 2)
+        return error(str(exc), EXIT_USAGE)
+    except TrackerUnavailable as exc:  # a tracker the config asks for is not installed
+        return error(str(exc), EXIT_USAGE)
     except TaskDied as exc:  # the dispatcher, the lease keeper or the watchdog ended the run, named: restart
         if isinstance(exc.cause, LeaseLost):
             return error(str(exc), 3)
@@ -99,9 +112,9 @@ def run_check(settings: LearnerSettings) -> int:
     try:
         budget = asyncio.run(check())
     except RedisBudgetError as exc:
-        return error(str(exc), 2)
+        return error(str(exc), EXIT_USAGE)
     except (OSError, RedisError) as exc:
-        return error(f"cannot read Redis' maxmemory: {exc}", 1)
+        return error(f"cannot read Redis' maxmemory: {exc}", EXIT_FAILED)
     limit = f"{budget.maxmemory / 2**30:.2f} GiB" if budget.maxmemory else "no limit"
     typer.echo(f"Redis holds what this run keeps unacked: {budget.held_groups} groups × "
                f"{budget.bytes_per_group / 2**20:.2f} MiB = {budget.need_bytes / 2**30:.2f} GiB, maxmemory {limit}")
@@ -140,6 +153,7 @@ def train(
     if settings.weights.http:
         token_or_exit(settings.weights.token, settings.auth, server="the learner's snapshot server",
                       setting="LEARNER_WEIGHTS__TOKEN ([learner.weights] token)")
+    model_dir_or_exit(settings.model.path, "learner.model.path")
     raise typer.Exit(run_train(settings, max_steps))
 
 
@@ -204,27 +218,101 @@ async def _rollback(redis_url: str, run: str, version: int):
 
 def weights_rollback(
     version: Annotated[int, typer.Argument(min=0, help="A version the learner announced.")],
-    redis_url: Annotated[str | None, typer.Option("--redis", help=field_help(LEARNER_SETTINGS, "redis.url"))] = None,
-    run: Annotated[str | None, typer.Option(help=field_help(LEARNER_SETTINGS, "redis.run"))] = None,
+    redis_url: Annotated[str | None, typer.Option(
+        "--redis", help=field_help(LEARNER_SETTINGS, "redis.url", "With --run-dir: that run's."))] = None,
+    run: Annotated[str | None, typer.Option(help=field_help(LEARNER_SETTINGS, "redis.run", "With --run-dir: that run's."))]
+    = None,
+    run_dir: Annotated[Path | None, typer.Option("--run-dir", help=RUN_DIR_HELP)] = None,
 ) -> None:
     """Announce again the learner's own announcement of VERSION (same uri and digest), so rollout workers
     reload it. Only versions the learner announced can be chosen, and the snapshot must still exist
     (weights.keep). A running learner announces its next version over it: stop it first."""
     import asyncio
 
+    from redis.exceptions import RedisError
+
+    url, run_name = redis_target(redis_url, run, run_dir)
     try:
-        redis = redis_or_exit(redis_url, run)
-        wv = asyncio.run(_rollback(redis.url, redis.run, version))
+        wv = asyncio.run(_rollback(url, run_name, version))
     except LookupError as exc:
         fail(str(exc), 1)
+    except (RedisError, OSError) as exc:
+        redis_failure(url, exc)
     typer.echo(f"announced version {wv.version} again: {wv.uri} (sha256 {wv.sha256})")
+
+
+def weights_export(
+    run: Annotated[Path, typer.Argument(help="Run directory (its weights/ holds the learner's snapshots) or a "
+                                             "snapshot root.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write (must be new or empty; --force).")],
+    version: Annotated[int | None, typer.Option(min=0, help="Policy version to export (default: the newest).")]
+    = None,
+    dtype: Annotated[str, typer.Option(help="Weights dtype: auto (as published), float32, bfloat16 or float16.")]
+    = "auto",
+    base: Annotated[Path | None, typer.Option(
+        help="Base model directory whose tokenizer and chat template go into the folder (default: \\[learner.model] "
+             "path of the run config).")] = None,
+    config: Annotated[Path | None, typer.Option(
+        "--config", "-c", help="The run's config (default: the one RUN_DIR/connection.json names); gives the base "
+                               "model and the training settings of the model card.")] = None,
+    push_to_hub: Annotated[str | None, typer.Option(
+        "--push-to-hub", help="Also upload the folder to this Hub repository (owner/name; created when missing; "
+                              "HF_TOKEN authenticates).")] = None,
+    hub_endpoint: Annotated[str | None, typer.Option(help="Hub URL (default: HF_ENDPOINT, else huggingface.co).")]
+    = None,
+    private: Annotated[bool, typer.Option("--private", help="Create the Hub repository private.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace a non-empty --out folder.")] = False,
+) -> None:
+    """Export a run's snapshot as a Hugging Face model folder (transformers and vLLM load it as is):
+    weights in the chosen dtype, the base model's tokenizer and chat template, generation config, and a
+    model card with the run's figures and setting fingerprint; optionally push it to the Hub."""
+    from rich.console import Console
+
+    from searchr1.learner.tools.export import DTYPES, ExportError, base_model_of, export_snapshot, push_folder
+
+    if dtype not in DTYPES:
+        fail(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if not run.is_dir():
+        fail(f"run directory {run} not found")
+    if config is None and (run / "connection.json").is_file():
+        from searchr1.core.run_connection import RunConnectionError, read_connection
+
+        try:
+            named = read_connection(run).config
+        except RunConnectionError as exc:
+            fail(str(exc))
+        config = Path(named) if named and Path(named).is_file() else None
+    if config is not None and not config.is_file():
+        fail(f"run config {config} not found")
+    console = Console(stderr=True, highlight=False)
+    try:
+        if base is None:
+            if config is None:
+                fail("give --base DIR (the base model: tokenizer and chat template) or --config (the run config)")
+            base = base_model_of(config)
+        with console.status(f"verifying and exporting {run} …"):
+            result = export_snapshot(run, out, base=base, version=version, dtype=dtype, config=config, force=force)
+    except ExportError as exc:
+        fail(str(exc))
+    except OSError as exc:
+        fail(f"cannot write {out}: {exc}", EXIT_FAILED)
+    typer.echo(f"exported version {result.version} ({result.dtype}) to {out}: {', '.join(result.files)}")
+    if push_to_hub:
+        with console.status(f"uploading {out} to {push_to_hub} …"):
+            try:
+                url = push_folder(out, push_to_hub, endpoint=hub_endpoint, private=private)
+            except Exception as exc:  # noqa: BLE001 - huggingface_hub raises many kinds; each is one line here
+                fail(f"push to {push_to_hub} failed: {type(exc).__name__}: {exc}", EXIT_FAILED)
+        typer.echo(f"pushed to {push_to_hub}: {url}")
 
 
 def weights_app() -> typer.Typer:
     """The `searchr1 weights` group."""
-    app = typer.Typer(help="A run's announced policy weights: roll workers back to a version the learner "
-                           "published.", no_args_is_help=True)
+    app = typer.Typer(help="A run's policy weights: roll workers back to a version the learner published, or "
+                           "export a version as a Hugging Face model folder (and push it to the Hub).",
+                      no_args_is_help=True)
     app.command("rollback")(weights_rollback)
+    app.command("export")(weights_export)
     return app
 
 

@@ -49,7 +49,10 @@ STEP_GAUGES = {
     "worker_mismatch_max": "Largest per-worker mean |Δ log p| of the step's groups (desync screen).",
     "worker_mismatch_median": "Median per-worker mean |Δ log p| of the step's groups (desync screen).",
     "published_changed_frac": "Share of the published version's values whose bits differ from the previous "
-                              "version's (0 while the loss moves: updates are not reaching the engine).",
+                              "version's: the density of its delta (0 while the loss moves: updates are not "
+                              "reaching the engine).",
+    "published_bytes": "Bytes the latest version wrote for the workers: its delta, its full snapshot, or both "
+                       "(every weights.delta.full_every versions).",
     **HEALTH_GAUGES,
 }
 
@@ -118,17 +121,18 @@ class LearnerMetrics:
 
 
 class StepLog:
-    """Appends one JSON line per step to `path` (and to wandb when a run is given). `write` blocks (file
-    append, wandb): the learner calls it in a thread."""
+    """Appends one JSON line per step to `path`, and hands the figures to each sink (a
+    `searchr1.core.tracking` tracker: TensorBoard, W&B; anything with `log(figures, step=)`). `write`
+    blocks (file append, the trackers): the learner calls it in a thread."""
 
-    def __init__(self, path: Path, wandb_run: Any = None) -> None:
+    def __init__(self, path: Path, *sinks: Any) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.wandb_run = wandb_run
+        self.sinks = [s for s in sinks if s is not None]
 
     def write(self, step: int, figures: dict[str, Any]) -> None:
         record = {"step": step, "time": time.time(), **figures}
         with self.path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
-        if self.wandb_run is not None:
-            self.wandb_run.log(figures, step=step)
+        for sink in self.sinks:
+            sink.log(figures, step=step)

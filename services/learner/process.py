@@ -141,13 +141,15 @@ async def _run(settings: LearnerSettings, info: DistInfo, stop: asyncio.Event, m
     training = await asyncio.to_thread(build_training, settings, info, metrics.stages)
     step_log, archive, metrics_server, dispatch_log = NO_STEP_LOG, NO_ARCHIVE, None, None
     if info.is_main:
-        wandb_run = None
-        if settings.wandb_project:
-            import wandb  # optional
+        from searchr1.core.tracking import TensorBoardLog, WandbLog
 
-            wandb_run = wandb.init(project=settings.wandb_project, name=settings.redis.run,
-                                   config=redact_config(settings.model_dump(mode="json")))
-        step_log = StepLog(settings.log_dir / f"{settings.redis.run}.jsonl", wandb_run)
+        sinks: list = []
+        if settings.tensorboard_dir is not None:
+            sinks.append(TensorBoardLog(settings.tensorboard_dir))
+        if settings.wandb_project:
+            sinks.append(WandbLog(settings.wandb_project, name=settings.redis.run, mode=settings.wandb_mode,
+                                  dir=settings.log_dir, config=redact_config(settings.model_dump(mode="json"))))
+        step_log = StepLog(settings.log_dir / f"{settings.redis.run}.jsonl", *sinks)
         if settings.archive.enabled:
             archive = await asyncio.to_thread(ArchiveWriter, settings.archive_dir, settings.archive.every_steps)
     link = redis.link if redis is not None else None

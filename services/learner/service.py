@@ -73,7 +73,6 @@ from searchr1.learner.train.build import Training
 from searchr1.learner.train.checkpoint import Checkpointer, TrainState
 from searchr1.learner.train.distributed import broadcast_groups
 from searchr1.learner.train.model import DistInfo, export_weights
-from searchr1.learner.train.published import PublishedChange
 from searchr1.learner.train.rollback import roll_back
 
 __all__ = ["Learner"]
@@ -141,8 +140,6 @@ class Learner:
         self.stages: deque[str] = deque(maxlen=64)
         """The last stages run, in order (`archive`, `checkpoint`, `ack`, …): the loop's record of itself."""
         self.state = TrainState()
-        self.published = PublishedChange()
-        """The previous published version, to count the values each publication changes (rank 0)."""
 
     def beat(self) -> None:
         """The loop made progress (the watchdog's beat)."""
@@ -227,8 +224,10 @@ class Learner:
     @in_stage("weight_publish", _stages)
     async def publish_weights(self) -> dict[str, float]:
         """Gather the weights (a collective), cast to the published dtype, and hand them to the transport
-        (rank 0), which delivers and announces them. Returns the share of published values that changed
-        since the previous version (`train/published.py`; {} on other ranks and at the first version)."""
+        (rank 0), which delivers and announces them — in full or as a delta against the previous version
+        (`searchr1.weightsync`). Returns the publication's figures: the share of published values whose
+        bits changed since the previous version (the delta's density), the bytes written ({} on other ranks;
+        no share at the first version)."""
         await self.hold_lease()
         model, state = await asyncio.to_thread(
             export_weights, self.training.trainer.policy, self.info, self.training.publish_dtype)
@@ -237,7 +236,7 @@ class Learner:
         wv = await self.transport.publish(self.state.version, model, state)
         if wv is not None:
             self.metrics.version.set(wv.version)
-        return await asyncio.to_thread(self.published.observe, state)
+        return dict(self.transport.figures)
 
     # ------------------------------------------------------------------ loop
 

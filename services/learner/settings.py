@@ -319,7 +319,12 @@ class LearnerSettings(ServiceSettings):
     learner may take the run over. Waiting for groups is no progress; waiting for Redis is not a stall. It
     must exceed the start (a model load) and the longest step without a checkpoint."""
     wandb_project: str | None = None
-    """Also log to this wandb project (needs `wandb`)."""
+    """Also log every step's figures to this Weights & Biases project (extra `wandb`; the run is named after
+    `redis.run`, its files under `log_dir`)."""
+    wandb_mode: Literal["online", "offline", "disabled"] | None = None
+    """W&B mode (None: W&B's own default, WANDB_MODE); `offline` keeps the run on disk for `wandb sync`."""
+    tensorboard_dir: Path | None = None
+    """Also write every step's figures as TensorBoard scalars under this directory (extra `tensorboard`)."""
 
     @property
     def archive_dir(self) -> Path:

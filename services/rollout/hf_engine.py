@@ -31,6 +31,8 @@ class HfGenerator:
         if self._tok.eos_token_id is not None:
             self._eos.add(self._tok.eos_token_id)
         self._lock = asyncio.Lock()
+        self._base: Any = None
+        """The copy of the published version loaded last (`searchr1.weightsync.BaseWeights`), for deltas."""
 
     def tokenizer(self) -> Any:
         return self._tok
@@ -93,20 +95,43 @@ class HfGenerator:
         in use stays."""
         async with self._lock:
             load = _load_path if digest is None else _load_verified
-            new = await asyncio.to_thread(load, weights_path, digest)
+            new, base = await asyncio.to_thread(load, weights_path, digest)
             # the old model's tensors are freed in a thread too: its last reference goes with `old.clear`
-            old, self._model = [self._model], new
+            old, self._model, self._base = [self._model], new, base
             await asyncio.to_thread(old.clear)
+
+    async def apply_delta(self, delta_path: str, digest: str) -> None:
+        """Apply the delta version at `delta_path` (verified against `digest` as it is read) to the copy of
+        the published version this engine loaded last, each resulting tensor checked, then copy the changed
+        tensors into the model; a refused delta raises `DeltaRefused` and nothing changes."""
+        async with self._lock:
+            await asyncio.to_thread(_apply_delta, self._model, self._base, delta_path, digest)
 
     async def close(self) -> None:
         return None
 
 
-def _load_path(weights_path: str, _digest: None) -> Any:
+def _load_path(weights_path: str, _digest: None) -> tuple[Any, Any]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(weights_path, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(weights_path, dtype=torch.float32).eval(), None
+
+
+def _apply_delta(model: Any, base: Any, delta_path: str, digest: str) -> None:
+    import torch
+
+    from searchr1.weightsync import DELTA_FILE, Delta, DeltaRefused, read_verified
+
+    if base is None:
+        raise DeltaRefused("the engine holds no verified copy of a published version to apply a delta to")
+    files = read_verified(delta_path, digest)
+    if DELTA_FILE not in files:
+        raise DeltaRefused(f"{delta_path}: no {DELTA_FILE}")
+    changed = base.apply(Delta.parse(files[DELTA_FILE]))
+    with torch.no_grad():
+        model.load_state_dict({name: base.tensors[name] for name in changed}, strict=False)
+    model.tie_weights()
 
 
 def _load_verified(weights_path: str, digest: str) -> Any:
@@ -115,7 +140,7 @@ def _load_verified(weights_path: str, digest: str) -> Any:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from searchr1.weightsync import read_verified, snapshot_tensors
+    from searchr1.weightsync import base_of, read_verified, snapshot_tensors
 
     files = read_verified(weights_path, digest)
     if "config.json" not in files:
@@ -128,4 +153,4 @@ def _load_verified(weights_path: str, digest: str) -> Any:
     if result.unexpected_keys:
         raise SnapshotError(f"{weights_path}: tensors the model does not have: {result.unexpected_keys[:5]}")
     model.tie_weights()
-    return model.eval()
+    return model.eval(), base_of(files, list(snapshot_tensors(files)))

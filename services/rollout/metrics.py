@@ -11,6 +11,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from searchr1.core.metrics import RedisMetrics, StageClock, StageCollector, new_registry
+from searchr1.weightsync import DeltaRefused
 
 _LAT = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 STAGES = ("weight_reload", "generation", "search_wait", "scoring", "publish")
@@ -67,6 +68,10 @@ class RolloutMetrics:
         self.turns_interrupted = Counter("searchr1_rollout_turns_interrupted_total",
                                          "Turns interrupted by a weight swap and resumed (partial rollouts).",
                                          registry=r)
+        self.weight_loads = Counter("searchr1_rollout_weight_loads_total",
+                                    "Weight versions loaded, by form: full, delta (applied in place), delta_refused "
+                                    "(out of order or unverifiable: the worker caught up instead), catch_up (the "
+                                    "newest full and the deltas after it).", ["form"], registry=r)
         self.weight_refusals = Counter("searchr1_rollout_weight_refusals_total",
                                        "Weight announcements refused: an older fencing token than seen, or a "
                                        "version the learner never published.", registry=r)
@@ -83,7 +88,8 @@ class RolloutMetrics:
 
     def loader_callbacks(self) -> dict[str, Any]:
         """The `on_loaded`, `on_refused` and `stages` of a `searchr1.weightsync.WeightLoader`."""
-        return {"on_loaded": self._loaded, "on_refused": self.weight_refusals.inc, "stages": self.stages}
+        return {"on_loaded": self._loaded, "on_refused": self.weight_refusals.inc, "stages": self.stages,
+                "on_form": lambda form: self.weight_loads.labels(form=form).inc()}
 
     def _loaded(self, version: int, seconds: float) -> None:
         self.weight_version.set(version)
@@ -103,6 +109,12 @@ class StagedGenerator:
 
     async def reload(self, weights_path: str, digest: str | None = None) -> None:
         await self.inner.reload(weights_path, digest)
+
+    async def apply_delta(self, delta_path: str, digest: str) -> None:
+        apply = getattr(self.inner, "apply_delta", None)
+        if apply is None:
+            raise DeltaRefused("the engine applies no deltas: it loads full versions only")
+        await apply(delta_path, digest)
 
     async def close(self) -> None:
         await self.inner.close()

@@ -30,6 +30,7 @@ from dataclasses import replace
 from typing import Any
 
 from searchr1.rollout.engine import Generator, TurnOutput, TurnRequest
+from searchr1.weightsync import DeltaRefused
 
 RESUME_SEED_STRIDE = 104_729
 """Added to a seeded turn's seed per resume."""
@@ -106,6 +107,12 @@ class InterruptibleGenerator:
 
     async def reload(self, weights_path: str, digest: str | None = None) -> None:
         await self.inner.reload(weights_path, digest)
+
+    async def apply_delta(self, delta_path: str, digest: str) -> None:
+        apply = getattr(self.inner, "apply_delta", None)
+        if apply is None:
+            raise DeltaRefused("the engine applies no deltas: it loads full versions only")
+        await apply(delta_path, digest)
 
     async def close(self) -> None:
         await self.inner.close()

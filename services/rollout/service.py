@@ -23,11 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from searchr1.core.clients.retriever import RetrieverClient
+from searchr1.core.clients.http_retriever import retriever_client
 from searchr1.core.clients.reward import RewardClient
 from searchr1.core.commandline import EXIT_FAILED, error
 from searchr1.core.faults import NO_FAULTS, Faults
 from searchr1.core.metrics import MetricsServer, start_metrics_server
+from searchr1.core.models import require_model_dir
 from searchr1.core.servers import install_shutdown_signals
 from searchr1.core.supervise import Supervisor, TaskDied
 from searchr1.core.watchdog import Watchdog
@@ -51,9 +52,11 @@ def default_worker_id() -> str:
 
 
 async def start_generator(model: str, engine: EngineSettings) -> Generator:
-    """Start the configured engine on `model`."""
+    """Start the configured engine on `model` (a local model directory: `ModelDirError`, a ValueError,
+    names a missing one at once)."""
     if not model:
         raise ValueError("no model configured: pass --model DIR (or ROLLOUT_MODEL)")
+    require_model_dir(model)
     if engine.kind == "hf":
         return HfGenerator(model, threads=engine.hf_threads)
     return await VllmGenerator.start(VllmEngineConfig(
@@ -136,8 +139,8 @@ async def build_service(settings: RolloutSettings, *, generator: Generator | Non
         if tokenizer is None:
             tokenizer = generator.tokenizer()  # type: ignore[attr-defined]
         r = settings.retriever
-        retriever = RetrieverClient(r.addresses, token=r.token, retry=r.retry_policy(),
-                                    **_counted(metrics, "retriever"))
+        retriever = retriever_client(r.addresses, token=r.token, retry=r.retry_policy(),
+                                     **_counted(metrics, "retriever"))
         closers.append(retriever.close)
 
         def on_batch(n: int, seconds: float) -> None:

@@ -83,7 +83,8 @@ class RetrieverClientSettings(RetrySettings):
     `retriever_unavailable`."""
 
     addresses: list[str] = Field(default_factory=lambda: ["127.0.0.1:50051"])
-    """gRPC addresses (host:port) of retriever replicas."""
+    """gRPC addresses (host:port) of retriever replicas, or http(s) URLs of servers speaking Search-R1's
+    `POST /retrieve` (Search-R1's own retrieval_server.py, or ours on its HTTP port)."""
     token: str | None = None
     """Bearer token, if the retriever requires one."""
     top_k: int = Field(default=3, ge=1, le=100)
@@ -101,7 +102,7 @@ class RewardClientSettings(RewardRetrySettings):
     retry knobs are those of `RewardRetrySettings`. When `deadline_s` runs out the task stays unacked and is redelivered
     after the visibility timeout."""
 
-    url: str = "http://127.0.0.1:8002"
+    url: str = "http://127.0.0.1:8300"
     """Base URL of the reward service."""
     token: str | None = None
     """Bearer token, if the reward service requires one."""
@@ -155,6 +156,10 @@ class EvalSettings(Section):
     group_by: list[str] = Field(default_factory=lambda: ["data_source"], min_length=1, max_length=16)
     """Keys the eval report breaks metrics down by: `data_source` or any key of a question's
     `metadata`/`extra_info` (a key no question has is left out of the report)."""
+    max_failure_rate: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Share of trajectories with a failed search (retriever unreachable, query refused) or no score
+    (reward service failed) above which `searchr1 eval` exits 1, after writing its reports and printing the
+    table. 0: any failure fails the evaluation."""
 
 
 class RolloutSettings(ServiceSettings):

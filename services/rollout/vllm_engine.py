@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from searchr1.core.protocol import STOP_STRINGS
 from searchr1.rollout.engine import GeneratorDead, TurnFinish, TurnOutput, TurnRequest
-from searchr1.weightsync import WORKER_EXTENSION, reload_engine
+from searchr1.weightsync import WORKER_EXTENSION, DeltaRefused, apply_engine_delta, reload_engine
 
 if TYPE_CHECKING:
     from searchr1.rollout.settings import EngineSettings
@@ -193,6 +193,16 @@ class VllmGenerator:
             times = await reload_engine(self.engine, weights_path, digest, extension=self.extension)
             if times:
                 self.last_load_times = times
+            await self._reset_prefix_cache()
+
+    async def apply_delta(self, delta_path: str, digest: str) -> None:
+        """Apply the delta version at `delta_path` to the engine's weights in place (weight sync's
+        `apply_engine_delta`, verified against the announced `digest`); a refused delta raises
+        `DeltaRefused` with the weights unchanged."""
+        if not self.extension:
+            raise DeltaRefused("the engine runs without searchr1's worker extension: it loads full versions only")
+        with _dead_engine_is_fatal():
+            self.last_load_times = await apply_engine_delta(self.engine, delta_path, digest)
             await self._reset_prefix_cache()
 
     async def _reset_prefix_cache(self) -> None:

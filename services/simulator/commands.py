@@ -38,7 +38,7 @@ def _gpu_counts(text: str) -> list[int]:
 
 
 def simulate(
-    config: Annotated[list[Path], typer.Option("--config", help="Run config of a GPU recipe (repeat for several).")],
+    config: Annotated[list[Path], typer.Option("--config", "-c", help="Run config of a GPU recipe (repeat for several).")],
     gpus: Annotated[str, typer.Option("--gpus", help="GPU counts to size for, comma-separated.")] = "8,16,64",
     gpu: Annotated[str, typer.Option("--gpu", help="GPU model: h100 or h200.")] = "h100",
     searches: Annotated[float | None, typer.Option(help="Searches per trajectory (default 2; a run's step log "

@@ -2,8 +2,14 @@
 
 Pages: `/` the run (plots against step, filters, the paged listing), `/trajectory` one trajectory turn by
 turn, `/question` every trajectory of one question across steps (and, with a second run to compare, its
-trajectories there). Routes are plain functions: FastAPI runs them in its thread pool, so Parquet reads
-never block the event loop. Bad query parameters answer 400 with the reason.
+trajectories there), and, when the viewer was given a policy to ask (`asker`), `/ask`: a question through
+the agent loop, its trajectory shown turn by turn as on the trajectory page. Routes that read Parquet are
+plain functions: FastAPI runs them in its thread pool, so reads never block the event loop; `/ask` awaits
+the asker on the loop that owns its engine. Bad query parameters answer 400 with the reason.
+
+The asker is passed in (`searchr1 view --model` builds one with `searchr1.api.open_asker`): anything with
+`async ask(question)` returning a result with `to_json()` (question, answer, response, finish_reason,
+num_turns, num_searches, generated_tokens, error). This package imports no engine.
 """
 
 from __future__ import annotations
@@ -15,14 +21,14 @@ from urllib.parse import urlencode
 
 import pyarrow as pa
 from fastapi import FastAPI, HTTPException, Request
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 from fastapi.templating import Jinja2Templates
 
 from searchr1.viewer import series as S
 from searchr1.viewer.auth import CookieTokenMiddleware
 from searchr1.viewer.plots import line_plot
 from searchr1.viewer.settings import ViewerSettings
-from searchr1.viewer.store import ArchiveStore, Query, find_archive
+from searchr1.viewer.store import ArchiveNotFound, ArchiveStore, Query, find_archive
 from searchr1.viewer.turns import attach_mask, blocks, highlight, token_cells
 
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
@@ -73,19 +79,59 @@ def load_tokenizer(path: Path | None):
 
 
 class Viewer:
-    """The pages of one run; each method answers one route (called in FastAPI's thread pool)."""
+    """The pages of one run (and the ask page); each method answers one route."""
 
-    def __init__(self, run_dir: Path, settings: ViewerSettings, step_log: Path | None) -> None:
+    def __init__(self, run_dir: Path | None, settings: ViewerSettings, step_log: Path | None,
+                 asker: Any = None, ask_info: dict[str, str] | None = None) -> None:
         self.s = settings
-        self.store = ArchiveStore(find_archive(run_dir), settings.cache_dir)
+        self.store = ArchiveStore(find_archive(run_dir), settings.cache_dir) if run_dir is not None else None
         self.other = ArchiveStore(find_archive(settings.compare), settings.cache_dir) if settings.compare else None
-        self.log_path = step_log or S.find_step_log(run_dir)
+        self.log_path = step_log or (S.find_step_log(run_dir) if run_dir is not None else None)
+        self.run_dir = run_dir
         self.tokenizer = load_tokenizer(settings.tokenizer)
-        self.base = {"run": run_dir.name or str(run_dir), "compare": settings.compare}
+        self.asker = asker
+        self.ask_info = ask_info or {}
+        self.static = {"run": (run_dir.name or str(run_dir)) if run_dir is not None else "",
+                       "compare": settings.compare, "has_run": run_dir is not None, "can_ask": asker is not None}
+
+    @property
+    def base(self) -> dict[str, Any]:
+        """What every page shows: the run, the compared run, the ask link, the parts left out."""
+        broken = {**(self.store.broken if self.store else {}), **(self.other.broken if self.other else {})}
+        return {**self.static, "broken": broken}
+
+    @property
+    def run_store(self) -> ArchiveStore:
+        if self.store is None:
+            raise HTTPException(404, "this viewer was started without a run directory: only /ask")
+        return self.store
 
     def error(self, request: Request, exc: HTTPException) -> HTMLResponse:
         return TEMPLATES.TemplateResponse(request, "error.html", {**self.base, "status": exc.status_code,
                                                                   "detail": exc.detail}, status_code=exc.status_code)
+
+    def unreadable(self, request: Request, exc: ArchiveNotFound) -> HTMLResponse:
+        return self.error(request, HTTPException(503, str(exc)))
+
+    async def ask_page(self, request: Request) -> HTMLResponse:
+        """The form; with `?q=` the question's trajectory (gold answers from `?gold=a, b` mark the answer)."""
+        if self.asker is None:
+            raise HTTPException(404, "start the viewer with --model (and --index or --retriever) to ask a policy")
+        question = (request.query_params.get("q") or "").strip()
+        gold = [g.strip() for g in (request.query_params.get("gold") or "").split(",") if g.strip()]
+        if len(question) > 4000:
+            raise HTTPException(400, "q: a question of at most 4000 characters")
+        result, verdict = None, None
+        if question:
+            result = (await self.asker.ask(question)).to_json()
+            if gold:
+                from searchr1.core.protocol import normalize_answer
+
+                verdict = result["answer"] is not None and normalize_answer(result["answer"]) in {
+                    normalize_answer(g) for g in gold}
+        return TEMPLATES.TemplateResponse(request, "ask.html", {
+            **self.base, **self.ask_info, "question": question, "gold": gold, "result": result, "verdict": verdict,
+            "blocks": blocks(result["response"]) if result else [], "hl": highlight})
 
     def run_page(self, request: Request) -> HTMLResponse:
         params = dict(request.query_params)
@@ -94,6 +140,8 @@ class Viewer:
         page = 1 if page is None else page
         if page < 1:
             raise HTTPException(400, "page must be >= 1")
+        if self.store is None:
+            return RedirectResponse("/ask", status_code=303)  # type: ignore[return-value]
         summary = self.store.summary()
         picked = self.store.select(q)
         series = S.archive_series(picked if any(v is not None for v in vars(q).values()) else summary)
@@ -101,6 +149,10 @@ class Viewer:
                    if (q.min_step is None or r.get("step", 0) >= q.min_step)
                    and (q.max_step is None or r.get("step", 0) <= q.max_step)]
         series.update(S.log_series(records))
+        validated = [r for r in S.read_step_log(S.find_validation(self.run_dir) if self.run_dir else None)
+                     if (q.min_step is None or r.get("step", 0) >= q.min_step)
+                     and (q.max_step is None or r.get("step", 0) <= q.max_step)]
+        series.update(S.validation_series(validated))
         marks = S.alarm_steps(series)
         size = self.s.page_size
         keep = {k: v for k, v in params.items() if k != "page" and v != ""}
@@ -121,7 +173,7 @@ class Viewer:
         task_id = _opt(params, "task_id", str)
         if None in (part, step, index, task_id):
             raise HTTPException(400, "part, step, task_id and index are required")
-        source = self.other if params.get("src") == "compare" else self.store
+        source = self.other if params.get("src") == "compare" else self.run_store
         if source is None:
             raise HTTPException(400, "src=compare needs a run to compare with (--compare)")
         rows = source.trajectories(part, step, task_id)
@@ -146,7 +198,7 @@ class Viewer:
         task_id = _opt(dict(request.query_params), "task_id", str)
         if task_id is None:
             raise HTTPException(400, "task_id is required")
-        mine = _question_rows(self.store, task_id)
+        mine = _question_rows(self.run_store, task_id)
         if not mine:
             raise HTTPException(404, f"no trajectory of task {task_id!r} in this run")
         theirs = _question_rows(self.other, task_id) if self.other else None
@@ -155,13 +207,19 @@ class Viewer:
             "mine": mine, "theirs": theirs, "hl": highlight, "by_step": _by_step(mine)})
 
 
-def create_app(run_dir: Path, settings: ViewerSettings | None = None, step_log: Path | None = None) -> Any:
-    """The viewer of the run at `run_dir` (its `archive/` or the part directory itself), behind the
-    token when one is set."""
+def create_app(run_dir: Path | None, settings: ViewerSettings | None = None, step_log: Path | None = None,
+               asker: Any = None, ask_info: dict[str, str] | None = None) -> Any:
+    """The viewer of the run at `run_dir` (its `archive/` or the part directory itself; None: only the ask
+    page), with `/ask` when an `asker` is given (`ask_info`: model, search and decoding shown on the page),
+    behind the token when one is set."""
     settings = settings or ViewerSettings()
-    v = Viewer(Path(run_dir), settings, step_log)
+    if run_dir is None and asker is None:
+        raise ArchiveNotFound("nothing to show: give a run directory, or a policy to ask")
+    v = Viewer(Path(run_dir) if run_dir is not None else None, settings, step_log, asker, ask_info)
     app = FastAPI(title="searchr1 viewer", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_exception_handler(HTTPException, v.error)
+    app.add_exception_handler(ArchiveNotFound, v.unreadable)
+    app.add_api_route("/ask", v.ask_page, methods=["GET"], response_class=HTMLResponse)
     app.add_api_route("/healthz", lambda: JSONResponse({"status": "ok"}), methods=["GET"])
     app.add_api_route("/", v.run_page, methods=["GET"], response_class=HTMLResponse)
     app.add_api_route("/trajectory", v.trajectory_page, methods=["GET"], response_class=HTMLResponse)

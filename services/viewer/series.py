@@ -34,6 +34,11 @@ LOG_SERIES = {"entropy": "entropy", "KL": "kl_loss", "approx KL (old→new)": "a
               "importance ratio min (learner/engine)": "is_ratio_min", "non-finite figures": "nonfinite_figures"}
 """Plot title → step-log key."""
 
+VALIDATION_SERIES = {"validation: Search-R1 EM": "searchr1_em", "validation: EM": "em",
+                     "validation: cover EM": "cover_em", "validation: F1": "f1"}
+"""Plot title → key of `searchr1 up`'s validation curve (RUN_DIR/validation.jsonl): greedy held-out scores
+against the step they validated."""
+
 ALARMS = {"malformed rate": 0.5, "truncated rate": 0.3, "repeated-query rate": 0.5}
 """Signals whose steps above the bound are marked on every plot."""
 
@@ -80,6 +85,30 @@ def log_series(records: Iterable[dict]) -> dict[str, Series]:
             if isinstance(v, int | float) and math.isfinite(v):
                 out[title].append((step, float(v)))
     return {k: v for k, v in out.items() if v}
+
+
+def validation_series(records: Iterable[dict]) -> dict[str, Series]:
+    """The `VALIDATION_SERIES` from validation.jsonl records (each validated step; failed runs carry no
+    scores and are left out)."""
+    out: dict[str, Series] = {title: [] for title in VALIDATION_SERIES}
+    for r in records:
+        step = r.get("step")
+        if not isinstance(step, int):
+            continue
+        for title, key in VALIDATION_SERIES.items():
+            v = r.get(key)
+            if isinstance(v, int | float) and math.isfinite(v):
+                out[title].append((step, float(v)))
+    return {k: sorted(v) for k, v in out.items() if v}
+
+
+def find_validation(run_dir: Path) -> Path | None:
+    """`searchr1 up`'s validation curve of a run: RUN_DIR/validation.jsonl (or beside the archive directory
+    the viewer was pointed at)."""
+    for d in (run_dir, run_dir.parent):
+        if (d / "validation.jsonl").is_file():
+            return d / "validation.jsonl"
+    return None
 
 
 def read_step_log(path: Path | None) -> list[dict]:

@@ -143,9 +143,19 @@ class SummaryCache:
             pass  # a read-only or full cache directory only costs speed
 
 
+PART_ERRORS: tuple[type[BaseException], ...] = (OSError, pa.ArrowException, KeyError, ValueError)
+"""What reading a damaged part raises (a truncated file, bad Parquet, missing columns)."""
+
+
+def _reason(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:160] or type(exc).__name__
+
+
 class ArchiveStore:
     """Thread-safe cache of part summaries over one archive directory (in memory, and on disk when a
-    cache directory is given)."""
+    cache directory is given). A part that cannot be read (truncated, not Parquet, missing columns) is
+    left out and listed in `broken` (name → reason), so one damaged part costs its own rows, not every
+    page."""
 
     def __init__(self, directory: Path, cache_dir: Path | None = None) -> None:
         self.dir = Path(directory)
@@ -154,6 +164,8 @@ class ArchiveStore:
         self._lock = threading.Lock()
         self._summary: pa.Table | None = None
         self._key: tuple = ()
+        self.broken: dict[str, str] = {}
+        """Parts left out of the last summary, with why."""
 
     def parts(self) -> list[tuple[int, Path]]:
         found = [(int(m.group(1)), p) for p in self.dir.iterdir() if (m := PART_RE.match(p.name))]
@@ -163,18 +175,26 @@ class ArchiveStore:
         """Every trajectory's summary row (latest copies only), refreshed for parts that changed."""
         with self._lock:
             current = []
+            broken: dict[str, str] = {}
             for seq, p in self.parts():
-                st = p.stat()
-                stamp = (st.st_mtime_ns, st.st_size)
-                cached = self._cache.get(p)
-                if cached is None or cached[0] != stamp:
-                    self._cache[p] = (stamp, self._summarize(p, seq, stamp))
+                try:
+                    st = p.stat()
+                    stamp = (st.st_mtime_ns, st.st_size)
+                    cached = self._cache.get(p)
+                    if cached is None or cached[0] != stamp:
+                        self._cache[p] = (stamp, self._summarize(p, seq, stamp))
+                except PART_ERRORS as exc:
+                    broken[p.name] = _reason(exc)
+                    self._cache.pop(p, None)
+                    continue
                 current.append((p, stamp))
+            self.broken = broken
             key = tuple(current)
             if self._summary is None or key != self._key:
                 tables = [self._cache[p][1] for p, _ in current]
                 if not tables:
-                    raise ArchiveNotFound(f"no archive parts in {self.dir}")
+                    why = f" ({len(broken)} part(s) unreadable: {next(iter(broken.values()))})" if broken else ""
+                    raise ArchiveNotFound(f"no readable archive parts in {self.dir}{why}")
                 self._summary = latest_only(pa.concat_tables(tables))
                 self._key = key
             return self._summary
@@ -194,7 +214,11 @@ class ArchiveStore:
         """Rows of `table` whose question or response contains `text` (case-insensitive), read part by part."""
         hits: set[tuple[int, int]] = set()
         for seq in sorted(set(table.column("part").to_pylist())):
-            t = pq.read_table(self.path_of(seq), columns=["question", "response_text"])
+            try:
+                t = pq.read_table(self.path_of(seq), columns=["question", "response_text"])
+            except PART_ERRORS as exc:
+                self.broken[self.path_of(seq).name] = _reason(exc)
+                continue
             m = pc.or_(pc.match_substring(t.column("question"), text, ignore_case=True),
                        pc.match_substring(t.column("response_text"), text, ignore_case=True))
             hits.update((seq, i) for i in pc.indices_nonzero(pc.fill_null(m, False)).to_pylist())
@@ -221,5 +245,9 @@ class ArchiveStore:
         path = self.path_of(part)
         if not path.is_file():
             return []
-        t = pq.read_table(path, filters=[("step", "=", step), ("task_id", "=", task_id)])
+        try:
+            t = pq.read_table(path, filters=[("step", "=", step), ("task_id", "=", task_id)])
+        except PART_ERRORS as exc:
+            self.broken[path.name] = _reason(exc)
+            return []
         return sorted(t.to_pylist(), key=lambda r: r["index"])

@@ -29,6 +29,7 @@ if tonumber(ARGV[2]) < fence then return -1 end
 if ARGV[4] ~= '1' and tonumber(ARGV[3]) < version then return 0 end
 redis.call('HSET', KEYS[1], 'latest', ARGV[1], 'version', ARGV[3], 'fence', ARGV[2])
 redis.call('HSET', KEYS[2], ARGV[3], ARGV[1])
+if ARGV[5] ~= '' then redis.call('HSET', KEYS[3], ARGV[6], ARGV[5]) end
 return 1
 """
 
@@ -39,17 +40,23 @@ class FencedOff(RuntimeError):
 
 
 async def announce(redis: aioredis.Redis, keys: StreamKeys, version: WeightVersion, *, fence: int = 0,
-                   force: bool = False) -> bool:
+                   force: bool = False, full: WeightVersion | None = None) -> bool:
     """Record `version` as the latest, atomically (one Lua script). Versions never
     go backwards: an older announcement than the one stored is ignored (a restarted learner resumes from
     its checkpoint) unless `force` (a rollback). `fence` is the writer's fencing token (`streams.Lease`),
     stored beside the announcement in the hash's `fence` field; a writer with an older token than the
     stored one raises `FencedOff`. Every announcement is also recorded by version in
-    `searchr1:{run}:weights:published` (what `rollback` may re-announce). Returns True when announced,
-    False when ignored."""
-    done = await redis.eval(_ANNOUNCE, 2, keys.weights, published_key(keys),
+    `searchr1:{run}:weights:published` (what `rollback` may re-announce), and every full snapshot in
+    `…:weights:fulls` (`full`, or `version` itself when it is not a delta): where a worker that cannot
+    apply a delta starts. Returns True when announced, False when ignored."""
+    if full is None and version.base is None:
+        full = version
+    if full is not None and full.base is not None:
+        raise ValueError("the full record of a version must name a full snapshot")
+    done = await redis.eval(_ANNOUNCE, 3, keys.weights, published_key(keys), fulls_key(keys),
                             encode(version), int(fence),
-                            int(version.version), "1" if force else "0")
+                            int(version.version), "1" if force else "0",
+                            encode(full) if full is not None else "", int(full.version) if full is not None else 0)
     if int(done) < 0:
         raise FencedOff(f"weight version {version.version} announced with fencing token {fence}, older than "
                         f"the stored one: another learner holds the run")
@@ -69,6 +76,21 @@ def read_version(raw: bytes | None) -> WeightVersion | None:
 def published_key(keys: StreamKeys) -> str:
     """Hash {version: announcement} of every version the learner announced."""
     return keys.key("weights:published")
+
+
+def fulls_key(keys: StreamKeys) -> str:
+    """Hash {version: full snapshot record} of every full version the learner announced."""
+    return keys.key("weights:fulls")
+
+
+async def newest_full(redis: aioredis.Redis, keys: StreamKeys, at_most: int) -> WeightVersion | None:
+    """The newest full snapshot the learner announced at or before version `at_most`, or None."""
+    versions = sorted((int(v) for v in await redis.hkeys(fulls_key(keys)) if int(v) <= at_most), reverse=True)
+    for v in versions:
+        record = read_version(await redis.hget(fulls_key(keys), str(v)))
+        if record is not None and record.base is None:
+            return record
+    return None
 
 
 async def published(redis: aioredis.Redis, keys: StreamKeys, version: int) -> WeightVersion | None:

@@ -16,6 +16,13 @@ The learner may ask one worker to re-sync (`announce.request_resync`: its groups
 mismatch far beyond its peers'); the worker takes the request before its next tasks and reloads the
 announced weights even at an unchanged version (`resync`).
 
+A version announced as a delta (`WeightVersion.base`) is applied in place by a worker whose engine runs
+the version before it (`Reloadable.apply_delta`: fetched like a snapshot, verified as it is read, each
+resulting tensor checked against its published checksum). A worker at any other version — new, restarted,
+more than one behind — or whose engine refused the delta (out of order, unverifiable) catches up: it loads
+the newest full version at or before the announced one (`announce.newest_full`) and applies every delta
+after it, each from its record in `weights:published`, stopping at the first that fails (`catch_up`).
+
 A snapshot that fails verification is skipped (and logged); the worker keeps the weights it has and
 tries again when a newer version is announced. So is an announcement the worker must not trust: one
 made with an older fencing token (`streams.Lease`) than the newest this worker has seen (a stale
@@ -50,8 +57,9 @@ from searchr1.core.faults import NO_FAULTS, Faults
 from searchr1.core.metrics import StageClock, in_stage
 from searchr1.core.schemas import WeightVersion
 from searchr1.streams import RedisLink, StreamKeys
-from searchr1.weightsync.announce import is_published, latest_fenced, take_resync
+from searchr1.weightsync.announce import is_published, latest_fenced, newest_full, published, take_resync
 from searchr1.weightsync.catchup import acknowledge, latest_snapshot_fenced
+from searchr1.weightsync.delta import DeltaRefused
 from searchr1.weightsync.fetch import fetch_snapshot, prune_copies
 from searchr1.weightsync.manifest import SnapshotError
 from searchr1.weightsync.vllm_ext import receive_broadcast
@@ -61,7 +69,9 @@ log = logging.getLogger("searchr1.weightsync.loader")
 
 class Reloadable(Protocol):
     """What the loader reloads: an engine that swaps in the weights of a snapshot directory (the rollout's
-    `Generator`). A broadcast is received by a vLLM engine started with `vllm_ext.WORKER_EXTENSION`."""
+    `Generator`), and applies a delta directory to the version it runs (`apply_delta`; an engine without
+    it loads full versions only). A broadcast is received by a vLLM engine started with
+    `vllm_ext.WORKER_EXTENSION`."""
 
     async def reload(self, weights_path: str, digest: str | None = None) -> None:
         """Swap in the weights at `weights_path`, only bytes verified against `digest` when given; a refused
@@ -89,6 +99,9 @@ class WeightLoader:
     """Called after each load with the version now running and the seconds the load took."""
     on_refused: Callable[[], None] = lambda: None
     """Called for each announcement refused (a stale fencing token, never published)."""
+    on_form: Callable[[str], None] = lambda form: None
+    """Called with how each version was loaded: `full`, `delta`, `delta_refused` (the engine refused a
+    delta: out of order or unverifiable) or `catch_up` (the newest full and the deltas after it)."""
     stages: StageClock | None = None
     """The worker's stage clock: each load runs in its `weight_reload` stage (None: not timed)."""
     faults: Faults = NO_FAULTS
@@ -133,6 +146,15 @@ class WeightLoader:
     async def load(self, announced: WeightVersion) -> bool:
         """Fetch, verify and reload `announced`; True when the engine now runs it."""
         t0 = time.perf_counter()
+        if announced.base is not None:
+            if not await self.load_delta(announced):
+                self._failed_version, self._failed_sha256 = announced.version, announced.sha256
+                return False
+            elapsed = time.perf_counter() - t0
+            await asyncio.to_thread(prune_copies, self.download_dir, self.version)
+            self.on_loaded(self.version, elapsed)
+            log.info("loaded weight version %d in %.3f s", self.version, elapsed)
+            return True
         if is_broadcast(announced.uri):
             loaded = await self.load_broadcast(announced)
             if loaded is None:
@@ -151,9 +173,66 @@ class WeightLoader:
             return False
         elapsed = time.perf_counter() - t0
         self.version, self._sha256 = announced.version, announced.sha256
+        self.on_form("full")
         await asyncio.to_thread(prune_copies, self.download_dir, announced.version)
         self.on_loaded(self.version, elapsed)
         log.info("loaded weight version %d from %s in %.3f s", announced.version, announced.uri, elapsed)
+        return True
+
+    async def _apply(self, record: WeightVersion) -> None:
+        """Fetch the delta `record` names and apply it to the engine (raises `SnapshotError`)."""
+        apply = getattr(self.generator, "apply_delta", None)
+        if apply is None:
+            raise DeltaRefused("the engine applies no deltas")
+        path = await fetch_snapshot(record, self.download_dir, token=self.token)
+        if not self.faults.fires("rollout.skip_reload"):  # the fault suite's: a reload that did nothing
+            await apply(str(path), record.sha256)
+        self.version, self._sha256 = record.version, record.sha256
+
+    async def load_delta(self, announced: WeightVersion) -> bool:
+        """Apply the delta `announced` if the engine runs its base version, else (or if the engine refuses
+        it) catch up from the newest full version; True when the engine now runs `announced`."""
+        if self.version == announced.base and self._sha256 is not None:
+            try:
+                await self._apply(announced)
+                self.on_form("delta")
+                return True
+            except SnapshotError as exc:
+                self.on_form("delta_refused")
+                log.warning("delta %d→%d not applied (%s): loading the newest full version and the deltas after it",
+                            announced.base, announced.version, exc)
+        return await self.catch_up(announced)
+
+    async def catch_up(self, target: WeightVersion) -> bool:
+        """Load the newest full version at or before `target` and apply each delta after it up to `target`
+        (each from its published record); True when the engine runs `target`. Stops at the first delta that
+        fails (logged): the engine then runs the last version that loaded, its version recorded."""
+        full = await self._redis(lambda: newest_full(self.redis, self.keys, target.version), "weights")
+        if full is None:
+            log.error("no full version at or before %d announced: version %d cannot be loaded",
+                      target.version, target.version)
+            return False
+        if not (self.version == full.version and self._sha256 == full.sha256):
+            try:
+                path = await fetch_snapshot(full, self.download_dir, token=self.token)
+                if not self.faults.fires("rollout.skip_reload"):
+                    await self.generator.reload(str(path), full.sha256)
+            except SnapshotError as exc:
+                log.error("full version %d unusable: %s", full.version, exc)
+                return False
+            self.version, self._sha256 = full.version, full.sha256
+        for v in range(full.version + 1, target.version + 1):
+            record = target if v == target.version else await self._redis(
+                lambda v=v: published(self.redis, self.keys, v), "weights")
+            try:
+                if record is None or record.base != v - 1:
+                    raise SnapshotError(f"no delta {v - 1}→{v} published")
+                await self._apply(record)
+            except SnapshotError as exc:
+                log.error("catching up to version %d: stopped at version %d (%s)", target.version, self.version, exc)
+                self.on_form("catch_up")
+                return False
+        self.on_form("catch_up")
         return True
 
     async def take_resync(self, worker_id: str) -> str | None:

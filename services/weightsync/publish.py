@@ -21,15 +21,22 @@ its first bad chunk (its manifest digest, or a chunk's), and the restarted learn
 would put the disk's write-back rate on the path of every publication (docs/performance.md, "Weight
 sync") for a durability nothing needs.
 
+A version may instead (or also) be written as a delta against the version before
+(`write_delta`: `d{version:08d}/` holding `model.delta` and its manifest, written and hashed the same
+way; its content is `delta.py`'s), announced with `WeightVersion.base`. What is kept on disk (`prune`):
+the newest `keep` full versions and every delta after the oldest of them.
+
 The URI is the snapshot's absolute path (shared volume), or `{base_url}/weights/{version}` when the
 learner serves snapshots over HTTP with `weights_app` (`GET /weights/{v}/files`,
-`GET /weights/{v}/files/{name}` — the protocol `fetch.fetch_snapshot` consumes). How a version reaches
+`GET /weights/{v}/files/{name}` — the protocol `fetch.fetch_snapshot` consumes; deltas under
+`/deltas/{v}/…`). How a version reaches
 the engines, as a snapshot or a broadcast, is `transport.py`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import shutil
 from collections.abc import Callable
@@ -43,6 +50,7 @@ from searchr1.core.auth import BearerAuthMiddleware
 from searchr1.core.schemas import WeightVersion
 from searchr1.streams import RedisLink, StreamKeys
 from searchr1.weightsync.announce import announce
+from searchr1.weightsync.delta import DELTA_FILE
 from searchr1.weightsync.manifest import (
     MANIFEST,
     ManifestBuilder,
@@ -55,6 +63,7 @@ from searchr1.weightsync.manifest import (
 from searchr1.weightsync.safetensors import write_safetensors
 
 _SNAPSHOT = re.compile(r"^v(\d{8,})$")
+_DELTA = re.compile(r"^d(\d{8,})$")
 WEIGHTS_FILE = "model.safetensors"
 
 
@@ -106,7 +115,7 @@ class WeightPublisher:
 
     def __init__(self, root: Path, keep: int, base_url: str | None = None, *, fence: int = 0,
                  guard: Callable[[], None] | None = None) -> None:
-        """`root` and `keep`: the learner's `weights.dir` and `weights.keep` (the snapshots kept)."""
+        """`root` and `keep`: the learner's `weights.dir` and `weights.keep` (the full versions kept, each with the deltas after it)."""
         self.root = Path(root).resolve()
         self.keep = keep
         self.base_url = base_url.rstrip("/") if base_url else None
@@ -121,26 +130,55 @@ class WeightPublisher:
     def path(self, version: int) -> Path:
         return self.root / f"v{version:08d}"
 
+    def delta_path(self, version: int) -> Path:
+        """The directory of the delta that turns `version − 1` into `version`."""
+        return self.root / f"d{version:08d}"
+
     def versions(self) -> list[int]:
+        """The full versions on disk."""
+        return self._listed(_SNAPSHOT)
+
+    def deltas(self) -> list[int]:
+        """The versions whose delta (against the version before) is on disk."""
+        return self._listed(_DELTA)
+
+    def _listed(self, pattern: re.Pattern[str]) -> list[int]:
         if not self.root.is_dir():
             return []
-        return sorted(int(m.group(1)) for p in self.root.iterdir() if p.is_dir() and (m := _SNAPSHOT.match(p.name)))
+        return sorted(int(m.group(1)) for p in self.root.iterdir() if p.is_dir() and (m := pattern.match(p.name)))
 
     def uri(self, version: int) -> str:
         return f"{self.base_url}/weights/{version}" if self.base_url else str(self.path(version))
 
-    def write(self, version: int, hf_model: Any, state_dict: dict) -> Path:
+    def delta_uri(self, version: int) -> str:
+        return f"{self.base_url}/deltas/{version}" if self.base_url else str(self.delta_path(version))
+
+    def write(self, version: int, hf_model: Any, state_dict: dict, sums: dict[str, str] | None = None) -> Path:
         """Save a full snapshot atomically (replacing an existing one of the same version), digesting it
-        as it is written: `hf_model` gives the config files, `state_dict` the tensors."""
+        as it is written: `hf_model` gives the config files, `state_dict` the tensors; `sums` (each
+        tensor's checksum, `delta.checksums`) go into its metadata with the version, so a worker that
+        loads it knows what it holds for the deltas that follow."""
+        metadata = {"searchr1_fence": str(self.fence), "searchr1_version": str(version)}
+        if sums is not None:
+            metadata["searchr1_checksums"] = json.dumps(sums, sort_keys=True, separators=(",", ":"))
+        return self._atomic(self.path(version), version,
+                            lambda tmp: self._write_files(tmp, hf_model, state_dict, metadata))
+
+    def write_delta(self, version: int, tensors: dict[str, Any], metadata: dict[str, str]) -> Path:
+        """Save the delta `version − 1` → `version` (`versions.Plan.delta`) atomically, digested as it is
+        written, in its own directory (`delta_path`)."""
+        return self._atomic(self.delta_path(version), -version - 1,
+                            lambda tmp: self._write_delta(tmp, tensors, {"searchr1_fence": str(self.fence), **metadata}))
+
+    def _atomic(self, final: Path, key: int, write: Callable[[Path], str]) -> Path:
         if self.guard is not None:
             self.guard()
-        final = self.path(version)
         tmp = self.root / f".tmp-{final.name}"
         shutil.rmtree(tmp, ignore_errors=True)
         self.root.mkdir(parents=True, exist_ok=True)
         tmp.mkdir()
-        digest = self._write_files(tmp, hf_model, state_dict, {"searchr1_fence": str(self.fence)})
-        self._digests.pop(version, None)
+        digest = write(tmp)
+        self._digests.pop(key, None)
         if final.exists():
             old = self.root / f".old-{final.name}"
             shutil.rmtree(old, ignore_errors=True)
@@ -149,8 +187,18 @@ class WeightPublisher:
             shutil.rmtree(old, ignore_errors=True)
         else:
             tmp.rename(final)
-        self._digests[version] = (digest, _fingerprint(final))
+        self._digests[key] = (digest, _fingerprint(final))
         return final
+
+    @staticmethod
+    def _write_delta(directory: Path, tensors: dict[str, Any], metadata: dict[str, str]) -> str:
+        with hash_pool() as pool:
+            manifest = ManifestBuilder(pool)
+            with (directory / DELTA_FILE).open("wb") as f:
+                write_safetensors(f, tensors, manifest.file(DELTA_FILE).feed, metadata)
+            raw = manifest.encode()
+        (directory / MANIFEST).write_bytes(raw)
+        return manifest_digest(raw)
 
     @staticmethod
     def _write_files(directory: Path, hf_model: Any, state_dict: dict, metadata: dict[str, str]) -> str:
@@ -177,42 +225,65 @@ class WeightPublisher:
         (directory / MANIFEST).write_bytes(raw)
         return manifest_digest(raw)
 
-    def digest(self, version: int) -> str:
-        """The snapshot's digest: the one computed while writing it if its files are unchanged, else its
-        manifest written again from the files as they are now (blocking: run it in a thread)."""
-        path = self.path(version)
-        cached = self._digests.get(version)
+    def digest(self, version: int, *, delta: bool = False) -> str:
+        """The digest of the snapshot of `version` (with `delta`: of its delta): the one computed while
+        writing it if its files are unchanged, else its manifest written again from the files as they are
+        now (blocking: run it in a thread)."""
+        path, key = (self.delta_path(version), -version - 1) if delta else (self.path(version), version)
+        cached = self._digests.get(key)
         if cached is not None and cached[1] == _fingerprint(path):
             return cached[0]
         raw = snapshot_manifest(path)
         (path / MANIFEST).write_bytes(raw)
         digest = manifest_digest(raw)
-        self._digests[version] = (digest, _fingerprint(path))
+        self._digests[key] = (digest, _fingerprint(path))
         return digest
 
-    async def announce(self, redis, keys: StreamKeys, version: int, *, link: RedisLink | None = None) -> WeightVersion:
-        """Digest the snapshot of `version` (see `digest`), announce it with the fencing token (through
-        `link`: waiting for Redis while it is away), then prune older snapshots. Raises
+    def record(self, version: int, *, delta: bool = False) -> WeightVersion:
+        """The announcement of the snapshot of `version` (with `delta`: of its delta against `version − 1`).
+        Blocking when the digest has to be computed: run it in a thread."""
+        if delta:
+            return WeightVersion(version=version, uri=self.delta_uri(version),
+                                 sha256=self.digest(version, delta=True), base=version - 1)
+        return WeightVersion(version=version, uri=self.uri(version), sha256=self.digest(version))
+
+    async def announce(self, redis, keys: StreamKeys, version: int, *, link: RedisLink | None = None,
+                       delta: bool = False, full: bool = True) -> WeightVersion:
+        """Announce `version` with the fencing token (through `link`: waiting for Redis while it is away),
+        then prune (`prune`). With `delta` the announcement names the delta against `version − 1` (a worker
+        one version behind applies it), else the full snapshot; with `full` (and a delta) the full
+        snapshot written beside it is recorded as the newest full version too. Raises
         `announce.FencedOff` when a learner with a newer token has announced."""
-        digest = await asyncio.to_thread(self.digest, version)
-        wv = WeightVersion(version=version, uri=self.uri(version), sha256=digest)
+        wv = await asyncio.to_thread(self.record, version, delta=delta)
+        full_wv = await asyncio.to_thread(self.record, version) if delta and full else None
         if self.guard is not None:
             self.guard()
         if link is not None:
-            await link.call(lambda: announce(redis, keys, wv, fence=self.fence), "announce weights")
+            await link.call(lambda: announce(redis, keys, wv, fence=self.fence, full=full_wv), "announce weights")
         else:
-            await announce(redis, keys, wv, fence=self.fence)
+            await announce(redis, keys, wv, fence=self.fence, full=full_wv)
         await asyncio.to_thread(self.prune, version)
         return wv
 
     def prune(self, keep_version: int | None = None) -> list[int]:
-        """Delete all but the newest `keep` snapshots (never `keep_version`); returns deleted versions."""
+        """Delete what no worker needs any more; returns the versions whose directories went. Kept: the
+        newest `keep` full versions (never `keep_version`) and every delta newer than the oldest of them,
+        so a worker starting from any kept full finds each delta after it. Older fulls and deltas go (a
+        worker more than one version behind starts from the newest full). On disk, at most `keep` fulls and
+        the deltas between them and the latest version."""
         versions = self.versions()
-        doomed = [v for v in versions[: max(0, len(versions) - self.keep)] if v != keep_version]
+        kept = versions[max(0, len(versions) - self.keep):]
+        doomed = [v for v in versions if v not in kept and v != keep_version]
         for v in doomed:
             shutil.rmtree(self.path(v), ignore_errors=True)
             self._digests.pop(v, None)
-        return doomed
+        oldest = min(kept + ([keep_version] if keep_version is not None and keep_version in versions else []),
+                     default=None)
+        gone_deltas = [v for v in self.deltas() if oldest is not None and v <= oldest and v != keep_version]
+        for v in gone_deltas:
+            shutil.rmtree(self.delta_path(v), ignore_errors=True)
+            self._digests.pop(-v - 1, None)
+        return sorted(set(doomed) | set(gone_deltas))
 
 
 def weights_app(publisher: WeightPublisher, *, token: str | None = None) -> FastAPI:
@@ -222,19 +293,14 @@ def weights_app(publisher: WeightPublisher, *, token: str | None = None) -> Fast
     if token:
         app.add_middleware(BearerAuthMiddleware, token=token)
 
-    def _dir(version: int) -> Path:
-        path = publisher.path(version)
+    def _dir(version: int, delta: bool = False) -> Path:
+        path = publisher.delta_path(version) if delta else publisher.path(version)
         if version < 0 or not path.is_dir():
-            raise HTTPException(status_code=404, detail=f"no snapshot for version {version}")
+            raise HTTPException(status_code=404, detail=f"no {'delta' if delta else 'snapshot'} for version {version}")
         return path
 
-    @app.get("/weights/{version}/files")
-    def list_files(version: int) -> list[str]:
-        return snapshot_listing(_dir(version))
-
-    @app.get("/weights/{version}/files/{name:path}")
-    def get_file(version: int, name: str) -> SnapshotFile:
-        root = _dir(version).resolve()
+    def _file(root: Path, version: int, name: str) -> SnapshotFile:
+        root = root.resolve()
         # the listing first: a name outside it (a NUL byte, `..`) is never turned into a path
         if name not in snapshot_listing(root):
             raise HTTPException(status_code=404, detail=f"no file {name!r} in snapshot {version}")
@@ -243,8 +309,24 @@ def weights_app(publisher: WeightPublisher, *, token: str | None = None) -> Fast
             raise HTTPException(status_code=404, detail=f"no file {name!r} in snapshot {version}")
         return SnapshotFile(target)
 
+    @app.get("/weights/{version}/files")
+    def list_files(version: int) -> list[str]:
+        return snapshot_listing(_dir(version))
+
+    @app.get("/weights/{version}/files/{name:path}")
+    def get_file(version: int, name: str) -> SnapshotFile:
+        return _file(_dir(version), version, name)
+
+    @app.get("/deltas/{version}/files")
+    def list_delta_files(version: int) -> list[str]:
+        return snapshot_listing(_dir(version, delta=True))
+
+    @app.get("/deltas/{version}/files/{name:path}")
+    def get_delta_file(version: int, name: str) -> SnapshotFile:
+        return _file(_dir(version, delta=True), version, name)
+
     @app.get("/healthz")
     def healthz() -> dict[str, Any]:
-        return {"ok": True, "versions": publisher.versions()}
+        return {"ok": True, "versions": publisher.versions(), "deltas": publisher.deltas()}
 
     return app

@@ -76,6 +76,17 @@ def write_safetensors(f: BinaryIO, tensors: dict[str, Any], feed: Callable[[memo
     return written
 
 
+def safetensors_metadata(buf: memoryview) -> dict[str, str]:
+    """The `__metadata__` of the safetensors file in `buf` ({} when it has none or is malformed: the
+    tensors are checked by `safetensors_tensors`)."""
+    try:
+        (n,) = struct.unpack("<Q", buf[:8])
+        meta = json.loads(bytes(buf[8:8 + n])).get("__metadata__") or {}
+    except (struct.error, ValueError, TypeError, AttributeError):
+        return {}
+    return {str(k): str(v) for k, v in meta.items()} if isinstance(meta, dict) else {}
+
+
 def safetensors_tensors(buf: memoryview) -> Iterator[tuple[str, Any]]:
     """(name, tensor) for every tensor of the safetensors file in `buf`, in data order, each a view over
     `buf`. Raises `SnapshotError` for a malformed file (a header that does not parse, an unknown dtype,

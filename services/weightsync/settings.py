@@ -39,6 +39,24 @@ class BroadcastSettings(Section):
     """A recovery snapshot is written every this many versions (and after any failed broadcast)."""
 
 
+class DeltaSettings(Section):
+    """Versions published as deltas against the version before (`versions.VersionChain`,
+    `[learner.weights.delta]`; the snapshot transport)."""
+
+    enabled: bool = True
+    """Publish a version as the values that changed since the previous one (positions and new values,
+    zstd-compressed, with a checksum of every resulting tensor) when that is smaller than `max_share` of
+    the full version; False: every version full."""
+    full_every: int = Field(default=10, ge=1, le=100_000)
+    """Every this many versions a full snapshot is written too (the delta beside it): a worker that is new
+    or more than one version behind loads the newest full and then at most `full_every` − 1 deltas."""
+    max_share: float = Field(default=0.5, gt=0, le=1)
+    """A delta larger than this share of the full version's bytes is not written: the version goes out
+    full (an fp32 publication, where nearly every value changes, always does)."""
+    codec: Literal["zstd", "raw"] = "zstd"
+    """How a delta's positions and values are stored: zstd level 1, or raw bytes."""
+
+
 class PublishSettings(Section):
     """Where and how the learner publishes weight versions (`[learner.weights]`)."""
 
@@ -47,6 +65,8 @@ class PublishSettings(Section):
     over a process group (`broadcast`), with snapshots kept for recovery."""
     broadcast: BroadcastSettings = Field(default_factory=BroadcastSettings)
     """The broadcast transport (used when `transport = "broadcast"`)."""
+    delta: DeltaSettings = Field(default_factory=DeltaSettings)
+    """Deltas between versions (the snapshot transport)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """The dtype versions are published in, cast from the fp32 master weights: auto = the learner's compute
     dtype (`model.dtype`), which is the engine's `engine.dtype` in every shipped config. Publishing fp32 to
@@ -54,7 +74,8 @@ class PublishSettings(Section):
     dir: Path = Path("weights")
     """Where snapshots `v{version:08d}/` are written (a shared volume for dir-mode workers)."""
     keep: int = Field(default=3, ge=1)
-    """Snapshots kept on disk (older ones are pruned)."""
+    """Full snapshots kept on disk, each with the deltas after it (older fulls and the deltas up to the
+    oldest kept full are pruned)."""
     http: bool = False
     """Serve snapshots over HTTP and announce `http://public_host:port/weights/{version}`."""
     host: str = "127.0.0.1"

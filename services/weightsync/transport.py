@@ -2,15 +2,17 @@
 sync"): one `WeightTransport` interface, two implementations, chosen by `weights.transport`
 (`build_transport`).
 
-- `SnapshotTransport` (default): write the snapshot (`WeightPublisher.write`), announce it (without Redis —
-  `train --replay` — write it only).
+- `SnapshotTransport` (default): plan the version (`versions.VersionChain`: full, a delta against the
+  version before, or both), write it (`WeightPublisher.write`, `write_delta`) and announce it (without
+  Redis — `train --replay` — write it only). After a publication that failed, the next goes out full.
 - `BroadcastTransport`: announce a `broadcast://` URI (the group's address, generation and the
   version), then send the tensors over the process group (`broadcast.py`) to every receiver
   engine; no file. A snapshot is still written every `snapshot_every` versions, and at once after a
   failed broadcast, and recorded as the catch-up point (`catchup.py`): a worker that missed a
   broadcast loads it, then joins the next generation. A failed broadcast (a receiver dead, late or slow
   beyond `timeout_s`) never stops training: the version still counts, the group is re-formed for the
-  next one.
+  next one. Every broadcast sends the whole version (the wire has no delta form); the figures of each
+  version (the share of values changed) are computed all the same.
 
 The announcement's `sha256` for a broadcast URI is the digest of the publication's header (version,
 tensor names, dtypes, shapes); the digest of the tensors themselves travels in-band after the last
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -30,13 +33,18 @@ from searchr1.weightsync.announce import announce
 from searchr1.weightsync.broadcast import Broadcaster, BroadcastFailed
 from searchr1.weightsync.catchup import record_snapshot
 from searchr1.weightsync.publish import WeightPublisher, drop_shared
-from searchr1.weightsync.settings import PublishSettings
+from searchr1.weightsync.settings import DeltaSettings, PublishSettings
+from searchr1.weightsync.versions import VersionChain
 
 log = logging.getLogger("searchr1.weightsync.transport")
 
 
 class WeightTransport(Protocol):
     """Delivers and announces one version (called on rank 0 with the gathered weights)."""
+
+    figures: dict[str, float]
+    """The figures of the last publication (`versions.Plan.figures`: the share of published values that
+    changed, the bytes written, ...)."""
 
     async def publish(self, version: int, model: Any, state: dict) -> WeightVersion | None:
         """Deliver and announce `version`; the announcement (None when nothing was announced)."""
@@ -50,18 +58,38 @@ async def _call(link: RedisLink | None, fn, what: str):
 
 @dataclass
 class SnapshotTransport:
-    """A snapshot on disk per version, announced on Redis (`redis` None: written, not announced)."""
+    """A version on disk per publication — a full snapshot, a delta against the version before, or both
+    (`versions.VersionChain`) — announced on Redis (`redis` None: written, not announced)."""
 
     publisher: WeightPublisher
     redis: Any
     keys: StreamKeys
     link: RedisLink | None = None
+    chain: VersionChain = field(default_factory=lambda: VersionChain(DeltaSettings(enabled=False)))
+    figures: dict[str, float] = field(default_factory=dict)
 
     async def publish(self, version: int, model: Any, state: dict) -> WeightVersion | None:
-        await asyncio.to_thread(self.publisher.write, version, model, state)
-        if self.redis is None:
-            return None
-        return await self.publisher.announce(self.redis, self.keys, version, link=self.link)
+        t0 = time.perf_counter()
+        named = drop_shared(model, state)
+        plan = await asyncio.to_thread(self.chain.plan, version, named)
+        try:
+            written = []
+            if plan.full:
+                written.append(await asyncio.to_thread(self.publisher.write, version, model, named, plan.sums))
+            if plan.delta is not None:
+                written.append(await asyncio.to_thread(self.publisher.write_delta, version, plan.delta,
+                                                       plan.delta_metadata))
+            wv = None
+            if self.redis is not None:
+                wv = await self.publisher.announce(self.redis, self.keys, version, link=self.link,
+                                                   delta=plan.delta is not None, full=plan.full)
+        except BaseException:
+            self.chain.forget()  # what was announced is unknown: the next version goes out full
+            raise
+        self.figures = {**plan.figures, "publish_seconds": time.perf_counter() - t0,
+                        "published_bytes": float(sum(f.stat().st_size for d in written for f in d.iterdir()
+                                                     if f.is_file()))}  # as written: headers and manifests too
+        return wv
 
     def close(self) -> None:
         return None
@@ -79,9 +107,14 @@ class BroadcastTransport:
     failures: int = 0
     lease: Lease | None = None
     """The learner's lease: the recovery-snapshot record is fenced by its token inside Redis."""
+    chain: VersionChain = field(default_factory=lambda: VersionChain(DeltaSettings(enabled=False)))
+    """Computes each version's figures (the share of values changed); every broadcast sends the whole version."""
+    figures: dict[str, float] = field(default_factory=dict)
+    figures_sums: dict[str, str] | None = None
+    """The checksums of the version being published (written into its recovery snapshot)."""
 
     async def _snapshot(self, version: int, model: Any, state: dict) -> None:
-        await asyncio.to_thread(self.publisher.write, version, model, state)
+        await asyncio.to_thread(self.publisher.write, version, model, state, self.figures_sums)
         digest = await asyncio.to_thread(self.publisher.digest, version)
         wv = WeightVersion(version=version, uri=self.publisher.uri(version), sha256=digest)
         await _call(self.link, lambda: record_snapshot(self.redis, self.keys, wv, fence=self.publisher.fence,
@@ -89,6 +122,8 @@ class BroadcastTransport:
         await asyncio.to_thread(self.publisher.prune, version)
 
     async def publish(self, version: int, model: Any, state: dict) -> WeightVersion:
+        plan = await asyncio.to_thread(self.chain.plan, version, drop_shared(model, state))
+        self.figures, self.figures_sums = dict(plan.figures), plan.sums
         snapshot = version % self.snapshot_every == 0
         if snapshot:
             await self._snapshot(version, model, state)
@@ -116,9 +151,10 @@ def build_transport(weights: PublishSettings, publisher: WeightPublisher, redis:
     """The transport `weights.transport` names; without Redis (`train --replay`) snapshots written only.
     `lease` fences the broadcast transport's recovery-snapshot record inside Redis."""
     if weights.transport == "snapshot" or redis is None:
-        return SnapshotTransport(publisher, redis, keys, link)
+        return SnapshotTransport(publisher, redis, keys, link, chain=VersionChain(weights.delta))
     b = weights.broadcast
     bc = Broadcaster(b.host, b.port, b.receivers + 1, backend=b.backend, timeout_s=b.timeout_s,
                      bucket_bytes=b.bucket_mb << 20, key=(weights.token or "").encode(),  # signs each version
                      public_host=b.public_host)
-    return BroadcastTransport(publisher, bc, redis, keys, link, snapshot_every=b.snapshot_every, lease=lease)
+    return BroadcastTransport(publisher, bc, redis, keys, link, snapshot_every=b.snapshot_every, lease=lease,
+                              chain=VersionChain(DeltaSettings(enabled=False)))

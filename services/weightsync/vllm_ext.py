@@ -18,7 +18,19 @@ Inside the engine (`WeightReceiverExtension`):
   into memory with every chunk checked against the announced digest as it is read
   (`read.read_verified`), the model loaded from those same bytes (`safetensors.snapshot_tensors`), the
   CPU GEMMs re-packed; a snapshot refused leaves the model as it was.
-- `searchr1_last_load_times()`: where the last load (snapshot or broadcast) spent its time (`LoadTimes`).
+- `searchr1_apply_delta(path, digest)`: a delta version's in-place reload: the delta read verified like a
+  snapshot, applied to the engine's copy of the version it runs (`delta.BaseWeights`: kept from the last
+  full snapshot load and updated by each delta; a delta against another version is refused before
+  anything changes, and one whose resulting tensors fail their checksums is undone), then the resulting
+  tensors handed to vLLM's in-place `reload_weights` and the CPU GEMMs re-packed. A refused delta leaves
+  the model and the copy as they were.
+- `searchr1_last_load_times()`: where the last load (snapshot, delta or broadcast) spent its time (`LoadTimes`).
+
+The copy of the published version costs one copy of the weights in the engine worker's host memory (in
+the published dtype). vLLM's in-place reload reloads a layer only once every tensor of it has arrived
+(its layerwise reload), so each delta hands it every tensor of the version, not only the changed values:
+the engine's own load costs what a full load from memory does; the read, the verification and the bytes
+on the disk and the wire are the delta's.
 
 The engine is busy while it receives (the call runs in the engine's worker), so generation pauses for
 the duration of the transfer, as it does for a snapshot reload.
@@ -34,9 +46,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from searchr1.weightsync.broadcast import WEIGHTS_KEY_ENV, Receiver, parse_group_uri
+from searchr1.weightsync.delta import DELTA_FILE, BaseWeights, Delta, DeltaRefused
 from searchr1.weightsync.manifest import SnapshotError
 from searchr1.weightsync.read import read_verified
-from searchr1.weightsync.safetensors import snapshot_tensors
+from searchr1.weightsync.safetensors import safetensors_metadata, snapshot_tensors
 
 WORKER_EXTENSION = "searchr1.weightsync.vllm_ext.WeightReceiverExtension"
 """The engine arg `worker_extension_cls` that enables the searchr1 reload protocol (snapshots read
@@ -69,7 +82,9 @@ class WeightReceiverExtension:
     def _searchr1_receiver(self) -> Receiver:
         rx = getattr(self, "_searchr1_rx", None)
         if rx is None:
-            device = "cpu" if self.device.type == "cpu" else str(self.device)  # type: ignore[attr-defined]
+            # the worker's device (vLLM 0.19's CPU worker leaves `device` None; its model runner has it)
+            where = getattr(self, "device", None) or self.model_runner.device  # type: ignore[attr-defined]
+            device = "cpu" if where.type == "cpu" else str(where)
             rx = Receiver(backend="gloo" if device == "cpu" else "nccl",
                           timeout_s=float(os.environ.get(TIMEOUT_ENV, "60")), device=device,
                           key=os.environ.get(WEIGHTS_KEY_ENV, "").encode())  # the run's weight token
@@ -92,6 +107,7 @@ class WeightReceiverExtension:
         times = {"receive_s": 0.0}
         tensors = _timed(rx.receive(version), times, "receive_s")
         t0 = time.perf_counter()
+        self._searchr1_base: BaseWeights | None = None  # the copy of a published version no longer matches
         runner.reload_weights(weights_iterator=tensors)
         for _ in tensors:  # a model that stops early still receives the rest and the digest
             pass
@@ -112,15 +128,54 @@ class WeightReceiverExtension:
         except (SnapshotError, OSError) as exc:
             return {"error": str(exc)}
         runner: Any = self.model_runner  # type: ignore[attr-defined]
+        self._searchr1_base = None
         t0 = time.perf_counter()
         runner.reload_weights(weights_iterator=iter(tensors))
         times.load_weights = time.perf_counter() - t0
-        del files, tensors
         t0 = time.perf_counter()
         refresh_cpu_gemm(runner.get_model())
         times.gemm_repack = time.perf_counter() - t0
+        # the verified bytes stay as the engine's copy of this version, for the deltas that follow
+        self._searchr1_base = base_of(files, tensors)
         self._searchr1_times = times.as_dict()
         return self._searchr1_times
+
+    def searchr1_apply_delta(self, path: str, digest: str) -> dict[str, Any]:
+        """Apply the delta at `path` (verified against the announced `digest` as it is read) to the
+        engine's copy of the version it runs, check every resulting tensor against its published checksum,
+        and reload the model in place from the result; returns the phase seconds, or {"error": why} when
+        the delta is refused (out of order, unverifiable): nothing changed then."""
+        times = LoadTimes()
+        base: BaseWeights | None = getattr(self, "_searchr1_base", None)
+        try:
+            if base is None:
+                raise DeltaRefused("the engine holds no verified copy of a published version to apply a delta to")
+            t0 = time.perf_counter()
+            files = read_verified(path, digest)
+            if DELTA_FILE not in files:
+                raise DeltaRefused(f"{path}: no {DELTA_FILE}")
+            delta = Delta.parse(files[DELTA_FILE])
+            times.read_verify = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            changed = base.apply(delta)
+            times.extra["apply_verify_s"] = time.perf_counter() - t0
+        except (SnapshotError, OSError) as exc:
+            return {"error": str(exc)}
+        runner: Any = self.model_runner  # type: ignore[attr-defined]
+        t0 = time.perf_counter()
+        runner.reload_weights(weights_iterator=iter(list(base.tensors.items())))
+        times.load_weights = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        refresh_cpu_gemm(runner.get_model())
+        times.gemm_repack = time.perf_counter() - t0
+        times.extra["changed_tensors"] = float(len(changed))
+        self._searchr1_times = times.as_dict()
+        return self._searchr1_times
+
+    def searchr1_base_version(self) -> int | None:
+        """The version of the engine's copy of the published weights (None: it holds none)."""
+        base = getattr(self, "_searchr1_base", None)
+        return None if base is None else base.version
 
     def searchr1_refresh_cpu_gemm(self) -> int:
         """After an in-place reload on CPU: rebuild the packed GEMM of the layers that keep their weight
@@ -139,6 +194,24 @@ class WeightReceiverExtension:
     def searchr1_weights_generation(self) -> int | None:
         rx = getattr(self, "_searchr1_rx", None)
         return None if rx is None or rx.address is None else rx.address.generation
+
+
+def base_of(files: dict[str, memoryview], tensors: list[tuple[str, Any]]) -> BaseWeights:
+    """The copy of a full snapshot's version a delta applies to: its tensors (views over the verified
+    bytes, kept), the version and checksums its publisher wrote into the metadata (version −1 when it
+    has none: a snapshot written by another tool, to which no delta applies)."""
+    import json
+
+    meta: dict[str, str] = {}
+    for name in sorted(files):
+        if name.endswith(".safetensors"):
+            meta.update(safetensors_metadata(files[name]))
+    try:
+        version = int(meta.get("searchr1_version", "-1"))
+        sums = json.loads(meta["searchr1_checksums"]) if "searchr1_checksums" in meta else None
+    except ValueError:
+        version, sums = -1, None
+    return BaseWeights.of(tensors, version, sums)
 
 
 def _timed(items: Iterable[Any], times: dict[str, float], key: str) -> Iterator[Any]:
@@ -185,6 +258,17 @@ async def receive_broadcast(generator: Any, uri: str) -> str:
     await generator.engine.collective_rpc("searchr1_refresh_cpu_gemm")
     await generator.engine.reset_prefix_cache()
     return str(digests[0])
+
+
+async def apply_engine_delta(engine: Any, path: str, digest: str) -> dict[str, float]:
+    """Apply the delta version at `path` to vLLM `engine` (started with `WORKER_EXTENSION`) in place;
+    returns the phase seconds. A refused delta raises `DeltaRefused` with the weights unchanged. The caller
+    resets the prefix cache afterwards."""
+    results = await engine.collective_rpc("searchr1_apply_delta", kwargs={"path": path, "digest": digest})
+    refused = next((r["error"] for r in results if "error" in r), None)
+    if refused is not None:
+        raise DeltaRefused(refused)
+    return dict(results[0])
 
 
 async def reload_engine(engine: Any, weights_path: str, digest: str | None, *, extension: bool) -> dict[str, float]:

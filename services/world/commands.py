@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from searchr1.core.commandline import fail, field_help, settings_or_exit
+from searchr1.core.commandline import fail, field_help, model_dir_or_exit, settings_or_exit
 
 if TYPE_CHECKING:
     from searchr1.cli import Groups
@@ -78,6 +78,9 @@ def warmstart(
 
     if not (world / "world.json").is_file():
         fail(f"{world} is not a world directory (no world.json); run `searchr1 world build`")
+    for given in (init, tokenizer):
+        if given is not None and not given.is_dir():
+            fail(f"{given} is not a directory")
     from searchr1.world.settings import WorldSettings
 
     settings = settings_or_exit(
@@ -103,6 +106,9 @@ def check(
 
     if observation not in ("gold", "bm25"):
         fail("--observation must be 'gold' or 'bm25'")
+    model_dir_or_exit(model)
+    if not (world / "world.json").is_file():
+        fail(f"{world} is not a world directory (no world.json); run `searchr1 world build`")
     from searchr1.world.settings import WarmstartSettings
 
     threads = threads if threads is not None else WarmstartSettings().threads

@@ -1,7 +1,9 @@
 """The GPU compose project of the 3B run, rehearsed on a real Docker daemon with CPU stand-ins.
 
-`deploy/scripts/compose_gpu.py configs/searchr1-3b-grpo.toml` writes the project exactly as a GPU user
-gets it. The test changes only what a machine without GPUs or internet needs:
+`searchr1 deploy compose configs/searchr1-3b-grpo.toml --compose-v1` writes the project as a GPU user gets
+it for Debian's docker-compose v1.29 (the daemon here has no Compose v2: the file leaves out its top-level
+`name:`, and every command names the project with `-p`, as the file's header says). The test changes only
+what a machine without GPUs or internet needs:
 - the device reservations are removed from the generated file (nothing else in it is edited);
 - an override file: the CPU image in place of the CUDA one (`SEARCHR1_GPU_IMAGE`), the data service's
   sources pointed at stand-ins of the same kind (the tiny world's questions as a FlashRAG dataset
@@ -34,12 +36,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from searchr1.deploy.compose import trainers
 from tests.deploy import docker_env as dk
 from tests.deploy.test_compose_up import _free_port
 from tests.support.hub import LocalHub
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "deploy/scripts"))
-import compose_gpu  # noqa: E402
 
 pytestmark = [pytest.mark.deploy, pytest.mark.timeout(3600)]
 
@@ -93,10 +93,15 @@ def _stand_ins(tmp: Path) -> tuple[Path, Path]:
     return mirror, hub
 
 
+def generate(*extra: str) -> dict:
+    """The GPU project of the 3B config as `searchr1 deploy compose … --compose-v1` writes it."""
+    generated = subprocess.run([sys.executable, "-m", "searchr1.cli", "deploy", "compose", CONFIG, "--compose-v1",
+                                *extra], cwd=ROOT, check=True, capture_output=True, text=True, timeout=120).stdout
+    return yaml.safe_load(generated)
+
+
 def _project(tmp: Path, mirror: Path, hub_port: int) -> tuple[Path, Path, dict]:
-    generated = subprocess.run([sys.executable, "deploy/scripts/compose_gpu.py", CONFIG], cwd=ROOT, check=True,
-                               capture_output=True, text=True, timeout=120).stdout
-    spec = yaml.safe_load(generated)
+    spec = generate()
     for service in spec["services"].values():
         service.pop("deploy", None)  # no GPUs here: the only edit to the generated file
     cpu = tmp / "docker-compose.gpu.yml"
@@ -140,7 +145,7 @@ def _run_project(env: dict, log: Path, project: str, cpu: Path, override: Path, 
            "REWARD_TOKEN": secrets.token_hex(16), "REDIS_IMAGE": dk.BASE_IMAGE, "SEARCHR1_GPU_IMAGE": dk.IMAGE,
            "REDIS_PORT": str(_free_port()), "RETRIEVER_PORT": str(_free_port())}
     compose = ["docker-compose", "-p", project, "--project-directory", str(ROOT), "-f", str(cpu), "-f", str(override)]
-    assert compose_gpu.trainers(spec["services"]) == ["learner-gpus"]  # one learner
+    assert trainers(spec["services"]) == ["learner-gpus"]  # one learner
     assert not any("profiles" in s for s in spec["services"].values())
     t0 = time.monotonic()
     try:
@@ -186,9 +191,7 @@ def test_generated_learner_check_refuses_a_redis_too_small_once(tmp_path, docker
     once, its logs name the settings, and `up` of the learner refuses to start it. The learner's
     dependency on `data` is dropped here (no downloads in this test); nothing else is edited."""
     log = tmp_path / "deploy.log"
-    generated = subprocess.run([sys.executable, "deploy/scripts/compose_gpu.py", CONFIG], cwd=ROOT, check=True,
-                               capture_output=True, text=True, timeout=120).stdout
-    spec = yaml.safe_load(generated)
+    spec = generate()
     for service in spec["services"].values():
         service.pop("deploy", None)
     del spec["services"]["learner-gpus"]["depends_on"]["data"]

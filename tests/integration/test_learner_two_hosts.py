@@ -154,10 +154,10 @@ def _node(hosts: Hosts, name: str, config: Path, log: Path) -> subprocess.Popen:
            "TORCHELASTIC_ERROR_FILE": str(log.with_suffix(".err.json"))}
     host = hosts.hostname[name]
     cmd = ["ip", "netns", "exec", hosts.ns[name], "unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"',
-           host, sys.executable, "-m", "torch.distributed.run",
+           host, sys.executable, "-m", "searchr1.learner.torchrun",
            "--nnodes", "2", "--nproc_per_node", "1", "--rdzv-backend", "c10d",
            "--rdzv-endpoint", f"{hosts.hostname['a']}:{RDZV_PORT}", "--rdzv-id", RUN,
-           "--local-addr", host, "--max-restarts", "3", "--rdzv-conf", "join_timeout=600",
+           "--local-addr", host, "--max-restarts", "3", "--rdzv-conf", "join_timeout=600,read_timeout=600",
            "-m", "searchr1.cli", "train", "--config", str(config), "--metrics-port", str(METRICS_PORT)]
     with log.open("ab") as out:
         return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)

@@ -15,7 +15,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy/k8s"
-OVERLAYS = ("cpu", "gpu", "gpu-7b")
+OVERLAYS = ("cpu", "gpu", "gpu-7b", "gpu-7b-2node")
 OLDEST_K8S = "1.28"
 """The oldest Kubernetes the overlays run on: the learner Service selects the pods' completion-index label
 (1.28); the Job's pod failure policy and the DisruptionTarget condition are on by default from 1.26."""

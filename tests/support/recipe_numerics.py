@@ -58,7 +58,7 @@ def train_recipe(model_path: Path, dtype: str, info=None, vocab: int = 2048, dev
     from searchr1.learner.algo.batch import build_batch
     from searchr1.learner.train.build import build_training
     from searchr1.learner.train.model import DistInfo, export_weights
-    from searchr1.learner.train.published import PublishedChange
+    from searchr1.weightsync import DeltaSettings, VersionChain
     from tests.support.synthetic import synthetic_group
 
     info = info or DistInfo()
@@ -69,13 +69,16 @@ def train_recipe(model_path: Path, dtype: str, info=None, vocab: int = 2048, dev
     batch = build_batch([synthetic_group(f"g{i}", group_size=4, vocab=vocab, rng=rng, rewards=[1, 0, 1, 0],
                                          response_len=24) for i in range(2)])
     before = masters(policy)
-    published, shares = PublishedChange(), []
-    published.observe(export_weights(policy, info, training.publish_dtype)[1])
-    for _ in range(STEPS):
+    chain, shares = VersionChain(DeltaSettings(enabled=False)), []  # the learner's figure of each publication
+    if info.is_main:
+        chain.plan(0, export_weights(policy, info, training.publish_dtype)[1])
+    else:
+        export_weights(policy, info, training.publish_dtype)
+    for step in range(STEPS):
         training.trainer.train_step(batch, version=0)
-        figures = published.observe(export_weights(policy, info, training.publish_dtype)[1])
+        state = export_weights(policy, info, training.publish_dtype)[1]
         if info.is_main:
-            shares.append(figures["published_changed_frac"])
+            shares.append(chain.plan(step + 1, state).figures["published_changed_frac"])
     after = masters(policy)
     stored = next(policy.parameters()).dtype
     delta = {k: after[k] - before[k] for k in before} if info.is_main else {}

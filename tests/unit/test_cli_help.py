@@ -73,3 +73,25 @@ def test_help_text_keeps_brackets_through_rich_markup():
     raw = "Run config with a [viewer] table [default 8600; 0 = any free port], top-k [x>=1]."
     assert Text.from_markup(help_text(raw)).plain == raw
     assert Text.from_markup(raw).plain == "Run config with a  table , top-k ."
+
+
+@pytest.mark.parametrize("path,cmd", ALL, ids=[" ".join(p) or "searchr1" for p, _ in ALL])
+def test_help_names_types_plainly_and_config_has_its_short_flag(path, cmd, monkeypatch):
+    """Typer in its tested range (pyproject) prints TEXT/INTEGER/PATH, not `<bool>` or `<list[str]>`; every
+    command that takes a run config takes it as -c too."""
+    monkeypatch.setenv("COLUMNS", "200")
+    r = CliRunner().invoke(build_app(), [*path, "--help"])
+    assert r.exit_code == 0, r.output
+    assert not re.search(r"<(bool|str|int|float|path|list\[)", r.output, re.IGNORECASE), r.output
+    for p in getattr(cmd, "params", []):
+        if "--config" in getattr(p, "opts", []):
+            assert "-c" in p.opts, f"{' '.join(path)}: --config without -c"
+
+
+def test_settings_backed_flags_show_their_defaults(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "300")
+    out = _visible(CliRunner().invoke(build_app(), ["eval", "--help"]).output)
+    assert "Turns that may search; one final answer-only turn follows. (the run config's when not given) [default: 4]" in out
+    assert "Base URL of the reward service. [default: http://127.0.0.1:8300]" in out
+    out = _visible(CliRunner().invoke(build_app(), ["serve", "rollout", "--help"]).output)
+    assert "[default: redis://127.0.0.1:6379/0]" in out and "[default: 9403]" in out

@@ -38,7 +38,7 @@ from tests.support.kustomize import K8S_VERSIONS, OLDEST_K8S, validate
 
 ROOT = Path(__file__).resolve().parents[2]
 YAMLS = sorted([ROOT / "docker-compose.yml", *(ROOT / "deploy").rglob("*.yml"), *(ROOT / "deploy").rglob("*.yaml")])
-OVERLAYS = ("cpu", "gpu", "gpu-7b")
+OVERLAYS = ("cpu", "gpu", "gpu-7b", "gpu-7b-2node")
 SERVICE_CONTAINERS = ("retriever", "reward", "rollout", "learner")
 
 

@@ -18,14 +18,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from searchr1.core.settings import load_settings
-from searchr1.launcher.placement import PlacementSettings, plan_placement
+from searchr1.deploy import DeployError
+from searchr1.deploy import compose as compose_gpu
+from searchr1.deploy.plan import deploy_plan
 from tests.deploy import queries
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "deploy/scripts"))
-
-import compose_gpu  # noqa: E402
 
 SECRETS = {"REDIS_PASSWORD": "p", "RETRIEVER_TOKEN": "r", "REWARD_TOKEN": "w"}
 
@@ -73,19 +71,15 @@ def test_learner_waits_for_the_redis_budget_check_that_runs_once():
 
 
 @pytest.fixture(scope="module")
-def generated() -> tuple[PlacementSettings, dict]:
-    from searchr1.learner.settings import LearnerSettings
-
-    config = Path("configs/searchr1-3b-grpo.toml")
-    settings = load_settings(PlacementSettings, ROOT / config)
-    learner = load_settings(LearnerSettings, ROOT / config)
-    text = compose_gpu.compose_gpu(config, settings, learner, _compose(), model_repo="Qwen/Qwen2.5-3B")
-    return settings, yaml.safe_load(text), text
+def generated() -> tuple:
+    plan = deploy_plan(ROOT / "configs/searchr1-3b-grpo.toml", source="configs/searchr1-3b-grpo.toml")
+    text = compose_gpu.compose_project(plan, _compose())
+    return plan, yaml.safe_load(text), text
 
 
 def test_generated_project_gives_each_process_its_gpus(generated):
-    settings, project, _ = generated
-    plan = plan_placement(settings)
+    deployed, project, _ = generated
+    settings, plan = deployed.settings, deployed.placed
     services = project["services"]
     assert {*(f"rollout-gpu-{i}" for i in range(len(plan.rollout))), "learner-gpus", "retriever", "data"} <= set(services)
     seen: list[str] = []
@@ -160,19 +154,17 @@ def test_readiness_budget_from_the_fetched_index_by_hand():
     size, how = compose_gpu.index_size("PeterJinGo/wiki-18-e5-index", "flat")
     assert size == 21_015_324 * 768 * 4 + 45 and "flat" in how  # header, then 21,015,324 × 768 float32
     assert compose_gpu.index_size("me/my-index", "flat", index_bytes=10) == (10, "me/my-index: 10 bytes (--index-bytes)")
-    with pytest.raises(SystemExit, match="--index-bytes"):
+    with pytest.raises(DeployError, match="--index-bytes"):
         compose_gpu.index_size("me/my-index", "flat")
-    with pytest.raises(SystemExit, match="kind = 'ivfpq'"):
+    with pytest.raises(DeployError, match="kind = 'ivfpq'"):
         compose_gpu.index_size("PeterJinGo/wiki-18-e5-index", "ivfpq")
 
 
 def _generate(tmp_path, text: str, **kw) -> str:
-    from searchr1.learner.settings import LearnerSettings
-
     config = tmp_path / "run.toml"
     config.write_text(text)
-    return compose_gpu.compose_gpu(config, load_settings(PlacementSettings, config),
-                                   load_settings(LearnerSettings, config), _compose(), model_repo="Qwen/Qwen2.5-3B", **kw)
+    return compose_gpu.compose_project(deploy_plan(config), _compose(),
+                                       compose_gpu.ComposeOptions(model_repo="Qwen/Qwen2.5-3B", **kw))
 
 
 def test_generator_refuses_what_the_project_could_not_run(tmp_path):
@@ -180,16 +172,16 @@ def test_generator_refuses_what_the_project_could_not_run(tmp_path):
     # FAISS on GPU is the placement's to decide: a service table saying otherwise is refused
     faiss = text.replace('device = "cuda"                         # e5-base-v2', 'faiss_gpu = true\ndevice = "cuda" #')
     assert "faiss_gpu = true" in faiss
-    with pytest.raises(SystemExit, match=r"\[retriever.search\] faiss_gpu = true .* \[placement.retriever\] faiss_gpu"):
+    with pytest.raises(DeployError, match=r"\[retriever.search\] faiss_gpu = true .* \[placement.retriever\] faiss_gpu"):
         _generate(tmp_path, faiss)
     placed = text.replace("gpu = 7\n", "gpu = 7\nfaiss_gpu = true\n", 1)
     out = _generate(tmp_path, placed)
     assert "retriever (query encoder + FAISS)" in out and "FAISS=gpu" in out
     assert "RETRIEVER_SEARCH__FAISS_GPU: 'true'" in out
     elsewhere = text.replace('index_dir = "data/wiki-18/index"', 'index_dir = "data/wiki-18/e5"')
-    with pytest.raises(SystemExit, match="end it in /index"):
+    with pytest.raises(DeployError, match="end it in /index"):
         _generate(tmp_path, elsewhere)
-    with pytest.raises(SystemExit, match="--index-bytes"):
+    with pytest.raises(DeployError, match="--index-bytes"):
         _generate(tmp_path, text, index_repo="me/my-index")
     own = _generate(tmp_path, text, index_repo="me/my-index", index_bytes=400_000_000_000, encoder_repo="me/enc")
     assert yaml.safe_load(own)["services"]["retriever"]["healthcheck"]["start_period"] == "4320s"  # 4,000 + 300 s
@@ -197,21 +189,61 @@ def test_generator_refuses_what_the_project_could_not_run(tmp_path):
 
 
 def test_generated_project_validates_as_compose_v1_and_the_spec(generated, tmp_path):
-    _, project, _ = generated
+    """The file as generated against the Compose spec (v2 reads its `name:`); what `--compose-v1` writes
+    (no `name:`) as Debian's docker-compose v1.29 reads it, with the project named by `-p`."""
+    plan, project, _ = generated
     path = tmp_path / "docker-compose.gpu.yml"
     path.write_text(yaml.safe_dump(project))
     done = subprocess.run([_tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", str(path)],
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
+    v1 = compose_gpu.compose_project(plan, _compose(), compose_gpu.ComposeOptions(compose_v1=True))
+    assert "name" not in yaml.safe_load(v1) and f"docker-compose -p {plan.project} -f docker-compose.gpu.yml up -d" in v1
+    path.write_text(v1)
     env = tmp_path / "env"
     env.write_text("".join(f"{k}={v}\n" for k, v in SECRETS.items()))
     done = subprocess.run([_tool("docker-compose"), "--env-file", str(env), "--project-directory", str(ROOT),
-                           "-f", str(path), "config"], capture_output=True, text=True, timeout=120, check=False,
-                          cwd=ROOT)
+                           "-p", plan.project, "-f", str(path), "config"], capture_output=True, text=True, timeout=120,
+                          check=False, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     merged = yaml.safe_load(done.stdout)["services"]
     assert merged["rollout-gpu-1"]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["1"]
     assert "--maxmemory 4096mb" in merged["redis"]["entrypoint"][2]
+
+
+def test_generated_project_is_its_own_beside_the_tiny_world(generated):
+    """Its own name (so its own containers, network and volumes, `<name>_data`…), never the tiny world's:
+    `docker compose down -v` of docker-compose.yml, whose project is named after its directory, touches
+    none of them (run on the daemon: tests/deploy/test_compose_isolation.py)."""
+    plan, project, text = generated
+    assert project["name"] == plan.project == "searchr1-3b-grpo"
+    assert "name" not in _compose()  # the tiny world: the directory's name, or -p
+    assert set(project["volumes"]) == set(compose_gpu.VOLUMES) and not any(project["volumes"].values())
+    assert "up -d data " in text  # the data step alone first: `up -d` of the rest waits on it
+
+
+def test_the_learner_stops_within_its_grace(generated):
+    """torchrun waits the learner's grace (a step, its checkpoint and snapshot at the config's shape) for
+    its ranks, and compose waits 30 s more for torchrun."""
+    plan, project, text = generated
+    learner = project["services"]["learner-gpus"]
+    assert learner["entrypoint"][:3] == ["python", "-m", "searchr1.learner.torchrun"]
+    assert learner["environment"]["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == str(plan.grace.total_s) == "1380"
+    assert learner["stop_grace_period"] == f"{plan.grace.total_s + 30}s"
+    assert plan.grace.explain() in text
+
+
+def test_the_7b_run_gets_its_own_project_on_one_node():
+    plan = deploy_plan(ROOT / "configs/searchr1-7b-grpo.toml", source="configs/searchr1-7b-grpo.toml")
+    project = yaml.safe_load(compose_gpu.compose_project(plan, _compose()))
+    services = project["services"]
+    assert project["name"] == "searchr1-7b-grpo"
+    gpus = sorted(int(g) for s in services.values() for d in s.get("deploy", {}).get("resources", {})
+                  .get("reservations", {}).get("devices", []) for g in d["device_ids"])
+    assert gpus == list(range(8))  # one 8-GPU node, every GPU once
+    assert "fetch_model Qwen/Qwen2.5-7B models/Qwen2.5-7B" in services["data"]["command"][0]
+    assert services["learner-gpus"]["environment"]["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == str(plan.grace.total_s)
+    assert plan.grace.total_s > deploy_plan(ROOT / "configs/searchr1-3b-grpo.toml").grace.total_s
 
 
 def test_compose_v1_reads_the_tiny_gpu_override(tmp_path):

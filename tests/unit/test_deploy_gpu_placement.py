@@ -1,10 +1,11 @@
-"""The Kubernetes `gpu` overlay places the services as `searchr1 up` does with configs/searchr1-3b-grpo.toml.
+"""The Kubernetes gpu overlays place the services as `searchr1 up` does with their configs
+(configs/searchr1-3b-grpo.toml in `gpu`, configs/searchr1-7b-grpo.toml in `gpu-7b`, one 8-GPU node each).
 
-The overlay's placement.yaml is the output of `k8s_placement_patch` for that config's `[placement]` table
-(byte for byte), and the rendered overlay (`kubectl kustomize`) agrees with `plan_placement`: rollout
-replicas and the ScaledObject's ceiling = vLLM workers, GPUs per worker = tensor-parallel size, the vLLM
-memory fraction, the learner's GPU count and torchrun command, the retriever's device. Strict schema
-validation of the overlay is tests/unit/test_deploy.py's.
+Each overlay's placement.yaml is `searchr1 deploy k8s CONFIG` (byte for byte), and the rendered overlay
+(`kubectl kustomize`) agrees with `plan_placement`: the autoscaler's ceiling = vLLM workers (the Deployment
+names no replica count: KEDA owns it), GPUs per worker = tensor-parallel size, the vLLM memory fraction,
+the learner's GPU count, torchrun command and stop grace, the retriever's device. Strict schema validation
+of the overlays is tests/unit/test_deploy.py's.
 """
 
 from __future__ import annotations
@@ -17,22 +18,19 @@ from pathlib import Path
 import pytest
 import yaml
 
-from searchr1.core.settings import load_settings
-from searchr1.launcher.placement import (
-    LEARNER_SHM,
-    PlacementSettings,
-    k8s_placement_patch,
-    plan_placement,
-)
+from searchr1.deploy.k8s import k8s_placement_patch
+from searchr1.deploy.plan import deploy_plan
+from searchr1.launcher.placement import LEARNER_SHM, PlacementSettings, plan_placement
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = "configs/searchr1-3b-grpo.toml"
 OVERLAY = ROOT / "deploy/k8s/overlays/gpu"
+CONFIGS = {"gpu": CONFIG, "gpu-7b": "configs/searchr1-7b-grpo.toml"}
 
 
 @pytest.fixture(scope="module")
 def settings() -> PlacementSettings:
-    return load_settings(PlacementSettings, ROOT / CONFIG)
+    return deploy_plan(ROOT / CONFIG).settings
 
 
 @pytest.fixture(scope="module")
@@ -59,12 +57,14 @@ def _placed_env(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k not in ("CUDA_VISIBLE_DEVICES", "VLLM_PORT")}
 
 
-def test_placement_patch_is_generated_from_the_config(settings):
-    expected = k8s_placement_patch(settings, CONFIG)
-    assert (OVERLAY / "placement.yaml").read_text() == expected, (
-        f"deploy/k8s/overlays/gpu/placement.yaml is stale: python -m searchr1.launcher.placement {CONFIG} "
-        "> deploy/k8s/overlays/gpu/placement.yaml")
-    assert CONFIG in (OVERLAY / "kustomization.yaml").read_text().split("apiVersion")[0]
+@pytest.mark.parametrize("overlay", sorted(CONFIGS))
+def test_placement_patch_is_generated_from_the_config(overlay):
+    config, path = CONFIGS[overlay], ROOT / "deploy/k8s/overlays" / overlay
+    expected = k8s_placement_patch(deploy_plan(ROOT / config, source=config))
+    assert (path / "placement.yaml").read_text() == expected, (
+        f"deploy/k8s/overlays/{overlay}/placement.yaml is stale: searchr1 deploy k8s {config} "
+        f"--out deploy/k8s/overlays/{overlay}/placement.yaml")
+    assert config in (path / "kustomization.yaml").read_text().split("apiVersion")[0]
 
 
 def test_rollout_matches_the_placement(settings, rendered):
@@ -72,7 +72,7 @@ def test_rollout_matches_the_placement(settings, rendered):
     workers = len(plan.rollout)
     assert workers == 3
     deploy = rendered[("Deployment", "rollout")]
-    assert deploy["spec"]["replicas"] == workers
+    assert "replicas" not in deploy["spec"]  # KEDA's to set: a count here would undo its scaling at every apply
     scaled = rendered[("ScaledObject", "rollout")]["spec"]
     assert scaled["minReplicaCount"] == 0 and scaled["maxReplicaCount"] == workers  # zero once the run ends
     c = _container(deploy)
@@ -108,7 +108,8 @@ def test_retriever_sits_where_the_placement_says(settings, rendered):
     placed = plan_placement(settings).retriever
     doc = rendered[("Deployment", "retriever")]
     c = _container(doc)
-    assert doc["spec"]["replicas"] == 1
+    scaled = rendered[("ScaledObject", "retriever")]["spec"]
+    assert "replicas" not in doc["spec"] and scaled["minReplicaCount"] == scaled["maxReplicaCount"] == 1
     assert c["resources"]["limits"].get("nvidia.com/gpu", 0) == len(placed.gpus) == 1
     assert _placed_env(placed.env).items() <= _env(c).items()
     assert _env(c)["RETRIEVER_SEARCH__DEVICE"] == "cuda"
@@ -122,7 +123,9 @@ def test_gpus_add_up_to_the_node(settings, rendered):
     for key in (("Deployment", "rollout"), ("Job", "learner-searchr1-3b-grpo"), ("Deployment", "retriever")):
         doc = rendered[key]
         gpus = _container(doc)["resources"]["limits"].get("nvidia.com/gpu", 0)
-        asked += gpus * doc["spec"].get("replicas", 1)
+        pods = (doc["spec"]["parallelism"] if key[0] == "Job" else
+                rendered[("ScaledObject", key[1])]["spec"]["maxReplicaCount"])  # at most, as KEDA scales them
+        asked += gpus * pods
         if gpus:
             spec = doc["spec"]["template"]["spec"]
             assert "nodeSelector" not in spec, key  # the nvidia.com/gpu request picks GPU nodes
@@ -131,25 +134,42 @@ def test_gpus_add_up_to_the_node(settings, rendered):
     assert asked == sum(len(p.gpus) for p in plan.by_name().values()) == settings.gpus
 
 
-def test_patch_follows_a_different_placement():
+def test_patch_follows_a_different_placement(tmp_path):
     """Tensor parallel 2, a CPU retriever, one learner rank, a vLLM port: the patch changes with them."""
-    s = PlacementSettings(gpus=8, rollout={"gpus": [0, 1, 2, 3], "tensor_parallel_size": 2,
-                                           "gpu_memory_utilization": 0.7, "vllm_port": 31000},
-                          learner={"gpus": [4], "master_port": 29600}, retriever={"device": "cpu"})
-    docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(k8s_placement_patch(s)) if d}
+    config = tmp_path / "run.toml"
+    config.write_text('''[launcher]\nrun = "other"\n[placement]\ngpus = 8
+[placement.rollout]\ngpus = [0, 1, 2, 3]\ntensor_parallel_size = 2\ngpu_memory_utilization = 0.7\nvllm_port = 31000
+[placement.learner]\ngpus = [4]\nmaster_port = 29600\n[placement.retriever]\ndevice = "cpu"
+[learner.model]\npath = "models/Qwen2.5-3B"\n''')
+    plan = deploy_plan(config)
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(k8s_placement_patch(plan)) if d}
     rollout = docs[("Deployment", "rollout")]
-    assert rollout["spec"]["replicas"] == 2
+    assert "replicas" not in rollout["spec"] and "2 vLLM worker(s)" in k8s_placement_patch(plan)
     c = _container(rollout)
     assert c["resources"]["limits"] == {"nvidia.com/gpu": 2}
     assert _env(c) == {"ROLLOUT_ENGINE__TENSOR_PARALLEL_SIZE": "2", "ROLLOUT_ENGINE__GPU_MEMORY_UTILIZATION": "0.7",
                        "VLLM_PORT": "31000"}
     learner = docs[("Job", "learner-k8s")]  # the base's name: the overlay's run renames it after its patches
     lc = _container(learner)
-    assert lc["command"] == ["torchrun", "--nnodes", "1", "--nproc_per_node", "1", "--master_addr", "127.0.0.1",
-                             "--master_port", "29600", "-m", "searchr1.cli"]
+    assert lc["command"] == ["python", "-m", "searchr1.learner.torchrun", "--nnodes", "1", "--nproc_per_node", "1",
+                             "--master_addr", "127.0.0.1", "--master_port", "29600", "-m", "searchr1.cli"]
     assert "volumes" not in learner["spec"]["template"]["spec"] and "volumeMounts" not in lc
+    # one rank: the learner defaults' step (8 groups × 5 × 8,192 tokens, policy 6 N + reference 2 N FLOPs per
+    # token, N = 3,085,938,688) on one GPU at 100 TFLOP/s: 80.9 s
+    assert _env(lc)["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == str(plan.grace.total_s)
+    assert plan.grace.step_s == pytest.approx(8 * 5 * 8192 * 8 * 3_085_938_688 / 100e12)
+    assert learner["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == plan.grace.total_s + 30
     retriever = docs[("Deployment", "retriever")]
     rc = _container(retriever)
     assert "resources" not in rc and "tolerations" not in retriever["spec"]["template"]["spec"]
     assert _env(rc) == {"RETRIEVER_SEARCH__DEVICE": "cpu", "RETRIEVER_SEARCH__FAISS_GPU": "false"}
     assert "CUDA_VISIBLE_DEVICES" not in _env(rc)
+
+
+def test_the_learner_stops_within_its_grace(rendered):
+    """The pod waits for torchrun, which waits the learner's grace for its ranks (a step, its checkpoint and
+    snapshot at the config's shape: `searchr1.learner.stop_budget`)."""
+    plan = deploy_plan(ROOT / CONFIG)
+    doc = rendered[("Job", "learner-searchr1-3b-grpo")]
+    assert _env(_container(doc))["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == str(plan.grace.total_s)
+    assert doc["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == plan.grace.total_s + 30

@@ -84,12 +84,22 @@ def test_other_metrics_and_bad_inputs():
 def test_markdown_layout():
     t = paper_table([("base", _doc("models/base", FULL)), ("instruct", _doc("models/instruct", {"nq": [1]}))])
     md = paper_table_markdown(t).splitlines()
-    assert md[0] == "| Model | NQ | TriviaQA | PopQA | HotpotQA | 2Wiki | Musique | Bamboogle | Avg. |"
-    assert md[1] == "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
-    assert md[2] == "| base | 0.500 | 0.500 | 0.000 | 1.000 | 0.250 | 0.000 | 0.750 | 0.429 |"
-    assert md[3] == "| instruct | 1.000 | – | – | – | – | – | – | 1.000† |"
+    assert md[0] == ("| Model | NQ | TriviaQA | PopQA | HotpotQA | 2Wiki | Musique | Bamboogle | Avg. | Failed | "
+                     "Setting |")
+    assert md[1] == "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    assert md[2] == "| base | 0.500 | 0.500 | 0.000 | 1.000 | 0.250 | 0.000 | 0.750 | 0.429 | 0 | – |"
+    assert md[3] == "| instruct | 1.000 | – | – | – | – | – | – | 1.000† | 0 | – |"
     assert md[5].startswith("Search-R1 EM (qa_em.compute_score_em) of the greedy trajectory; max_turns 4; ")
-    assert "questions: NQ 1/4, TriviaQA 2," in md[5] and md[5].endswith("† over the test sets the row has.")
+    assert "questions: NQ 1/4, TriviaQA 2," in md[5] and "† over the test sets the row has." in md[5]
+
+
+def test_failures_and_fingerprint_shown_beside_the_scores():
+    doc = _doc("models/base", {"nq": [1, 0]})
+    recs = [_rec("q0", "nq", 1.0), {**_rec("q1", "nq", 0.0), "error": "search failed: UNAUTHENTICATED"}]
+    doc = {"meta": {"max_turns": 4, "fingerprint": {"id": "ab" * 32}}, "summary": aggregate(recs, ("data_source",))}
+    (row,) = paper_table([("base", doc)]).rows
+    assert row.failed == 1 and row.fingerprint == "ab" * 32
+    assert paper_table_markdown(paper_table([("base", doc)])).splitlines()[2].endswith("| 1 | abababababab |")
 
 
 def test_labels_from_the_evaluated_models():
@@ -127,7 +137,10 @@ def test_eval_table_command(tmp_path: Path):
     md = (tmp_path / "t" / "table.md").read_text().splitlines()
     # instruct: nq 1.0 instead of .5 → (3 + .5) / 7 = .5
     assert md[2].startswith("| base | 0.500 |") and md[3] == \
-        "| instruct | 1.000 | 0.500 | 0.000 | 1.000 | 0.250 | 0.000 | 0.750 | 0.500 |"
+        "| instruct | 1.000 | 0.500 | 0.000 | 1.000 | 0.250 | 0.000 | 0.750 | 0.500 | 0 | – |"
+    text = "\n".join(md)
+    assert "### em" in text and "### cover_em" in text and "### f1" in text  # beside Search-R1's EM
+    assert "Avg. per metric" in r.output and "cover EM" in r.output
     bad = runner.invoke(build_app(), ["eval", "--table", str(tmp_path / "base"), "--model", "m"])
     assert bad.exit_code == 2 and "without --model/--data" in bad.output
     missing = runner.invoke(build_app(), ["eval", "--table", str(tmp_path / "nowhere")])

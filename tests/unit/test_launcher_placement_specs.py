@@ -98,8 +98,9 @@ def test_eight_gpu_layout_values(tmp_path: Path):
          "ROLLOUT_ENGINE__GPU_MEMORY_UTILIZATION": "0.7", "VLLM_PORT": "31000"},
         {"CUDA_VISIBLE_DEVICES": "2,3", "ROLLOUT_ENGINE__TENSOR_PARALLEL_SIZE": "2",
          "ROLLOUT_ENGINE__GPU_MEMORY_UTILIZATION": "0.7", "VLLM_PORT": "31100"}]
-    assert specs["learner"].argv[:11] == ["torchrun", "--nnodes", "1", "--nproc_per_node", "3", "--master_addr",
-                                         "127.0.0.1", "--master_port", "29611", "-m", "searchr1.cli"]
+    assert specs["learner"].argv[:13] == ["python", "-m", "searchr1.learner.torchrun", "--nnodes", "1",
+                                         "--nproc_per_node", "3", "--master_addr", "127.0.0.1", "--master_port", "29611",
+                                         "-m", "searchr1.cli"]
     assert specs["learner"].env["CUDA_VISIBLE_DEVICES"] == "4,5,6" and specs["learner"].env["LEARNER_DEVICE"] == "cuda"
     assert specs["retriever"].env == {"RETRIEVER_TOKEN": specs["reward"].env["REWARD_TOKEN"],
                                       "CUDA_VISIBLE_DEVICES": "7", "RETRIEVER_SEARCH__DEVICE": "cuda",
@@ -110,7 +111,7 @@ def test_two_gpu_colocated_layout_values(tmp_path: Path):
     cfg = _config(tmp_path, LAYOUTS[2])
     specs = {s.name: s for s in build_plan(load_settings(LauncherSettings, cfg), cfg, tmp_path / "run").specs}
     assert [specs[f"rollout-{i}"].env["CUDA_VISIBLE_DEVICES"] for i in (0, 1)] == ["0", "1"]
-    assert specs["learner"].env["CUDA_VISIBLE_DEVICES"] == "0,1" and specs["learner"].argv[4] == "2"
+    assert specs["learner"].env["CUDA_VISIBLE_DEVICES"] == "0,1" and specs["learner"].argv[6] == "2"
     assert specs["retriever"].env["CUDA_VISIBLE_DEVICES"] == ""  # CPU: every GPU hidden
 
 
@@ -137,8 +138,8 @@ def test_learner_runs_under_this_interpreters_torchrun_by_default(tmp_path: Path
     plan = build_plan(load_settings(LauncherSettings, tmp_path / "plain.toml"), tmp_path / "plain.toml",
                       tmp_path / "run")
     learner = next(s for s in plan.specs if s.name == "learner")
-    assert learner.argv[:12] == [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node",
-                                 "2", "--master_addr", "127.0.0.1", "--master_port", "29500", "-m"]
+    assert learner.argv[:12] == [sys.executable, "-m", "searchr1.learner.torchrun", "--nnodes", "1",
+                                 "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", "29500", "-m"]
     assert learner.argv[12:14] == ["searchr1.cli", "train"] and plan.problems == []
 
 
@@ -148,8 +149,8 @@ def test_matching_launcher_entries_pass(tmp_path: Path):
 workers = 2
 env = { CUDA_VISIBLE_DEVICES = "{worker_index}", VLLM_CPU_KVCACHE_SPACE = "4" }
 [launcher.commands]
-learner = ["torchrun", "--nnodes", "1", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", "29500", "-m", "searchr1.cli"]
+learner = ["python", "-m", "searchr1.learner.torchrun", "--nnodes", "1", "--nproc_per_node", "2",
+           "--master_addr", "127.0.0.1", "--master_port", "29500", "-m", "searchr1.cli"]
 """)
     plan = build_plan(load_settings(LauncherSettings, cfg), cfg, tmp_path / "run")
     assert plan.problems == []
@@ -203,7 +204,7 @@ def test_dry_run_lines_show_gpus_commands_env_and_summary(tmp_path: Path):
     lines = dry_run_lines(build_plan(load_settings(LauncherSettings, cfg), cfg, tmp_path / "run"))
     assert "rollout-1 (rollout, GPUs: 2,3)" in lines and "learner (learner, GPUs: 4,5,6)" in lines
     assert "reward (reward, GPUs: all)" in lines and "retriever (retriever, GPUs: 7)" in lines
-    assert any(line.startswith("  $ torchrun --nnodes 1 --nproc_per_node 3") for line in lines)
+    assert any(line.startswith("  $ python -m searchr1.learner.torchrun --nnodes 1 --nproc_per_node 3") for line in lines)
     assert "  VLLM_PORT=31100" in lines
     assert lines[-1] == ("placement: 2 vLLM worker(s) on GPUs 0,1 | 2,3; learner: 3 FSDP rank(s) on GPUs 4,5,6; "
                          "retriever: GPU 7")
@@ -216,8 +217,8 @@ def test_up_dry_run_prints_the_paper_placement_on_any_machine():
     result = CliRunner().invoke(build_app(), ["up", "--config", str(config), "--dry-run"], env={"COLUMNS": "400"})
     out = result.output
     assert "learner (learner, GPUs: 3,4,5,6)" in out and "rollout-2 (rollout, GPUs: 2)" in out
-    # no [launcher] command: torchrun of this interpreter, as every other service runs on it
-    assert f"$ {sys.executable} -m torch.distributed.run --nnodes 1 --nproc_per_node 4 --master_addr 127.0.0.1 " \
+    # no [launcher] command: torchrun on this interpreter, as every other service runs on it
+    assert f"$ {sys.executable} -m searchr1.learner.torchrun --nnodes 1 --nproc_per_node 4 --master_addr 127.0.0.1 " \
            "--master_port 29500 -m searchr1.cli train" in out
     assert "retriever (retriever, GPUs: 7)" in out and "  ROLLOUT_ENGINE__GPU_MEMORY_UTILIZATION=0.85" in out
     assert "placement: 3 vLLM worker(s) on GPUs 0 | 1 | 2" in out

@@ -22,7 +22,8 @@ torch_run = pytest.importorskip("torch.distributed.run")
 
 
 def torchrun_parse(argv: list[str]):
-    """torch's own parse of a torchrun command line (`torchrun …` or `python -m torch.distributed.run …`);
+    """torch's own parse of a torchrun command line (`torchrun …`, `python -m searchr1.learner.torchrun …`
+    or `python -m torch.distributed.run …`);
     SystemExit on error."""
     starts = [i for i, a in enumerate(argv) if a.endswith("torchrun") or a == "torch.distributed.run"]
     assert starts, argv
@@ -47,7 +48,7 @@ def test_up_with_a_placement_starts_a_learner_torchrun_can_parse(tmp_path: Path)
     assert spec.env["LEARNER_REDIS__RUN"] == "r9"
 
 
-@pytest.mark.parametrize("name", ["gpu", "gpu-7b"])
+@pytest.mark.parametrize("name", ["gpu", "gpu-7b", "gpu-7b-2node"])
 def test_the_k8s_learner_command_parses_under_torchrun_and_gets_its_run(name):
     c = container(learner(overlay(name)))
     args = torchrun_parse([*c["command"], *c.get("args", [])])
@@ -62,10 +63,10 @@ def test_the_k8s_learner_command_parses_under_torchrun_and_gets_its_run(name):
 def test_the_compose_gpu_learner_parses_under_torchrun(tmp_path: Path):
     import subprocess
 
-    done = subprocess.run([sys.executable, str(ROOT / "deploy/scripts/compose_gpu.py"),
+    done = subprocess.run([sys.executable, "-m", "searchr1.cli", "deploy", "compose",
                            str(ROOT / "configs/searchr1-3b-grpo.toml")],
                           check=True, capture_output=True, text=True, timeout=120, cwd=ROOT)
     services = yaml.safe_load(done.stdout)["services"]
-    (svc,) = [s for s in services.values() if "torchrun" in (s.get("entrypoint") or [])]
+    (svc,) = [s for s in services.values() if "searchr1.learner.torchrun" in (s.get("entrypoint") or [])]
     args = torchrun_parse([*map(str, svc["entrypoint"]), *map(str, svc["command"])])
     assert args.training_script_args[0] == "train"

@@ -71,10 +71,12 @@ def test_paper_config_launches_as_its_placement(config: Path, tmp_path: Path, mo
     assert [n for n in specs if n.startswith("rollout-")] == [w.name for w in placement.rollout]
     for name, where in placement.by_name().items():
         assert where.env.items() <= specs[name].env.items(), name
-    # torchrun (of the launcher's interpreter) with the placement's arguments
+    # torchrun (searchr1.learner.torchrun on the launcher's interpreter) with the placement's arguments, and
+    # the launcher's grace, less torchrun's own exit, for the ranks to finish their step
     prefix = placement.learner.command_prefix
-    assert prefix[0] == "torchrun" and specs["learner"].argv[:len(prefix) + 4] == \
-        [sys.executable, "-m", "torch.distributed.run", *prefix[1:], "-m", "searchr1.cli"]
+    assert prefix[:3] == ("python", "-m", "searchr1.learner.torchrun")
+    assert specs["learner"].argv[:len(prefix) + 2] == [sys.executable, *prefix[1:], "-m", "searchr1.cli"]
+    assert int(specs["learner"].env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"]) == int(launcher.grace_period_s) - 10
     assert not [p for p in plan.problems if "placement" in p]
     # the services' own tables agree with what the placement sets through their env
     env = placement.rollout[0].env

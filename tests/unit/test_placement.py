@@ -27,8 +27,8 @@ def test_eight_gpus_four_vllm_tp1_four_fsdp_retriever_on_cpu():
     assert p.rollout[2].env == {"CUDA_VISIBLE_DEVICES": "2", "ROLLOUT_ENGINE__TENSOR_PARALLEL_SIZE": "1",
                                 "ROLLOUT_ENGINE__GPU_MEMORY_UTILIZATION": "0.85", "VLLM_PORT": "31200"}
     assert p.learner.cuda_visible_devices == "4,5,6,7" and p.learner.env["LEARNER_DEVICE"] == "cuda"
-    assert p.learner.command_prefix == ("torchrun", "--nnodes", "1", "--nproc_per_node", "4",
-                                        "--master_addr", "127.0.0.1", "--master_port", "29600")
+    assert p.learner.command_prefix == ("python", "-m", "searchr1.learner.torchrun", "--nnodes", "1",
+                                        "--nproc_per_node", "4", "--master_addr", "127.0.0.1", "--master_port", "29600")
     assert p.retriever.gpus == () and p.retriever.env == {
         "CUDA_VISIBLE_DEVICES": "", "RETRIEVER_SEARCH__DEVICE": "cpu", "RETRIEVER_SEARCH__FAISS_GPU": "false"}
     assert set(p.by_name()) == {"rollout-0", "rollout-1", "rollout-2", "rollout-3", "learner", "retriever"}
@@ -39,7 +39,7 @@ def test_eight_gpus_tp2_and_retriever_on_its_own_gpu():
               learner={"gpus": [4, 5, 6]}, retriever={"device": "gpu", "gpu": 7, "faiss_gpu": True})
     assert [(w.name, w.cuda_visible_devices) for w in p.rollout] == [("rollout-0", "0,1"), ("rollout-1", "2,3")]
     assert p.rollout[1].env["ROLLOUT_ENGINE__TENSOR_PARALLEL_SIZE"] == "2" and "VLLM_PORT" not in p.rollout[1].env
-    assert p.learner.command_prefix[4] == "3" and p.learner.cuda_visible_devices == "4,5,6"
+    assert p.learner.command_prefix[6] == "3" and p.learner.cuda_visible_devices == "4,5,6"
     assert p.retriever.env == {"CUDA_VISIBLE_DEVICES": "7", "RETRIEVER_SEARCH__DEVICE": "cuda",
                                "RETRIEVER_SEARCH__FAISS_GPU": "true"}
 
@@ -48,19 +48,19 @@ def test_eight_gpus_colocated_as_search_r1():
     p = _plan(gpus=8, colocate=True, rollout={"gpus": list(range(8)), "gpu_memory_utilization": 0.6},
               learner={"gpus": list(range(8))})
     assert len(p.rollout) == 8 and p.rollout[7].env["ROLLOUT_ENGINE__GPU_MEMORY_UTILIZATION"] == "0.6"
-    assert p.learner.cuda_visible_devices == "0,1,2,3,4,5,6,7" and p.learner.command_prefix[4] == "8"
+    assert p.learner.cuda_visible_devices == "0,1,2,3,4,5,6,7" and p.learner.command_prefix[6] == "8"
 
 
 def test_four_gpus():
     p = _plan(gpus=4, rollout={"gpus": [0, 1]}, learner={"gpus": [2, 3]})
     assert [w.cuda_visible_devices for w in p.rollout] == ["0", "1"]
-    assert p.learner.cuda_visible_devices == "2,3" and p.learner.command_prefix[4] == "2"
+    assert p.learner.cuda_visible_devices == "2,3" and p.learner.command_prefix[6] == "2"
 
 
 def test_two_gpus_one_each_retriever_shares_with_colocate():
     p = _plan(gpus=2, rollout={"gpus": [0]}, learner={"gpus": [1]})
     assert [w.cuda_visible_devices for w in p.rollout] == ["0"] and p.learner.cuda_visible_devices == "1"
-    assert p.learner.command_prefix[4] == "1"
+    assert p.learner.command_prefix[6] == "1"
     with pytest.raises(PlacementError, match="retriever GPU 1 is also given"):
         _plan(gpus=2, rollout={"gpus": [0]}, learner={"gpus": [1]}, retriever={"device": "gpu", "gpu": 1})
     p = _plan(gpus=2, colocate=True, rollout={"gpus": [0], "gpu_memory_utilization": 0.5}, learner={"gpus": [1]},

@@ -13,6 +13,9 @@ import pytest
 import yaml
 
 from searchr1.core.settings import load_settings
+from searchr1.deploy.compose import ComposeOptions, compose_project
+from searchr1.deploy.k8s import k8s_placement_patch
+from searchr1.deploy.plan import deploy_plan
 from searchr1.launcher.cpu_placement import (
     CorePlacementError,
     core_list,
@@ -23,7 +26,6 @@ from searchr1.launcher.cpu_placement import (
 from searchr1.launcher.placement import (
     PlacementError,
     PlacementSettings,
-    k8s_placement_patch,
     placement_conflicts,
     plan_placement,
 )
@@ -168,15 +170,21 @@ def test_a_started_process_runs_on_its_cores_only():
     assert child_preexec(False, ()) is None
 
 
-def test_k8s_patch_pins_whole_cpus_requests_equal_limits():
-    s = load_settings(PlacementSettings, ROOT / "configs" / "searchr1-3b-grpo.toml")
-    s = s.model_copy(update={
-        "cpus": 64, "rollout": s.rollout.model_copy(update={"cores": list(range(0, 24))}),
-        "learner": s.learner.model_copy(update={"cores": list(range(24, 48))}),
-        "retriever": s.retriever.model_copy(update={"cores": list(range(48, 64))}),
-        "reward": s.reward.model_copy(update={"cores_with": "rollout"}),
-        "redis": s.redis.model_copy(update={"cores_with": "learner"})})
-    docs = {d["metadata"]["name"]: d for d in yaml.safe_load_all(k8s_placement_patch(s, "x.toml"))}
+def _cored_config(tmp_path: Path, redis_with: str = "learner") -> Path:
+    """configs/searchr1-3b-grpo.toml with 64 cores placed: rollout 0-23, learner 24-47, retriever 48-63,
+    the reward service on the rollout's, Redis on `redis_with`'s."""
+    text = (ROOT / "configs/searchr1-3b-grpo.toml").read_text()
+    for table, cores in (("[placement]\n", "cpus = 64\n"), ("[placement.rollout]\n", 'cores = "0-23"\n'),
+                         ("[placement.learner]\n", 'cores = "24-47"\n'), ("[placement.retriever]\n", 'cores = "48-63"\n')):
+        assert table in text
+        text = text.replace(table, table + cores, 1)
+    config = tmp_path / "run.toml"
+    config.write_text(text + f'\n[placement.reward]\ncores_with = "rollout"\n[placement.redis]\ncores_with = "{redis_with}"\n')
+    return config
+
+
+def test_k8s_patch_pins_whole_cpus_requests_equal_limits(tmp_path):
+    docs = {d["metadata"]["name"]: d for d in yaml.safe_load_all(k8s_placement_patch(deploy_plan(_cored_config(tmp_path))))}
     rollout = docs["rollout"]["spec"]["template"]["spec"]
     res = rollout["containers"][0]["resources"]
     assert res == {"requests": {"cpu": "8", "memory": None}, "limits": {"nvidia.com/gpu": 1, "cpu": "8"}}
@@ -189,21 +197,9 @@ def test_k8s_patch_pins_whole_cpus_requests_equal_limits():
 
 
 def test_compose_project_gives_each_placed_service_its_cpuset(tmp_path):
-    sys.path.insert(0, str(ROOT / "deploy/scripts"))
-    import compose_gpu
-
-    from searchr1.learner.settings import LearnerSettings
-
-    text = (ROOT / "configs/searchr1-3b-grpo.toml").read_text()
-    for table, cores in (("[placement]\n", "cpus = 64\n"), ("[placement.rollout]\n", 'cores = "0-23"\n'),
-                         ("[placement.learner]\n", 'cores = "24-47"\n'), ("[placement.retriever]\n", 'cores = "48-63"\n')):
-        assert table in text
-        text = text.replace(table, table + cores, 1)
-    config = tmp_path / "run.toml"
-    config.write_text(text + '\n[placement.reward]\ncores_with = "rollout"\n[placement.redis]\ncores_with = "learner"\n')
-    project = yaml.safe_load(compose_gpu.compose_gpu(
-        config, load_settings(PlacementSettings, config), load_settings(LearnerSettings, config),
-        yaml.safe_load((ROOT / "docker-compose.yml").read_text()), model_repo="Qwen/Qwen2.5-3B"))
+    project = yaml.safe_load(compose_project(deploy_plan(_cored_config(tmp_path)),
+                                             yaml.safe_load((ROOT / "docker-compose.yml").read_text()),
+                                             ComposeOptions(model_repo="Qwen/Qwen2.5-3B")))
     cpusets = {name: s.get("cpuset") for name, s in project["services"].items()}
     assert cpusets["rollout-gpu-0"] == "0-7" and cpusets["rollout-gpu-2"] == "16-23"
     assert cpusets["learner-gpus"] == "24-47" and cpusets["retriever"] == "48-63"
@@ -240,16 +236,9 @@ def test_k8s_patch_renders_guaranteed_pods_through_kustomize(tmp_path):
     from tests.support.kustomize import tool
 
     kubectl = tool("kubectl")
-    s = load_settings(PlacementSettings, ROOT / "configs" / "searchr1-3b-grpo.toml")
-    s = s.model_copy(update={
-        "cpus": 64, "rollout": s.rollout.model_copy(update={"cores": list(range(24))}),
-        "learner": s.learner.model_copy(update={"cores": list(range(24, 48))}),
-        "retriever": s.retriever.model_copy(update={"cores": list(range(48, 64))}),
-        "reward": s.reward.model_copy(update={"cores_with": "rollout"}),
-        "redis": s.redis.model_copy(update={"cores_with": "learner"})})
     k8s = tmp_path / "k8s"
     shutil.copytree(ROOT / "deploy" / "k8s", k8s)
-    (k8s / "overlays" / "gpu" / "placement.yaml").write_text(k8s_placement_patch(s, "run.toml"))
+    (k8s / "overlays" / "gpu" / "placement.yaml").write_text(k8s_placement_patch(deploy_plan(_cored_config(tmp_path))))
     out = subprocess.run([kubectl, "kustomize", str(k8s / "overlays" / "gpu")], capture_output=True, text=True,
                          check=True).stdout
     pods = {d["metadata"]["name"]: d["spec"]["template"]["spec"] for d in yaml.safe_load_all(out)

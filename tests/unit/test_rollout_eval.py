@@ -153,11 +153,14 @@ def test_prompt_from_row_messages_or_question():
 
 
 def rec(qid, mode="greedy", sample=0, ds="A", qtype=None, kind=None, knowledge=None, em=0.0, f1=0.0, sr1=0.0,
-        fmt=0.0, searches=0, turns=1, tokens=10, gen=5, finish="answer"):
+        fmt=0.0, searches=0, turns=1, tokens=10, gen=5, finish="answer", cover=None, error=None, score_error=None):
+    scored = score_error is None
     return EvalRecord(qid=qid, mode=mode, sample=sample, data_source=ds, question="q", golden_answers=["a"],
                       response="r", answer="a", finish_reason=finish, num_turns=turns, num_searches=searches,
-                      response_tokens=tokens, generated_tokens=gen, em=em, f1=f1, searchr1_em=sr1, format_valid=fmt,
-                      groups={"question_type": qtype, "entity_kind": kind, "knowledge": knowledge})
+                      response_tokens=tokens, generated_tokens=gen, em=em if scored else None,
+                      cover_em=(em if cover is None else cover) if scored else None, f1=f1 if scored else None,
+                      searchr1_em=sr1 if scored else None, format_valid=fmt if scored else None, error=error,
+                      score_error=score_error, groups={"question_type": qtype, "entity_kind": kind, "knowledge": knowledge})
 
 
 RECORDS = [
@@ -243,10 +246,12 @@ def test_markdown_report_tables():
     assert "- **model**: m" in md
     assert "## Greedy (temperature 0)" in md and "## Sampled (temperature 1.0, 2 per question)" in md
     assert md.count("### by data_source") == 2
-    # group | questions | trajectories | EM | F1 | Search-R1 EM | format valid | searches | ≥1 | turns | tokens
-    assert "| all | 3 | 3 | 0.333 | 0.500 | 0.667 | 0.667 | 1.00 | 0.667 | 2.00 | 20.0 |" in md
-    assert "| A | 2 | 2 | 0.500 | 0.750 | 0.500 | 1.000 | 1.00 | 0.500 | 2.00 | 20.0 |" in md
-    assert "| all | 2 | 4 | 0.500 | 0.562 |" in md
+    # group | questions | trajectories | Search-R1 EM | EM | cover EM | F1 | format valid | searches | ≥1 | turns |
+    # tokens | failed searches | unscored
+    assert "| all | 3 | 3 | 0.667 | 0.333 | 0.333 | 0.500 | 0.667 | 1.00 | 0.667 | 2.00 | 20.0 | 0 | 0 |" in md
+    assert "| A | 2 | 2 | 0.500 | 0.500 | 0.500 | 0.750 | 1.000 | 1.00 | 0.500 | 2.00 | 20.0 | 0 | 0 |" in md
+    assert "| all | 2 | 4 | 0.000 | 0.500 | 0.500 | 0.562 |" in md
+    assert "No failures" in md
 
 
 def test_summary_table_renders_all_groups():
@@ -258,10 +263,10 @@ def test_summary_table_renders_all_groups():
     for name in ("all", "data_source", "question_type", "knowledge", "  two", "  known", MISSING):
         assert name in text
     lines = [" ".join(line.replace("│", " ").split()) for line in text.splitlines()]
-    # group, mode, trajectories, EM, F1, format, searches/q, ≥1 search, turns/q
-    assert "all greedy 3 0.33 0.50 0.67 1.0 0.67 2.0" in lines
-    assert "sampled 4 0.50 0.56 0.75 1.5 0.75 2.5" in lines
-    assert "B greedy 1 0.00 0.00 0.00 1.0 1.00 2.0" in lines
+    # group, mode, trajectories, S-R1 EM, EM, cover, F1, format, searches/q, ≥1 search, turns/q, failed, unscored
+    assert "all greedy 3 0.67 0.33 0.33 0.50 0.67 1.0 0.67 2.0 0 0" in lines
+    assert "sampled 4 0.00 0.50 0.50 0.56 0.75 1.5 0.75 2.5 0 0" in lines
+    assert "B greedy 1 1.00 0.00 0.00 0.00 0.00 1.0 1.00 2.0 0 0" in lines
     assert "question_type" in lines
 
 
@@ -325,7 +330,7 @@ class FakeScorer:
         for it in items:
             answer = it["response"].rsplit("<answer>", 1)[-1].split("</answer>")[0].strip()
             hit = float(answer in it["golden_answers"])
-            out.append({"exact_match": hit, "f1": 0.5 * hit, "searchr1_em": hit,
+            out.append({"exact_match": hit, "substring_match": hit, "f1": 0.5 * hit, "searchr1_em": hit,
                         "format": float(it["response"].startswith("<think>"))}[scorer])
         return Result(out, [{} for _ in out])
 
@@ -355,7 +360,8 @@ async def test_run_eval_greedy_and_sampled_records_and_scores():
     assert all("<information>" in r.response for r in sampled)
     assert records[0].response_tokens == len("<think>know it</think><answer> Paris </answer>")
     # scored per question: one request per scorer, items in trajectory order, our item shape
-    assert sorted({name for name, _ in scorer.calls}) == ["exact_match", "f1", "format", "searchr1_em"]
+    assert sorted({name for name, _ in scorer.calls}) == ["exact_match", "f1", "format", "searchr1_em",
+                                                          "substring_match"]
     assert all(len(items) == 3 and set(items[0]) == {"prompt", "response", "golden_answers", "num_searches"}
                for _, items in scorer.calls)
     assert scorer.calls[0][1][0]["prompt"] == render_prompt("question 0")
@@ -392,3 +398,43 @@ def test_config_bounds():
         config(samples=-1)
     with pytest.raises(ValueError):
         config(greedy=False, samples=0)
+
+
+# ------------------------------------------------------------------------------- failures are counted
+
+
+def test_failures_are_counted_and_scores_average_over_the_scored():
+    recs = [rec("q1", em=1, sr1=1), rec("q2", em=0, sr1=1, error="search failed: UNAUTHENTICATED", finish="error"),
+            rec("q3", score_error="reward service refused the request (401)"),
+            rec("q4", em=1, sr1=0, finish="retriever_unavailable")]
+    m = metrics_of(recs)
+    assert (m["trajectories"], m["scored"], m["failed_searches"], m["failed_scores"]) == (4, 3, 2, 1)
+    assert m["failure_rate"] == pytest.approx(3 / 4)
+    assert m["em"] == pytest.approx(2 / 3) and m["searchr1_em"] == pytest.approx(2 / 3)  # q3 left out
+    assert metrics_of([rec("q1", score_error="x")])["em"] is None  # nothing scored: no number, not 0
+    md = markdown_report(aggregate(recs, ("data_source",)), {"model": "m"})
+    assert "**Failures: 2 of 4 trajectories had a failed search, 1 could not be scored (75.0% of trajectories).**" in md
+
+
+class RefusingScorer:
+    async def score(self, scorer, items, params=None):
+        from searchr1.core.clients.reward import RewardError
+
+        raise RewardError("reward service refused the request (401): missing bearer token", 401)
+
+
+async def _refused_search(query: str):
+    from searchr1.core.clients.retriever import RetrieverError
+
+    raise RetrieverError("retriever refused the search: UNAUTHENTICATED", None)
+
+
+async def test_a_refused_score_or_search_is_recorded_on_the_trajectory_not_raised():
+    qs = [Question("q0", "question 0", ["Lyon"], data_source="d")]
+    cfg = config(AgentSettings(max_turns=2), seed=3, temperature=0.7, samples=1)
+    records = await run_eval(qs, ScriptedGenerator(), CharCodec(), None, _search, RefusingScorer(), cfg)
+    assert all(r.score_error and "401" in r.score_error and r.em is None for r in records)
+    records = await run_eval(qs, ScriptedGenerator(), CharCodec(), None, _refused_search, FakeScorer(), cfg)
+    sampled = [r for r in records if r.mode == "sampled"]
+    assert sampled[0].finish_reason == "error" and "UNAUTHENTICATED" in sampled[0].error
+    assert metrics_of(sampled)["failed_searches"] == 1 and metrics_of(records)["failure_rate"] == 0.5

@@ -73,6 +73,15 @@ UNRELATED: dict[tuple[str, str], str] = {
     ("simulator/workload.py", "max_tokens_per_turn"): "as the simulator's `max_concurrent`",
     ("simulator/pipeline.py", "seed"): "the simulation's own random seed",
     ("simulator/sizing.py", "seed"): "the simulation's own random seed",
+    ("api/commands.py", "temperature"): "`ask` is greedy unless told otherwise (Search-R1's infer.py), whatever the "
+                                        "agent's sampling temperature",
+    ("api/commands.py", "seed"): "`ask`'s own sampling seed (with --temperature above 0)",
+    ("api/evaluating.py", "samples"): "the API's evaluation is greedy only unless asked for samples",
+    ("api/evaluating.py", "temperature"): "the temperature of its K sampled trajectories, as `searchr1 eval`'s flag",
+    ("api/evaluating.py", "seed"): "the evaluation's own base seed, as `searchr1 eval`'s flag",
+    ("api/search.py", "http"): "whether the index served in-process also answers Search-R1's /retrieve",
+    ("core/progress.py", "enabled"): "whether a spinner is drawn",
+    ("learner/commands.py", "dtype"): "the export's weight dtype: auto keeps the snapshot's",
 }
 
 

@@ -66,9 +66,10 @@ def test_settings_or_exit_exits_2_with_the_reason(capsys):
 
 
 def test_field_help_is_the_field_docstring_through_nested_models():
-    assert field_help(DemoSettings, "port") == "Port the demo listens on."
+    # the field's own default follows its docstring (escaped for rich: it shows as [default: 1])
+    assert field_help(DemoSettings, "port") == "Port the demo listens on. \\[default: 1]"
     assert field_help(DemoSettings, "redis.url").startswith("Redis URL")
-    assert field_help(DemoSettings, "port", "More.") == "Port the demo listens on. More."
+    assert field_help(DemoSettings, "port", "More.") == "Port the demo listens on. More. \\[default: 1]"
     assert field_help(RolloutSettings, "retriever.timeout_s") == field_help(RetrySettings, "timeout_s")
 
 
@@ -100,3 +101,19 @@ def test_the_vllm_engine_config_is_built_from_engine_settings():
     engine = EngineSettings(max_model_len=1024, dtype="float32")
     config = VllmEngineConfig(model="m", engine=engine)
     assert config.engine.model_dump(include=VLLM_ENGINE_FIELDS)["max_model_len"] == 1024
+
+
+def test_the_defaults_help_shows():
+    import ast
+
+    from searchr1.core.commandline import default_text
+
+    def text(src: str):
+        return default_text(ast.parse(src, mode="eval").body)
+
+    assert text("Field(default=4, ge=0)") == "4" and text("Field(8, ge=1)") == "8"
+    assert text('Field(default_factory=lambda: ["data_source"])') == "data_source"
+    assert text('Path("logs")') == "logs" and text("True") == "true" and text('"http://x:1"') == "http://x:1"
+    for none in ("None", "Field(default=None)", "Field(default_factory=dict)", "Field(default_factory=list)",
+                 "Field(default_factory=RedisSettings)", "Path.home() / 'x'"):
+        assert text(none) is None, none

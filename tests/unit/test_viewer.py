@@ -212,3 +212,37 @@ def test_trajectory_masked_whole_is_flagged(tmp_path):
     page = c.get(f"/trajectory?part=0&step=1&task_id={g.task.task_id}&index=0").text
     assert 'id="mask-all-zero"' in page and 'id="mask-aligned"' not in page
     assert 'id="mask-aligned"' in c.get(f"/trajectory?part=0&step=1&task_id={g.task.task_id}&index=1").text
+
+
+def test_the_validation_curve_is_plotted(tmp_path):
+    from searchr1.viewer.series import validation_series
+
+    write_archive(tmp_path / "archive", steps=4, groups_per_step=2)
+    lines = [{"step": 0, "searchr1_em": 0.2, "em": 0.25, "cover_em": 0.3, "f1": 0.35, "outcome": "ok"},
+             {"step": 2, "searchr1_em": 0.4, "em": 0.45, "cover_em": 0.5, "f1": 0.55, "outcome": "ok"},
+             {"step": 4, "outcome": "failed", "exit_code": 1}]
+    (tmp_path / "validation.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines) + "not json\n")
+    series = validation_series(lines)
+    assert series["validation: Search-R1 EM"] == [(0, 0.2), (2, 0.4)] and series["validation: F1"][-1] == (2, 0.55)
+    page = TestClient(create_app(tmp_path, NO_CACHE)).get("/").text
+    assert 'aria-label="validation: Search-R1 EM"' in page and 'aria-label="validation: cover EM"' in page
+
+
+def test_ask_only_viewer_and_its_bad_input():
+    class Asker:
+        async def ask(self, question):
+            class R:
+                def to_json(self):
+                    return {"question": question, "answer": "Paris", "response": "<think> t </think>\n<answer> Paris "
+                            "</answer>", "finish_reason": "answer", "num_turns": 1, "num_searches": 0,
+                            "generated_tokens": 9, "error": None}
+            return R()
+
+    c = TestClient(create_app(None, NO_CACHE, asker=Asker(), ask_info={"model": "m"}), follow_redirects=False)
+    assert c.get("/").status_code == 303 and c.get("/").headers["location"] == "/ask"
+    page = c.get("/ask?q=capital+of+france&gold=Paris").text
+    assert 'id="verdict">correct' in page and 'data-kind="answer"' in page
+    assert c.get("/ask?q=" + "x" * 4001).status_code == 400
+    assert c.get("/trajectory?part=0&step=1&task_id=q&index=0").status_code == 404
+    with pytest.raises(ArchiveNotFound):
+        create_app(None, NO_CACHE)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0fretriever.proto\x12\x15searchr1.retriever.v1\"/\n\rSearchRequest\x12\x0f\n\x07queries\x18\x01 \x03(\t\x12\r\n\x05top_k\x18\x02 \x01(\x05\"E\n\x03Hit\x12\x0e\n\x06\x64oc_id\x18\x01 \x01(\t\x12\r\n\x05title\x18\x02 \x01(\t\x12\x10\n\x08\x63ontents\x18\x03 \x01(\t\x12\r\n\x05score\x18\x04 \x01(\x02\"5\n\tQueryHits\x12(\n\x04hits\x18\x01 \x03(\x0b\x32\x1a.searchr1.retriever.v1.Hit\"C\n\x0eSearchResponse\x12\x31\n\x07results\x18\x01 \x03(\x0b\x32 .searchr1.retriever.v1.QueryHits2b\n\tRetriever\x12U\n\x06Search\x12$.searchr1.retriever.v1.SearchRequest\x1a%.searchr1.retriever.v1.SearchResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0fretriever.proto\x12\x15searchr1.retriever.v1\"/\n\rSearchRequest\x12\x0f\n\x07queries\x18\x01 \x03(\t\x12\r\n\x05top_k\x18\x02 \x01(\x05\"E\n\x03Hit\x12\x0e\n\x06\x64oc_id\x18\x01 \x01(\t\x12\r\n\x05title\x18\x02 \x01(\t\x12\x10\n\x08\x63ontents\x18\x03 \x01(\t\x12\r\n\x05score\x18\x04 \x01(\x02\"5\n\tQueryHits\x12(\n\x04hits\x18\x01 \x03(\x0b\x32\x1a.searchr1.retriever.v1.Hit\"C\n\x0eSearchResponse\x12\x31\n\x07results\x18\x01 \x03(\x0b\x32 .searchr1.retriever.v1.QueryHits\"\r\n\x0bInfoRequest\"\x1c\n\x0cInfoResponse\x12\x0c\n\x04json\x18\x01 \x01(\t2\xb3\x01\n\tRetriever\x12U\n\x06Search\x12$.searchr1.retriever.v1.SearchRequest\x1a%.searchr1.retriever.v1.SearchResponse\x12O\n\x04Info\x12\".searchr1.retriever.v1.InfoRequest\x1a#.searchr1.retriever.v1.InfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,6 +39,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_QUERYHITS']._serialized_end=215
   _globals['_SEARCHRESPONSE']._serialized_start=217
   _globals['_SEARCHRESPONSE']._serialized_end=284
-  _globals['_RETRIEVER']._serialized_start=286
-  _globals['_RETRIEVER']._serialized_end=384
+  _globals['_INFOREQUEST']._serialized_start=286
+  _globals['_INFOREQUEST']._serialized_end=299
+  _globals['_INFORESPONSE']._serialized_start=301
+  _globals['_INFORESPONSE']._serialized_end=329
+  _globals['_RETRIEVER']._serialized_start=332
+  _globals['_RETRIEVER']._serialized_end=511
 # @@protoc_insertion_point(module_scope)

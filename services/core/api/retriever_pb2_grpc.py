@@ -39,6 +39,11 @@ class RetrieverStub:
                 request_serializer=retriever__pb2.SearchRequest.SerializeToString,
                 response_deserializer=retriever__pb2.SearchResponse.FromString,
                 _registered_method=True)
+        self.Info = channel.unary_unary(
+                '/searchr1.retriever.v1.Retriever/Info',
+                request_serializer=retriever__pb2.InfoRequest.SerializeToString,
+                response_deserializer=retriever__pb2.InfoResponse.FromString,
+                _registered_method=True)
 
 
 class RetrieverServicer:
@@ -52,6 +57,14 @@ class RetrieverServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Info(self, request, context):
+        """What this retriever serves: index kind, passage count, encoder, corpus and index digests, search
+        settings (the setting fingerprint an evaluation records). Behind the same token as Search.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RetrieverServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -59,6 +72,11 @@ def add_RetrieverServicer_to_server(servicer, server):
                     servicer.Search,
                     request_deserializer=retriever__pb2.SearchRequest.FromString,
                     response_serializer=retriever__pb2.SearchResponse.SerializeToString,
+            ),
+            'Info': grpc.unary_unary_rpc_method_handler(
+                    servicer.Info,
+                    request_deserializer=retriever__pb2.InfoRequest.FromString,
+                    response_serializer=retriever__pb2.InfoResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -88,6 +106,33 @@ class Retriever:
             '/searchr1.retriever.v1.Retriever/Search',
             retriever__pb2.SearchRequest.SerializeToString,
             retriever__pb2.SearchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Info(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/searchr1.retriever.v1.Retriever/Info',
+            retriever__pb2.InfoRequest.SerializeToString,
+            retriever__pb2.InfoResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -155,6 +155,24 @@ class RetrieverClient:
                                  f"for {len(queries)} queries")
         return [[Hit(h.doc_id, h.title, h.contents, float(h.score)) for h in r.hits] for r in response.results]
 
+    async def info(self) -> dict:
+        """What the first replica serves (its `Info` call: index, corpus and encoder digests, search
+        settings), one attempt. Raises RetrieverError as `search` does (a replica without the call answers
+        UNIMPLEMENTED)."""
+        import json
+
+        address = self.addresses[0]
+        try:
+            response = await self._stub(address).Info(retriever_pb2.InfoRequest(), timeout=self.retry.timeout_s,
+                                                       metadata=self._metadata)
+        except grpc.aio.AioRpcError as exc:
+            raise RetrieverError(f"retriever {address}: {exc.code().name}: {exc.details()}", exc.code()) from exc
+        try:
+            doc = json.loads(response.json)
+        except ValueError as exc:
+            raise RetrieverError(f"retriever {address} answered Info with no JSON: {exc}") from None
+        return doc if isinstance(doc, dict) else {}
+
     async def close(self) -> None:
         channels, self._channels, self._stubs = list(self._channels.values()), {}, {}
         for channel in channels:

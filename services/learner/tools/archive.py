@@ -170,7 +170,10 @@ def describe(directory: Path) -> list[PartInfo]:
     """Rows, groups and step range of every part."""
     out = []
     for p in parts(directory):
-        t = pq.read_table(p, columns=["step", "task_id"])
+        try:
+            t = pq.read_table(p, columns=["step", "task_id"])
+        except (OSError, pa.ArrowException, KeyError) as exc:
+            raise unreadable_part(p, exc) from None
         steps = t.column("step")
         keys = {(s, k) for s, k in zip(steps.to_pylist(), t.column("task_id").to_pylist(), strict=True)}
         out.append(PartInfo(p, t.num_rows, len(keys), pc.min(steps).as_py() if t.num_rows else -1,
@@ -192,8 +195,22 @@ def read(directory: str | Path, columns: list[str] | None = None) -> pa.Table:
     return pa.concat_tables(tables)
 
 
+def unreadable_part(path: Path, exc: BaseException) -> ArchiveError:
+    """An archive part that cannot be read (a truncated copy, not Parquet, columns missing), named."""
+    return ArchiveError(f"archive part {path} cannot be read: {' '.join(str(exc).split())} (move it aside to read "
+                        "the others)")
+
+
 def _read_part(path: Path, columns: list[str] | None) -> pa.Table:
-    """One part's `columns` (all of `SCHEMA`'s by default); a column the part predates is read as nulls."""
+    """One part's `columns` (all of `SCHEMA`'s by default); a column the part predates is read as nulls.
+    `ArchiveError` naming the part when it cannot be read."""
+    try:
+        return _read_columns(path, columns)
+    except (OSError, pa.ArrowException, KeyError) as exc:
+        raise unreadable_part(path, exc) from None
+
+
+def _read_columns(path: Path, columns: list[str] | None) -> pa.Table:
     present = set(pq.read_schema(path).names)
     wanted = columns if columns is not None else SCHEMA.names
     t = pq.read_table(path, columns=[c for c in wanted if c in present])

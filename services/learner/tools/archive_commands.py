@@ -59,7 +59,10 @@ def list_parts(directory: Dir) -> None:
 
     from searchr1.learner.tools.archive import ArchiveError, describe, latest_copies, read
 
-    infos = describe(directory)
+    try:
+        infos = describe(directory)
+    except ArchiveError as exc:
+        fail(str(exc))
     if not infos:
         fail(str(ArchiveError(f"no archive parts (part-NNNNNN.parquet) in {directory}")))
     table = Table("part", "steps", "groups", "rows", "bytes")

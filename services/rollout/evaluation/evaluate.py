@@ -12,10 +12,17 @@ Stages, top to bottom:
 
 Scores, all from the reward service (`searchr1.core.clients.reward.RewardClient`):
 - `em` = `exact_match` on the response (ours: the last `<answer>` normalises to a gold);
+- `cover_em` = `substring_match` (cover EM: a normalised gold is contained in the normalised answer);
 - `f1` = `f1` (best SQuAD token F1 against the golds);
 - `searchr1_em` = Search-R1's `qa_em.compute_score_em` on prompt + response (bug-for-bug);
 - `format_valid` = the `format` scorer (Search-R1's tag grammar on the response alone, trailing
   end-of-turn markers ignored) is 1.
+
+Failures are counted, never folded into the scores: a trajectory whose search failed (the retriever
+unreachable, a refused query, a spent budget) keeps its `error` and finish reason and is scored as it is
+(the model answered without its search engine); a question the reward service could not score keeps
+`score_error` and None scores, and is left out of the score means. `stats.metrics_of` counts both, and the
+command exits 1 when their share passes `eval.max_failure_rate`.
 
 What this module does not do: start engines or servers (the `eval` command does; tests pass theirs),
 train, or judge answers itself.
@@ -38,6 +45,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from searchr1.core.clients.reward import RewardError
 from searchr1.core.datasets import DatasetError, Question, parse_row, read_rows
 from searchr1.core.protocol import SEARCH_R1, render_prompt
 from searchr1.rollout.agent import AgentLimits, Sampling, SearchFn, TrajectoryResult, run_trajectory
@@ -158,11 +166,15 @@ class EvalRecord:
     num_searches: int
     response_tokens: int
     generated_tokens: int
-    em: float = 0.0
-    f1: float = 0.0
-    searchr1_em: float = 0.0
-    format_valid: float = 0.0
+    em: float | None = None
+    cover_em: float | None = None
+    f1: float | None = None
+    searchr1_em: float | None = None
+    format_valid: float | None = None
     error: str | None = None
+    """Why the environment failed this trajectory (a failed search), or None."""
+    score_error: str | None = None
+    """Why the reward service could not score this trajectory (its scores are then None), or None."""
     groups: dict[str, str | None] = field(default_factory=dict)
     """The question's values of the group keys other than `data_source` (None: the question has none)."""
 
@@ -177,8 +189,8 @@ class EvalRecord:
 _RECORD_FIELDS = frozenset(f.name for f in fields(EvalRecord))
 
 
-SCORERS: tuple[tuple[str, str], ...] = (("em", "exact_match"), ("f1", "f1"), ("searchr1_em", "searchr1_em"),
-                                        ("format_valid", "format"))
+SCORERS: tuple[tuple[str, str], ...] = (("em", "exact_match"), ("cover_em", "substring_match"), ("f1", "f1"),
+                                        ("searchr1_em", "searchr1_em"), ("format_valid", "format"))
 """Record field ← reward-service scorer (all on `{prompt, response, golden_answers, num_searches}` items;
 `searchr1_em` scores prompt + response, the others the response)."""
 
@@ -190,11 +202,16 @@ def sample_seed(base: int, question_index: int, sample: int) -> int:
 
 async def score_trajectories(scorer: Scorer, prompt: str, responses: Sequence[str], searches: Sequence[int],
                              golds: Sequence[str]) -> dict[str, list[float]]:
-    """Every `SCORERS` score of each response (one request per scorer, concurrently)."""
+    """Every `SCORERS` score of each response (one request per scorer, concurrently). The reward client's
+    errors propagate (`eval_question` records them)."""
     items = [{"prompt": prompt, "response": r, "golden_answers": list(golds), "num_searches": n}
              for r, n in zip(responses, searches, strict=True)]
     results = await asyncio.gather(*(scorer.score(name, items) for _, name in SCORERS))
     return {key: [float(s) for s in res.scores] for (key, _), res in zip(SCORERS, results)}
+
+
+SCORING_ERRORS: tuple[type[BaseException], ...] = (RewardError, ValueError, KeyError)
+"""What a failed scoring request raises: the reward client's error, or an answer it cannot read."""
 
 
 async def eval_question(index: int, q: Question, generator: Generator, codec: TextCodec, tokenizer: Any,
@@ -217,14 +234,19 @@ async def eval_question(index: int, q: Question, generator: Generator, codec: Te
                                                        sampling, f"eval-{index}-{mode}{k}")))
     results = [t.result() for t in tasks]
     responses = [codec.decode(r.response_ids) for r in results]
-    scores = await score_trajectories(scorer, prompt, responses, [r.num_searches for r in results],
-                                      q.golden_answers)
+    score_error = None
+    try:
+        scores: dict[str, list[float | None]] = dict(await score_trajectories(
+            scorer, prompt, responses, [r.num_searches for r in results], q.golden_answers))
+    except SCORING_ERRORS as exc:
+        score_error = " ".join(str(exc).split()) or type(exc).__name__
+        scores = {key: [None] * len(results) for key, _ in SCORERS}
     return [
         EvalRecord(
             qid=q.task_id, mode=mode, sample=k, data_source=q.data_source, question=q.question,
             golden_answers=list(q.golden_answers), response=text, answer=r.answer, finish_reason=r.finish_reason,
             num_turns=r.num_turns, num_searches=r.num_searches, response_tokens=len(r.response_ids),
-            generated_tokens=r.generated_tokens, error=r.error,
+            generated_tokens=r.generated_tokens, error=r.error, score_error=score_error,
             groups={key: q.group_value(key) for key in config.group_by if key != "data_source"},
             **{key: scores[key][i] for key, _ in SCORERS},
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from searchr1.core.commandline import EXIT_FAILED, error
 from searchr1.core.protocol import tag_segments
 from searchr1.rollout.agent import AgentLimits, Sampling, TrajectoryResult
 
@@ -34,7 +35,7 @@ class OnceRequest:
 
 async def sample_once(req: OnceRequest) -> tuple[str, str, TrajectoryResult]:
     """Start an engine on `req.model`, run one trajectory; returns the prompt, the response and the result."""
-    from searchr1.core.clients.retriever import RetrieverClient
+    from searchr1.core.clients.http_retriever import retriever_client
     from searchr1.core.protocol import render_prompt
     from searchr1.rollout.agent import run_trajectory
     from searchr1.rollout.engine import HfCodec
@@ -46,7 +47,7 @@ async def sample_once(req: OnceRequest) -> tuple[str, str, TrajectoryResult]:
         engine = engine.model_copy(update={
             "logits_processors": [*engine.logits_processors, "searchr1.rollout.tools.steering:SearchSteering"]})
     generator = await start_generator(s.model, engine)
-    client = RetrieverClient(s.retriever.addresses, token=s.retriever.token, retry=s.retriever.retry_policy())
+    client = retriever_client(s.retriever.addresses, token=s.retriever.token, retry=s.retriever.retry_policy())
     limits = AgentLimits.from_settings(s.agent, max_context_tokens=engine.max_model_len)
     try:
         tokenizer = generator.tokenizer()  # type: ignore[attr-defined]
@@ -89,5 +90,7 @@ def run_once(req: OnceRequest) -> int:
     console.rule()
     console.print(f"finish: [bold]{res.finish_reason}[/]  turns: {res.num_turns}  searches: {res.num_searches}  "
                   f"sampled tokens: {res.generated_tokens}  environment tokens: {res.env_tokens}  "
-                  f"answer: [bold magenta]{res.answer!r}[/]")
+                  f"answer: [bold magenta]{res.answer!r}[/]", highlight=False)
+    if res.error is not None:  # the environment failed the trajectory: say why, and fail
+        return error(res.error, EXIT_FAILED)
     return 0
