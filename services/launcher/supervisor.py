@@ -29,7 +29,7 @@ when the learner exits 0 it finishes (`Validator.finish`) before the services it
 
 Exit codes: the main process's (the learner's; `128+n` if it died of signal n) when it ends the run;
 `128+n` on SIGINT/SIGTERM (130/143); 1 when any other process dies without a restart left, fails its
-gate or times out; 2 when the plan is refused before anything starts.
+gate or times out; 2 when the plan is refused before anything starts, or a process exits 2.
 
 Every child runs in its own session/process group (`start_new_session=True`), so a terminal's Ctrl-C
 reaches only the launcher, which then stops the children in order; a child's own children (vLLM's engine)
@@ -272,7 +272,7 @@ class Supervisor:
                 continue
             code = exit_code_of(rc)
             if code == EXIT_USAGE and not run.spec.oneshot:  # a usage or configuration error: never restarted
-                raise Stop(EXIT_USAGE if run.spec.main else EXIT_FAILED,
+                raise Stop(EXIT_USAGE,
                            f"{name} exited with code {EXIT_USAGE}, a usage or configuration error (its log says "
                            "which): a restart would meet it again; stopping everything", tail_of=(name,))
             if name in self._was_healthy and code != 0 and run.spec.restart is not None:
