@@ -25,7 +25,7 @@ help:
 	@echo "make test-hosts   the learner across two simulated hosts (network namespaces), losing one (root)"
 	@echo "make test-repro   the GPU-reproduction flow once on CPU (data fetch, index fetch, up, eval, table)"
 	@echo "make test-faults  kill -9 each service mid-run, partitions, Redis refusing writes, poison, a second learner under searchr1 up, then audit: nothing lost, nothing trained twice"
-	@echo "make soak      a randomised chaos run of the tiny world (kill -9 of any service, partitions, a slow link) for SOAK_ARGS='--duration-s 3600 --seed 0', then the audit, curves and plot (runs/soak-SEED)"
+	@echo "make soak      a randomised chaos run of the tiny world (kill -9 of any service, partitions, slow links, poison tasks, reward outages, a bad dataset row, disk-full windows, slow checkpoints, Redis data loss, idle-connection floods) for SOAK_ARGS='--duration-s 3600 --seed 0', then the audit, silent stalls, curves and plot (runs/soak-SEED; as root)"
 	@echo "make bench-compose-kill  kill -9 of one rollout worker under docker compose: time to the next training step"
 	@echo "make test-route-cu129  the CUDA 12 install route's vLLM (0.19.1, its CPU build) and torch (2.10) against the engine adapter's and the learner's tests, in .venv-route-cu129"
 	@echo "make test-load    load tests (tests/load: the retriever under 256 clients for 60 s; prints RSS)"
@@ -99,7 +99,8 @@ test-faults: $(STAMP)
 	$(BIN)/python -m pytest tests/faults -m "faults or not faults" -s $(PYTEST_ARGS)
 
 # the long run: faults at random for [soak] duration_s of configs/soak.toml (an hour), then `searchr1 audit`,
-# the curves (RUN/soak.json) and the plot (RUN/soak.png); exit 1 when a task is lost or trained twice or an RSS
+# the silent stalls, the curves (RUN/soak.json) and the plot (RUN/soak.png); exit 1 when a task is lost or
+# trained twice, a stall went silent (no step past [soak] stall_bound_s while no alert fired) or an RSS
 # grows past its bound. As root on Linux the links cross network namespaces. SOAK_ARGS="--duration-s 600 --seed 3"
 SOAK_ARGS ?=
 soak: $(STAMP)

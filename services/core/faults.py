@@ -25,7 +25,16 @@ The points:
   loaded — a reload that failed silently, for the learner's desync screen to catch
   (`learner/algo/desync.py`);
 - `rollout.poison_group`: the worker publishes one group with its first token id pushed far past any
-  vocabulary (schema-valid, untrainable), for the learner to dead-letter alone.
+  vocabulary (schema-valid, untrainable), for the learner to dead-letter alone;
+- `rollout.poison_task` (keyed by task id): the worker fails the task on every delivery, as on a question
+  that crashes its engine, so the tasks stream dead-letters it after `max_deliveries`;
+- `checkpoint.slow_write` (a pause): the checkpointer waits before each file of a checkpoint, a save slower
+  than the learner's stall bound that keeps writing.
+
+A long run (the soak) turns faults on and off while the processes run instead: `FaultSwitches`, armed
+from `SEARCHR1_FAULT_SWITCHES` = a directory, fires at a point while a file of that name is in the
+directory; the file holds the pause in seconds (`checkpoint.slow_write`) or the keys it fires for, one a
+line (`rollout.poison_task`).
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ from searchr1.core.schemas import TrajectoryGroup
 
 ENV_POINT = "SEARCHR1_FAULT_POINT"
 ENV_MARKER = "SEARCHR1_FAULT_MARKER"
+ENV_SWITCHES = "SEARCHR1_FAULT_SWITCHES"
 POISON_TOKEN_ID = 2**30
 """The token id `poisoned` writes: past any real vocabulary, within the schema."""
 
@@ -51,6 +61,20 @@ class Faults:
     def fires(self, name: str) -> bool:
         """True when the fault at point `name` happens here, now."""
         return False
+
+    def fires_for(self, name: str, key: str) -> bool:
+        """True when the fault at point `name` happens for `key` (a task id)."""
+        return False
+
+    def pause_s(self, name: str) -> float:
+        """Seconds to pause at point `name` (0: none)."""
+        return 0.0
+
+    def pause_at(self, name: str) -> None:
+        """Sleep here for `pause_s(name)` (blocking: called in a thread)."""
+        seconds = self.pause_s(name)
+        if seconds > 0:
+            time.sleep(seconds)
 
     def kill_at(self, name: str) -> None:
         """SIGKILL this process here if the fault at point `name` fires."""
@@ -101,9 +125,41 @@ class FaultPoints(Faults):
         return True
 
 
+@dataclass
+class FaultSwitches(Faults):
+    """A hook whose points are turned on and off from outside the process: a point fires while a file of
+    its name is in `directory` (see the module docstring). Each look reads the directory."""
+
+    directory: Path
+
+    def _read(self, name: str) -> str | None:
+        try:
+            return (self.directory / name).read_text()
+        except OSError:  # no such switch (or none readable): off
+            return None
+
+    def fires(self, name: str) -> bool:
+        return self._read(name) is not None
+
+    def fires_for(self, name: str, key: str) -> bool:
+        text = self._read(name)
+        return text is not None and key in text.split()
+
+    def pause_s(self, name: str) -> float:
+        text = self._read(name)
+        try:
+            return max(0.0, float(text)) if text and text.strip() else 0.0
+        except ValueError:
+            return 0.0
+
+
 def faults_from_env(environ: Mapping[str, str] = os.environ) -> Faults:
-    """The hook a process started by the fault suite is armed with (`SEARCHR1_FAULT_POINT`,
-    `SEARCHR1_FAULT_MARKER`), read once at its command's entry; `NO_FAULTS` when the point is unset."""
+    """The hook a process started by the fault suite is armed with (`SEARCHR1_FAULT_SWITCHES`, else
+    `SEARCHR1_FAULT_POINT` and `SEARCHR1_FAULT_MARKER`), read once at its command's entry; `NO_FAULTS` when
+    neither is set."""
+    switches = environ.get(ENV_SWITCHES)
+    if switches:
+        return FaultSwitches(Path(switches))
     point = environ.get(ENV_POINT)
     if not point:
         return NO_FAULTS

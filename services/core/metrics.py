@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
@@ -87,12 +87,18 @@ class MetricsServer:
 
     server: WSGIServer
     thread: threading.Thread
+    closing: threading.Event = field(default_factory=threading.Event)
+    """Set by `close`: the serve thread's end is expected from then on."""
+    on_death: Callable[[str, BaseException | None], None] | None = None
+    """Called with ("metrics server", the exception or None) if the serve thread ends before `close`
+    (a service's `searchr1.core.supervise.Supervisor.fail`): the probes would go unanswered otherwise."""
 
     @property
     def port(self) -> int:
         return int(self.server.server_port)
 
     def close(self) -> None:
+        self.closing.set()
         self.server.shutdown()
         self.server.server_close()
         self.thread.join(timeout=5)
@@ -223,12 +229,14 @@ def start_metrics_server(registry: CollectorRegistry, host: str = "127.0.0.1", p
                          token: str | None = None, ready: Callable[[], bool] | None = None,
                          live: Callable[[], bool] | None = None, max_connections: int = DEFAULT_MAX_CONNECTIONS,
                          read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
-                         deadline_s: float = DEFAULT_DEADLINE_S) -> MetricsServer:
+                         deadline_s: float = DEFAULT_DEADLINE_S,
+                         on_death: Callable[[str, BaseException | None], None] | None = None) -> MetricsServer:
     """Serve `registry` at http://host:port/metrics (port 0 picks a free one; see `.port`); with `token`,
     only to requests that carry `Authorization: Bearer <token>` (others get 401). With `ready`, also
     `/healthz` and `/readyz` (see the module docstring; open without the token, like every health path);
     with `live` too (`searchr1.core.watchdog`), `/healthz` is 503 while it is False. The server is bounded
-    by `max_connections`, `read_timeout_s` and `deadline_s` (the module docstring)."""
+    by `max_connections`, `read_timeout_s` and `deadline_s` (the module docstring); `on_death`: see
+    `MetricsServer.on_death` (settable later)."""
     app = make_wsgi_app(registry)
     if token:
         app = _bearer_guarded(app, token)
@@ -237,9 +245,20 @@ def start_metrics_server(registry: CollectorRegistry, host: str = "127.0.0.1", p
     handler = type("_Handler", (_QuietHandler,), {"timeout": read_timeout_s})
     server = BoundedWSGIServer((host, port), handler, max_connections=max_connections, deadline_s=deadline_s)
     server.set_app(app)
-    thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
-    thread.start()
-    return MetricsServer(server, thread)
+    running = MetricsServer(server, threading.Thread(), on_death=on_death)
+
+    def serve() -> None:
+        cause: BaseException | None = None
+        try:
+            server.serve_forever()
+        except BaseException as exc:  # noqa: BLE001 - reported to the service, which stops on it
+            cause = exc
+        if running.on_death is not None and not running.closing.is_set():
+            running.on_death("metrics server", cause)
+
+    running.thread = threading.Thread(target=serve, name="metrics", daemon=True)
+    running.thread.start()
+    return running
 
 
 class StageClock:

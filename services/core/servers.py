@@ -207,6 +207,12 @@ class HttpServer:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
 
+    @property
+    def task(self) -> asyncio.Task | None:
+        """The serve task once `start`ed: a service supervises it (`searchr1.core.supervise`), so a server
+        that stopped serving stops the process instead of leaving it up and deaf."""
+        return self._task
+
     async def start(self) -> int:
         logging.getLogger("asyncio").addFilter(self._throttle)  # accept failures: one line every 10 s
         self._task = asyncio.create_task(self._server.serve(sockets=[self._sock]))

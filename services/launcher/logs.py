@@ -16,6 +16,7 @@ stalls a pipe.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 from collections import deque
 from pathlib import Path
@@ -117,6 +118,21 @@ class LogMux:
         self._styles = {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(names)}
         self._styles[LAUNCHER] = "bold white"
         self._files: dict[str, BinaryIO] = {}
+        self._dropping: dict[str, int] = {}
+        """Lines of each process's output that could not be written to its log since the last write that
+        succeeded."""
+
+    def _dropped(self, name: str, lines: int, exc: OSError) -> None:
+        first = name not in self._dropping
+        self._dropping[name] = self._dropping.get(name, 0) + lines
+        if first:
+            self.say(f"cannot write the log of {name} ({exc.strerror or exc}): its lines are dropped until "
+                     "a write succeeds", "bold red")
+
+    def _written(self, name: str) -> None:
+        lost = self._dropping.pop(name, None)
+        if lost is not None:
+            self.say(f"writing the log of {name} again; {lost} line(s) were dropped", "yellow")
 
     def path(self, name: str) -> Path:
         return self.log_dir / f"{name}.log"
@@ -131,7 +147,8 @@ class LogMux:
     def close(self, name: str) -> None:
         f = self._files.pop(name, None)
         if f is not None:
-            f.close()
+            with contextlib.suppress(OSError):  # what a full disk kept in its buffer is lost
+                f.close()
 
     def close_all(self) -> None:
         for name in list(self._files):
@@ -174,8 +191,13 @@ class LogMux:
         if not lines:
             return
         if not f.closed:
-            f.write(b"".join(line + b"\n" for line in lines))
-            f.flush()
+            try:
+                f.write(b"".join(line + b"\n" for line in lines))
+                f.flush()
+            except OSError as exc:  # a full disk: the lines are lost, the pipe is still drained
+                self._dropped(name, len(lines), exc)
+            else:
+                self._written(name)
         for line in lines:
             text = console_text(line)
             if text and (keep(text) or self.verbose):

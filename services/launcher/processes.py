@@ -177,9 +177,10 @@ async def spawn(spec: ProcessSpec, mux: LogMux, *, die_with_launcher: bool,
     `Stop` when it cannot be started."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env}
     log = mux.open(spec.name)
-    log.write(f"--- searchr1 up: {spec.name} starting at {time.strftime('%Y-%m-%d %H:%M:%S')}: "
-              f"{shlex.join(spec.argv)} ---\n".encode())
-    log.flush()
+    with contextlib.suppress(OSError):  # a full disk: the header is lost, the process still starts
+        log.write(f"--- searchr1 up: {spec.name} starting at {time.strftime('%Y-%m-%d %H:%M:%S')}: "
+                  f"{shlex.join(spec.argv)} ---\n".encode())
+        log.flush()
     for directory in spec.make_dirs:
         directory.mkdir(parents=True, exist_ok=True)
     try:

@@ -14,14 +14,22 @@ everything else keeps running. The launcher says `restarting X (exit …, attemp
 null if it died again first) and keeps a per-process count in `RUN_DIR/processes.json` and the status
 line. A process that dies before it was ever healthy (a configuration error, not a crash to ride out),
 a restarted process that does not become healthy within its health timeout, or more than `max_restarts`
-deaths within `window_s` still end the run. The main process exiting 0 ends the run as before.
+deaths within `window_s` still end the run, and so does any process exiting with status 2, a usage or
+configuration error (the learner's dataset row the wire refuses, a Redis too small for the settings): a
+restart would meet it again, so the run stops with that process's log tail. The main process exiting 0
+ends the run as before.
+
+The launcher's own tasks are watched too: the pumps that copy each process's output to its log (a log
+write that fails — a full disk — drops those lines and says so, and the pump keeps draining the pipe, so
+a process never blocks on a full pipe), the waiters on each process and the restarts; one that dies ends
+the run with its cause instead of leaving a process unwatched.
 
 Validation (`validation.py`): once everything is up the validator evaluates snapshots beside the training;
 when the learner exits 0 it finishes (`Validator.finish`) before the services it needs are stopped.
 
 Exit codes: the main process's (the learner's; `128+n` if it died of signal n) when it ends the run;
 `128+n` on SIGINT/SIGTERM (130/143); 1 when any other process dies without a restart left, fails its
-gate or times out; 2 when the plan is refused before anything starts.
+gate or times out; 2 when the plan is refused before anything starts, or a process exits 2.
 
 Every child runs in its own session/process group (`start_new_session=True`), so a terminal's Ctrl-C
 reaches only the launcher, which then stops the children in order; a child's own children (vLLM's engine)
@@ -45,6 +53,7 @@ from itertools import groupby
 
 from rich.console import Console
 
+from searchr1.core.commandline import EXIT_USAGE
 from searchr1.core.run_connection import write_connection
 from searchr1.launcher.health import check_all
 from searchr1.launcher.logs import LogMux, tail
@@ -251,12 +260,21 @@ class Supervisor:
         """Raise Stop for the first process that ended when it should not have (the main process ending
         ends the run with its code; a finished one-shot process is fine)."""
         for name, run in list(self.running.items()):
+            for task in [*run.pumps, run.waiter]:
+                if task is not None and task.done() and not task.cancelled() and task.exception() is not None:
+                    exc = task.exception()
+                    raise Stop(EXIT_FAILED, f"the launcher's watch of {name} died ({type(exc).__name__}: {exc}); "
+                                            "stopping everything")
             rc = run.returncode
             if rc is None or name in self._restarting:
                 continue
             if run.spec.oneshot and rc == 0:
                 continue
             code = exit_code_of(rc)
+            if code == EXIT_USAGE and not run.spec.oneshot:  # a usage or configuration error: never restarted
+                raise Stop(EXIT_USAGE,
+                           f"{name} exited with code {EXIT_USAGE}, a usage or configuration error (its log says "
+                           "which): a restart would meet it again; stopping everything", tail_of=(name,))
             if name in self._was_healthy and code != 0 and run.spec.restart is not None:
                 rule = self.rules.setdefault(name, RestartRule.from_settings(run.spec.restart))
                 decision = rule.next_restart(time.monotonic())
@@ -313,6 +331,9 @@ class Supervisor:
                                   "died_at": died_wall, "healthy_at": healthy_wall, "pid": run.proc.pid})
         except Stop as stop:
             self._fatal = stop
+        except Exception as exc:  # noqa: BLE001 - a restart that failed any other way ends the run, named
+            self._fatal = Stop(EXIT_FAILED, f"the restart of {name} failed: {type(exc).__name__}: {exc}; "
+                                            "stopping everything", tail_of=(name,))
         finally:
             self._restarting.pop(name, None)
             self._wake.set()

@@ -33,20 +33,32 @@ class StatusTicker:
         self._task = asyncio.create_task(self._loop())
 
     async def _loop(self) -> None:
+        failing: str | None = None
         while not self._halt.is_set():  # a cancel can be lost in a Redis call (core.aio)
             try:
-                async with asyncio.timeout(max(2.0, self.refresh_s)):
-                    snap = await self.collector.collect()
-            except (TimeoutError, OSError):
-                snap = None
-            if snap is not None:
-                line = render_status(snap) + self.suffix()
-                self.last = line
-                self.view.update(snap.step, line)
-                if not self.view.active and self.cadence.due(snap.step, time.monotonic()):
-                    progress = self.view.plain_progress(snap.step)
-                    self.mux.say(f"status: {line}" + (f"  [{progress}]" if progress else ""), "bold")
+                await self._tick()
+            except Exception as exc:  # noqa: BLE001 - the status line never ends the run: said once, tried again
+                why = f"{type(exc).__name__}: {exc}"
+                if why != failing:
+                    self.mux.say(f"status line failed ({why}); trying again every {self.refresh_s:.0f}s", "yellow")
+                failing = why
+            else:
+                failing = None
             await asyncio.sleep(self.refresh_s)
+
+    async def _tick(self) -> None:
+        try:
+            async with asyncio.timeout(max(2.0, self.refresh_s)):
+                snap = await self.collector.collect()
+        except (TimeoutError, OSError):
+            snap = None
+        if snap is not None:
+            line = render_status(snap) + self.suffix()
+            self.last = line
+            self.view.update(snap.step, line)
+            if not self.view.active and self.cadence.due(snap.step, time.monotonic()):
+                progress = self.view.plain_progress(snap.step)
+                self.mux.say(f"status: {line}" + (f"  [{progress}]" if progress else ""), "bold")
 
     async def stop(self) -> None:
         """Stop the loop (if it runs) and print the last line once more."""

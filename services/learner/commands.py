@@ -52,6 +52,7 @@ def run_train(settings: LearnerSettings, max_steps: int | None) -> int:
 
     from searchr1.core.faults import faults_from_env
     from searchr1.core.openmp import set_openmp_waits
+    from searchr1.core.supervise import TaskDied
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     waits = set_openmp_waits(settings.openmp_wait_policy())  # before torch loads
@@ -78,6 +79,10 @@ def run_train(settings: LearnerSettings, max_steps: int | None) -> int:
         return error(str(exc), EXIT_USAGE)
     except TrackerUnavailable as exc:  # a tracker the config asks for is not installed
         return error(str(exc), EXIT_USAGE)
+    except TaskDied as exc:  # the dispatcher, the lease keeper or the watchdog ended the run, named: restart
+        if isinstance(exc.cause, LeaseLost):
+            return error(str(exc), 3)
+        return error(str(exc), 1)
     typer.echo(f"stopped at step {state.step} (policy version {state.version})")
     last = max_steps if max_steps is not None else settings.optim.total_steps
     if stop.is_set() and state.step < last:

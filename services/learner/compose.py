@@ -45,6 +45,7 @@ from searchr1.learner.service import Learner
 from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.sources.base import GroupSource
 from searchr1.learner.sources.stream import StreamSource
+from searchr1.learner.tools.dead_tasks import DeadTasks, dead_tasks_path
 from searchr1.learner.train.build import Training
 from searchr1.learner.train.checkpoint import Checkpointer
 from searchr1.learner.train.model import DistInfo
@@ -74,7 +75,8 @@ def build_learner(
     stream and, given `tasks`, a dispatcher feeds the tasks stream (`outputs.record`: its durable dispatch
     record); without, the snapshots are written and not announced. The lease (`redis.lease`) fences the
     checkpointer, the publisher and every write (acks and the recovery-snapshot record inside Redis);
-    `watchdog` is beaten by the loop and the source's reads; `faults` is the fault suite's hook (the loop's
+    `watchdog` is beaten by the loop's progress (never its reads) and names what the loop waits for when it
+    stalls; `faults` is the fault suite's hook (the loop's
     and the checkpointer's points). `source`, `dispatcher` and `publisher` replace the ones built here (an
     archive for `train --replay`; tests)."""
     info = info or DistInfo()
@@ -93,15 +95,19 @@ def build_learner(
     if side.client is not None:
         task_stream = tasks_stream(side.client, keys, link=link)  # it only publishes: no re-delivery knobs
         if tasks and dispatcher is None:
+            # the tasks the rollout workers dead-letter: replaced, recorded, never dealt out again
+            dead = DeadTasks(dead_tasks_path(settings.log_dir, settings.redis.run), task_stream.burials(),
+                             task_stream)
             dispatcher = Dispatcher(task_stream, tasks, settings.dispatcher, on_publish=metrics.tasks.inc,
                                     staleness=staleness, vocab_size=training.vocab_size(),
-                                    record=outputs.record)
+                                    record=outputs.record, dead=dead,
+                                    on_replace=metrics.tasks_replaced.labels("dead_lettered").inc)
         if source is None:
             trajectories = trajectories_stream(side.client, keys, link=link,
                                                visibility_timeout_ms=settings.visibility_timeout_ms,
                                                max_deliveries=settings.max_deliveries, fence=lease)
             source = StreamSource(settings, trajectories, task_stream, staleness, metrics,
-                                  vocab_size=training.vocab_size(), dispatcher=dispatcher, beat=watchdog.beat)
+                                  vocab_size=training.vocab_size(), dispatcher=dispatcher)
     screen = (DesyncScreen(DesyncPolicy.from_settings(settings.desync), training, settings.batch, metrics,
                            info=info, run=settings.redis.run, source=source, redis=side.client, link=link)
               if settings.desync.enabled else NO_SCREEN)

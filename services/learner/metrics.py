@@ -79,6 +79,16 @@ class LearnerMetrics:
                               registry=r)
         self.tasks = Counter("searchr1_learner_tasks_dispatched_total", "Tasks published by the dispatcher.",
                              registry=r)
+        self.tasks_replaced = Counter(
+            "searchr1_learner_tasks_replaced_total",
+            "Replacement tasks published for tasks that will never yield a group, by reason: dead_lettered (a "
+            "rollout worker buried the task), group_dead_lettered (the trajectories stream buried its group), "
+            "unfillable (a step waited with nothing in flight that could fill it).", ["reason"], registry=r)
+        self.progress_age = Gauge("searchr1_learner_progress_age_seconds",
+                                  "Seconds since the learner last made progress (a trained step, bytes of a "
+                                  "checkpoint written); it stops itself past stall_timeout_s.", registry=r)
+        self.stall_timeout = Gauge("searchr1_learner_stall_timeout_seconds",
+                                   "The learner's stall_timeout_s: no progress for this long stops it.", registry=r)
         self.redis = RedisMetrics.on(r, "learner")
         self.version = Gauge("searchr1_learner_policy_version", "Latest published policy version.", registry=r)
         self.step_seconds = Histogram("searchr1_learner_step_seconds", "Wall time of one training step.",
@@ -88,6 +98,11 @@ class LearnerMetrics:
         r.register(StageCollector("searchr1_learner_stage_seconds_total",
                                   "Wall time of the learner by stage (stages never overlap).", self.stages))
         self._stage_mark = self.stages.totals()
+
+    def watch_progress(self, stalled_for: Callable[[], float], stall_timeout_s: float) -> None:
+        """Export the learner's progress watchdog: `progress_age` reads `stalled_for()` at each scrape."""
+        self.progress_age.set_function(stalled_for)
+        self.stall_timeout.set(stall_timeout_s)
 
     def stage_seconds(self) -> dict[str, float]:
         """Seconds per stage since the last call (per step: called once per step)."""

@@ -69,6 +69,8 @@ class WatchdogLike(Protocol):
 
     def waiting(self) -> Any: ...
 
+    def progressing(self, measure: Callable[[], int]) -> Any: ...
+
     def alive(self) -> bool: ...
 
 
@@ -151,6 +153,10 @@ class NoWatchdog:
 
     @contextmanager
     def waiting(self) -> Iterator[None]:
+        yield
+
+    @contextmanager
+    def progressing(self, measure: Callable[[], int]) -> Iterator[None]:
         yield
 
     def alive(self) -> bool:
@@ -286,7 +292,7 @@ class Feed:
 @dataclass(frozen=True)
 class Checks:
     """What watches the loop: the collapse guard (after each step), the desync screen (before each step
-    trains) and the progress watchdog (beaten at each stage)."""
+    trains) and the progress watchdog (beaten by progress: the start, a trained step, checkpoint bytes)."""
 
     guard: Any = NO_GUARD
     screen: Any = NO_SCREEN

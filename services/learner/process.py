@@ -3,8 +3,12 @@ opens Redis and its link, loads the models, opens the step log, archive and disp
 metrics, has `compose.build_learner` wire one `Learner` loop (`service.py`) from them, runs it, and tears
 everything down; `run_replay` runs the same loop over an archive (`train --replay`).
 
-On rank 0 a progress watchdog (`core/watchdog.py`, `stall_timeout_s`) is beaten by the loop and the
-source's reads: once it stalls, `/healthz` answers 503 and the lease is no longer renewed.
+On rank 0 a progress watchdog (`core/watchdog.py`, `stall_timeout_s`) is beaten by progress only (the
+start done, a step trained, a checkpoint's bytes written): once it stalls, `/healthz` answers 503, the
+lease is no longer renewed and the process stops naming what the loop waited for. The lease keeper and the
+watchdog run supervised (`core/supervise.py`): a lease lost, or a stall, stops the process with its cause
+(exit 3 for the lease, else 1), to be restarted. The dataset is read before the model loads, so a row the
+wire refuses stops the start at once (exit 2, which `searchr1 up` does not restart).
 
 Across nodes (torchrun `--nnodes` > 1) every node serves `/healthz`, so one liveness probe fits every pod
 of the learner: on node 0, global rank 0's (the whole learner's progress: every step is a collective, so
@@ -19,10 +23,10 @@ from __future__ import annotations
 import asyncio
 import os
 
-from searchr1.core.aio import stop_task
 from searchr1.core.datasets import Question
 from searchr1.core.faults import NO_FAULTS, Faults
 from searchr1.core.redaction import redact_config
+from searchr1.core.supervise import Supervisor
 from searchr1.core.watchdog import Watchdog
 from searchr1.learner.compose import build_learner
 from searchr1.learner.metrics import LearnerMetrics, StepLog
@@ -85,25 +89,38 @@ async def run_learner(settings: LearnerSettings, stop: asyncio.Event | None = No
                   holder=f"{default_holder()}/{settings.consumer}")
     metrics = LearnerMetrics()
     link = RedisLink("learner", **metrics.redis.link_callbacks())
-    # progress, not mere life: a hung loop stops renewing the lease and answers 503 on /healthz
+    # progress, not mere life: a loop that makes none stops renewing the lease, answers 503 on /healthz and
+    # stops the process naming what it waited for
     watchdog = Watchdog("learner", settings.stall_timeout_s, excused=lambda: not link.up)
+    metrics.watch_progress(watchdog.stalled_for, settings.stall_timeout_s)
     done = asyncio.Event()
-    keeper = None
+    tasks = Supervisor("learner")
     try:
         # a token above every one on disk: Redis losing its counter cannot hand a used one out again
         floor = await asyncio.to_thread(highest_token, settings.checkpoint.dir)
         await lease.acquire(wait_s=settings.lease_ttl_ms / 1000, floor=floor)
         await enforce_redis_budget(settings, redis)  # RedisBudgetError: Redis cannot hold what is kept unacked
-        # renewed from here on, through the model's loading, while the loop makes progress
-        keeper = asyncio.create_task(lease.keep(done, alive=watchdog.alive))
+        # renewed from here on, through the model's loading, while the loop makes progress; a lease lost
+        # stops the process at once (a learner without it can write nothing)
+        tasks.spawn("lease keeper", _keep(lease, done, watchdog), may_finish=True)
+        tasks.spawn("progress watchdog", watchdog.guard())
         side = RedisSide(redis, lease, link)
-        return await _run(settings, info, stop, max_steps, side, metrics, watchdog, faults)
+        return await tasks.run(_run(settings, info, stop, max_steps, side, metrics, watchdog, faults), stop,
+                               grace_s=settings.stall_timeout_s)
     finally:
         done.set()
-        if keeper is not None:
-            await stop_task(keeper, timeout=5.0)
+        await tasks.close(timeout=5.0)
         await lease.release_quietly()
         await redis.aclose()
+
+
+async def _keep(lease: Lease, done: asyncio.Event, watchdog: Watchdog) -> None:
+    """Renew the lease until `done`; raise `LeaseLost` when it was lost first."""
+    from searchr1.streams import LeaseLost
+
+    await lease.keep(done, alive=watchdog.alive)
+    if not done.is_set() and lease.lost is not None:
+        raise LeaseLost(lease.lost)
 
 
 async def _run(settings: LearnerSettings, info: DistInfo, stop: asyncio.Event, max_steps: int | None,
@@ -116,9 +133,13 @@ async def _run(settings: LearnerSettings, info: DistInfo, stop: asyncio.Event, m
     from searchr1.learner.tools.data import load_tasks, oversample
     from searchr1.learner.tools.dispatch_log import DispatchLog, dispatch_log_path
 
+    specs: list[Question] = []
+    if info.is_main and settings.dispatcher.enabled and settings.dispatcher.dataset:
+        # the dataset before the model: a row the wire refuses stops the start (exit 2) in seconds
+        specs = await asyncio.to_thread(
+            lambda: oversample(load_tasks(settings.dispatcher.dataset), settings.dispatcher.source_repeats))
     training = await asyncio.to_thread(build_training, settings, info, metrics.stages)
     step_log, archive, metrics_server, dispatch_log = NO_STEP_LOG, NO_ARCHIVE, None, None
-    specs: list[Question] = []
     if info.is_main:
         from searchr1.core.tracking import TensorBoardLog, WandbLog
 
@@ -139,12 +160,13 @@ async def _run(settings: LearnerSettings, info: DistInfo, stop: asyncio.Event, m
                                               token=None if settings.metrics_open else settings.token)
     learner = None
     try:
-        if info.is_main and settings.dispatcher.enabled and settings.dispatcher.dataset:
-            specs = oversample(load_tasks(settings.dispatcher.dataset), settings.dispatcher.source_repeats)
+        if specs:
             dispatch_log = DispatchLog(dispatch_log_path(settings.log_dir, settings.redis.run))
         outputs = Outputs(step_log, archive, dispatch_log.record if dispatch_log is not None else None)
         learner = build_learner(settings, training, info=info, metrics=metrics, redis=redis, outputs=outputs,
                                 watchdog=watchdog, tasks=specs, faults=faults)
+        if isinstance(watchdog, Watchdog):  # the process's own: a stall names what the loop was doing
+            watchdog.describe = learner.doing
         await learner.weights.open()
         await learner.start()
         return await learner.run(stop, max_steps=max_steps)

@@ -39,6 +39,12 @@ snapshots are gathered to rank 0, which writes them.
 The event loop never blocks: training, collectives (the broadcast included), checkpoints, snapshot
 writes and pruning, and the step-log write run in threads (`asyncio.to_thread`), one at a time and in the
 same order on every rank, so the dispatcher task on rank 0's loop keeps feeding the tasks stream.
+
+Liveness (docs/reliability.md, "Liveness"): the dispatcher and the Redis watch run supervised
+(`searchr1.core.supervise`): either dying stops the loop at its next check and the process with the cause.
+The watchdog counts progress — a step trained, a checkpoint's bytes written — never waiting: a step that
+cannot fill is answered by replacements (the source's, the dispatcher's for dead-lettered tasks) or, past
+`stall_timeout_s`, by a stop naming what the loop waited for (`doing`).
 """
 
 from __future__ import annotations
@@ -50,10 +56,10 @@ from collections import deque
 from contextlib import AbstractContextManager
 from typing import Any
 
-from searchr1.core.aio import stop_task
 from searchr1.core.faults import NO_FAULTS, Faults
 from searchr1.core.metrics import in_stage
 from searchr1.core.schemas import TrajectoryGroup
+from searchr1.core.supervise import Supervisor
 from searchr1.learner.algo.batch import Batch, build_batch
 from searchr1.learner.algo.figures import by_source, group_figures
 from searchr1.learner.algo.group_filters import mask_overlong
@@ -123,9 +129,10 @@ class Learner:
         """The desync screen (`desync_screen.py`, the rule `algo/desync.py`), run on every step's groups
         before they train."""
         self.watchdog = checks.watchdog
-        """Beaten at each stage of a step and each pass of a read: on rank 0 a loop that stops making progress
-        stops renewing the lease and fails `/healthz`; on another node it fails that node's `/healthz`
-        (`process.py`)."""
+        """Beaten by progress only — the start done, a step trained, a checkpoint's bytes written — never by
+        waiting: on rank 0 a loop that stops making progress stops renewing the lease, fails `/healthz` and
+        stops the process naming what it waited for (`process.py`); on another node it fails that node's
+        `/healthz`."""
         self.halted: str | None = None
         """Why a policy stopped the run (the collapse guard's message), once one has."""
         self.last_step: int | None = None
@@ -155,7 +162,15 @@ class Learner:
         self.dispatcher.restore(self.state.dispatcher or {}, self.state.version)
         await self.source.start()
         await self.publish_weights()  # a collective under FSDP: every rank writes-or-not alike
+        self.beat()  # resumed and announced: the start is done
         return self.state
+
+    def doing(self) -> str:
+        """What the loop is doing, in a line (the watchdog's stall message): what the source's read waits
+        for, else the last stage run."""
+        waiting = getattr(self.source, "waiting_for", "")
+        last = self.stages[-1] if self.stages else "start-up"
+        return waiting or f"after stage {last!r} of step {self.state.step}"
 
     # ------------------------------------------------------------------ stages
 
@@ -269,7 +284,9 @@ class Learner:
         if self.state.step % self.s.checkpoint.every == 0 or self.state.step == self.last_step:
             self.state.dispatcher = self.dispatcher.position()  # on the loop thread, where it runs
             await self.hold_lease(in_redis=True)
-            await asyncio.to_thread(self.checkpoint)
+            # a save that keeps writing is progress, however slow (the watchdog counts its bytes)
+            with self.watchdog.progressing(self.checkpointer.bytes_written):
+                await asyncio.to_thread(self.checkpoint)
             self.beat()
             await self.ack()
         figures.update(await self.publish_weights())
@@ -325,21 +342,26 @@ class Learner:
                     break
                 await self.train_and_commit(StepGroups(groups))
             return self.state
-        halt = asyncio.Event()  # ends the dispatcher when this loop ends (a cancel alone can be lost: core.aio)
-        # the dispatcher's backpressure: the groups published and not yet read
-        disp_task = asyncio.create_task(self.dispatcher.run(halt, downstream=self.source))
-        watch_task = asyncio.create_task(self.link.watch(self.redis, halt))
+        # the dispatcher and the Redis watch are supervised: a death stops the loop (at its next check) and
+        # the process, with the cause (TaskDied), instead of a loop waiting on tasks nobody publishes
+        tasks = Supervisor("learner")
+        halt = asyncio.Event()  # ends them when this loop ends (a cancel alone can be lost: core.aio)
+        # the dispatcher's backpressure: the groups published and not yet read (the null ones end at once)
+        tasks.spawn("dispatcher", self.dispatcher.run(halt, downstream=self.source), may_finish=True)
+        tasks.spawn("redis watch", self.link.watch(self.redis, halt), may_finish=True)
         try:
-            while self.state.step < limit and not stop.is_set() and self.halted is None:
-                self.beat()
-                await self.step_once(stop)
-                if await self.source.finished():
-                    log.info("no groups left to train on (dataset or archive exhausted): stopping")
-                    break
+            await tasks.run(self._steps(stop, limit), stop, grace_s=self.s.stall_timeout_s)
         finally:
             if self.info.enabled:
                 await asyncio.to_thread(broadcast_groups, None, self.info)
             halt.set()
-            await stop_task(disp_task, timeout=10.0)
-            await stop_task(watch_task, timeout=5.0)
+            await tasks.close(timeout=10.0)
         return self.state
+
+    async def _steps(self, stop: asyncio.Event, limit: int) -> None:
+        """Rank 0's steps until `stop`, `limit`, a halt or the end of the data."""
+        while self.state.step < limit and not stop.is_set() and self.halted is None:
+            await self.step_once(stop)
+            if await self.source.finished():
+                log.info("no groups left to train on (dataset or archive exhausted): stopping")
+                break

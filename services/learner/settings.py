@@ -312,11 +312,12 @@ class LearnerSettings(ServiceSettings):
     """The learner's lease on its run (one learner per run, `searchr1.streams.Lease`): renewed every third of this;
     a second learner refuses to start while it is held, and a crashed learner's lease expires after it."""
     stall_timeout_s: float = Field(default=1800.0, gt=0, le=86_400)
-    """Liveness that means progress (core/watchdog.py): once the loop made no progress (a step stage,
-    a read pass) for this long — a hung collective, a checkpoint on a dead volume — `/healthz` answers 503
-    and rank 0 stops renewing its lease, so the process is restarted and another learner may take the run
-    over. Waiting for Redis is not a stall. It must exceed the longest stage (a model load, a step, a
-    checkpoint)."""
+    """Liveness that means progress (core/watchdog.py): once the learner made no progress (its start done,
+    a step trained, bytes of a checkpoint written) for this long — a hung collective, a checkpoint on a
+    volume that stopped writing, a step whose groups never come — `/healthz` answers 503, rank 0 stops
+    renewing its lease and the process exits 1 naming what it waited for, so it is restarted and another
+    learner may take the run over. Waiting for groups is no progress; waiting for Redis is not a stall. It
+    must exceed the start (a model load) and the longest step without a checkpoint."""
     wandb_project: str | None = None
     """Also log every step's figures to this Weights & Biases project (extra `wandb`; the run is named after
     `redis.run`, its files under `log_dir`)."""

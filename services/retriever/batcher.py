@@ -96,6 +96,12 @@ class MicroBatcher:
         self._task: asyncio.Task | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="retriever-search")
 
+    @property
+    def task(self) -> asyncio.Task | None:
+        """The batching loop once `start`ed: the server supervises it (`searchr1.core.supervise`); every
+        search would wait for good on a loop that died."""
+        return self._task
+
     async def start(self) -> None:
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="retriever-batcher")

@@ -20,6 +20,7 @@ from searchr1.core.api import retriever_pb2_grpc
 from searchr1.core.metrics import MetricsServer, start_metrics_server
 from searchr1.core.openmp import passive_openmp_waits
 from searchr1.core.servers import GrpcServer, HttpServer, install_shutdown_signals
+from searchr1.core.supervise import Supervisor, TaskDied
 from searchr1.retriever.batcher import MicroBatcher
 from searchr1.retriever.encoders import EncoderSpec, TransformerEncoder
 from searchr1.retriever.indexes import HybridSearcher, RerankingSearcher, configure_faiss
@@ -110,6 +111,19 @@ class RunningRetriever:
     def grpc_address(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{host}:{self.grpc.port}"
+
+    def supervise(self, supervisor: Supervisor) -> Supervisor:
+        """Hand the background work to `supervisor`: the micro-batcher's loop, the gRPC server, the HTTP
+        server's serve task, the metrics server's thread (a death of any stops the retriever, exit 1)."""
+        if self.batcher is not None and self.batcher.task is not None:
+            supervisor.watch("micro-batcher", self.batcher.task)
+        if self.http is not None and self.http.task is not None:
+            supervisor.watch("http server", self.http.task)
+        supervisor.spawn("grpc server", self.grpc.wait())  # ends only when the server terminates
+        if self.metrics_server is not None:
+            supervisor.bind()
+            self.metrics_server.on_death = supervisor.fail
+        return supervisor
 
     async def stop(self) -> None:
         await self.grpc.stop(self.grace_s)
@@ -228,12 +242,14 @@ async def serve(settings: RetrieverSettings, *, on_ready: Callable[[RunningRetri
         running = await start_retriever(settings, loaded)
     stop = asyncio.Event()
     install_shutdown_signals(stop)
+    supervisor = running.supervise(Supervisor("retriever"))
     if on_ready is not None:
         on_ready(running)
     try:
-        await stop.wait()
+        await supervisor.wait(stop)
         log.info("retriever shutting down (grace %.1fs)", settings.shutdown_grace_s)
     finally:
+        await supervisor.close()
         await running.stop()
 
 
@@ -266,5 +282,7 @@ def run(settings: RetrieverSettings) -> int:
         return error(str(exc))
     except OSError as exc:  # a port it cannot bind (in use), a file it cannot read
         return error(str(exc), EXIT_FAILED if "bind" in str(exc) else EXIT_USAGE)
+    except TaskDied as exc:
+        return error(str(exc), EXIT_FAILED)
     log.info("retriever stopped")
     return 0

@@ -26,6 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from searchr1.core.auth import LIVE_PATH, BearerAuthMiddleware, open_paths
 from searchr1.core.clients.reward import ScoreRequest, ScoreResult
 from searchr1.core.servers import HttpServer, install_shutdown_signals
+from searchr1.core.supervise import Supervisor, TaskDied
 from searchr1.reward.judge import JudgeUnavailable, LLMJudge
 from searchr1.reward.metrics import RewardMetrics
 from searchr1.reward.registry import Judge, Registry, ScorerInputError, ScoringContext
@@ -178,20 +179,24 @@ def create_app(service: RewardService) -> FastAPI:
 
 async def serve(settings: RewardSettings, *, ready: asyncio.Event | None = None,
                 stop: asyncio.Event | None = None) -> None:
-    """Run the service until SIGINT/SIGTERM (or `stop` is set); prints a ready line once listening."""
+    """Run the service until SIGINT/SIGTERM (or `stop` is set); prints a ready line once listening. Raises
+    `TaskDied` when the HTTP server's serve task ends on its own (the process exits 1, to be restarted)."""
     service = build_service(settings)
     app = create_app(service)
     server = HttpServer(app, settings.host, settings.port, log_level=settings.log_level)
     stop = stop or asyncio.Event()
     install_shutdown_signals(stop)
     await server.start()
+    supervisor = Supervisor("reward")
+    supervisor.watch("http server", server.task)  # type: ignore[arg-type]  # started above
     print(f"searchr1 reward service ready on {server.url} (scorers: {', '.join(service.ctx.registry.names())})",
           flush=True)
     if ready is not None:
         ready.set()
     try:
-        await stop.wait()
+        await supervisor.wait(stop)
     finally:
+        await supervisor.close()
         await server.stop()
         print("searchr1 reward service stopped", flush=True)
 
@@ -203,6 +208,6 @@ def run(settings: RewardSettings) -> int:
 
     try:
         asyncio.run(serve(settings))
-    except OSError as exc:
+    except (OSError, TaskDied) as exc:
         return error(str(exc), EXIT_FAILED)
     return 0

@@ -75,6 +75,14 @@ class SearchBatcher:
             task.add_done_callback(self._tasks.discard)
 
     async def _run(self, batch: list[tuple[str, asyncio.Future]]) -> None:
+        try:
+            await self._answer(batch)
+        finally:  # a batch task that died any other way (cancelled, a callback raising) fails its callers too
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(RuntimeError("the search batch ended without an answer"))
+
+    async def _answer(self, batch: list[tuple[str, asyncio.Future]]) -> None:
         t0 = time.perf_counter()
         try:
             results = await self.backend.search([q for q, _ in batch], self.top_k)

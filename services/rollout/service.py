@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from searchr1.core.aio import stop_task
 from searchr1.core.clients.http_retriever import retriever_client
 from searchr1.core.clients.reward import RewardClient
 from searchr1.core.commandline import EXIT_FAILED, error
@@ -31,6 +30,7 @@ from searchr1.core.faults import NO_FAULTS, Faults
 from searchr1.core.metrics import MetricsServer, start_metrics_server
 from searchr1.core.models import require_model_dir
 from searchr1.core.servers import install_shutdown_signals
+from searchr1.core.supervise import Supervisor, TaskDied
 from searchr1.core.watchdog import Watchdog
 from searchr1.rollout.batcher import SearchBatcher
 from searchr1.rollout.engine import Generator, GeneratorDead, HfCodec
@@ -85,14 +85,21 @@ class RolloutService:
         return f"http://{self.settings.metrics_host}:{self.metrics_server.port}/metrics"
 
     async def run(self, stop: asyncio.Event) -> None:
-        watch = None
-        if self.link is not None:
-            watch = asyncio.create_task(self.link.watch(self.worker.tasks.redis, stop))
+        """The worker loop until `stop`, beside its Redis watch, metrics server and progress watchdog, all
+        supervised: a death of any (the watchdog's when the loop made no pass for `tasks.stall_timeout_s`)
+        stops the worker (drained) with `TaskDied`."""
+        supervisor = Supervisor("rollout")
+        if self.metrics_server is not None:
+            supervisor.bind()
+            self.metrics_server.on_death = supervisor.fail
+        if self.link is not None:  # ends when `stop` is set
+            supervisor.spawn("redis watch", self.link.watch(self.worker.tasks.redis, stop), may_finish=True)
+        if self.worker.watchdog is not None:  # a loop that stopped passing stops the worker, not only /healthz
+            supervisor.spawn("progress watchdog", self.worker.watchdog.guard())
         try:
-            await self.worker.run(stop)
+            await supervisor.run(self.worker.run(stop), stop, grace_s=(self.worker.settings.drain_timeout_s or 60.0) + 30.0)
         finally:
-            if watch is not None:
-                await stop_task(watch, timeout=5.0)
+            await supervisor.close(timeout=5.0)
 
     async def close(self) -> None:
         for close in reversed(self.closers):
@@ -206,6 +213,8 @@ def run(settings: RolloutSettings, faults: Faults = NO_FAULTS) -> int:
         asyncio.run(serve(settings, on_ready=ready, faults=faults))
     except GeneratorDead as exc:
         return error(f"{exc}; exiting for a restart (the tasks held are redelivered)", EXIT_FAILED)
+    except TaskDied as exc:
+        return error(str(exc), EXIT_FAILED)
     except (OSError, ValueError) as exc:
         return error(str(exc), EXIT_FAILED)
     return 0

@@ -33,7 +33,9 @@ that it does not hold (a read whose reply the outage lost).
 Every task read is held until it is acked or given up, and a heartbeat task resets the idle time of
 the tasks held every `heartbeat_s` (a quarter of the visibility timeout) from the read on — through a
 weight load the task waits for, a drain, a partial-rollout swap — so another worker reclaims a task only
-from a worker that stopped heartbeating (dead, or hung past the timeout): `searchr1.streams.Held`.
+from a worker that stopped heartbeating (dead, or hung past the timeout): `searchr1.streams.Held`. The
+heartbeat is supervised (`searchr1.core.supervise`): should it die, the worker takes no more tasks,
+drains and `run` raises `TaskDied` (exit 1), instead of working on tasks other workers reclaim under it.
 
 What the worker does not do: decide how many tasks exist (the learner's dispatcher) or train.
 """
@@ -49,6 +51,7 @@ from redis.exceptions import RedisError
 
 from searchr1.core.faults import NO_FAULTS, Faults
 from searchr1.core.schemas import Task, TrajectoryGroup
+from searchr1.core.supervise import Supervisor
 from searchr1.core.watchdog import Watchdog
 from searchr1.rollout.engine import GeneratorDead
 from searchr1.rollout.metrics import RolloutMetrics
@@ -100,7 +103,8 @@ class Worker:
     partial: InterruptibleGenerator | None = None
     """Set (the sampler's engine, wrapped): weight swaps interrupt in-flight turns instead of draining."""
     faults: Faults = NO_FAULTS
-    """The fault suite's hook (`rollout.poison_group`, `rollout.after_publish`); never fires outside it."""
+    """The fault suite's hook (`rollout.poison_group`, `rollout.poison_task`, `rollout.after_publish`); never
+    fires outside it."""
     _inflight: set[asyncio.Task] = field(default_factory=set)
     _inflight_ids: set[str] = field(default_factory=set)
     _entry_ids: dict[asyncio.Task, str] = field(default_factory=dict)  # task in flight → its stream entry
@@ -123,10 +127,11 @@ class Worker:
         self.metrics.weight_version.set(self.loader.version)
         self._next_reclaim = 0.0
         self._next_weights = 0.0
-        beating = (asyncio.create_task(self._held.keep_beating(self.heartbeat_s))
-                   if self.heartbeat_s is not None else None)
+        tasks = Supervisor("rollout worker")
+        if self.heartbeat_s is not None:
+            tasks.spawn("heartbeat of held tasks", self._held.keep_beating(self.heartbeat_s))
         try:
-            while not stop.is_set() and self._fatal is None:
+            while not stop.is_set() and self._fatal is None and tasks.failure is None:
                 try:
                     await self._step()
                 except (RedisError, OSError) as exc:  # Redis restarting / unreachable: wait and retry
@@ -136,11 +141,10 @@ class Worker:
             try:
                 await self._drain(self.settings.drain_timeout_s)
             finally:
-                if beating is not None:
-                    beating.cancel()
-                    await asyncio.gather(beating, return_exceptions=True)
+                await tasks.close()
         if self._fatal is not None:  # after the drain: every task still held stays unacked for redelivery
             raise self._fatal
+        tasks.check()  # the heartbeat died: its tasks would be reclaimed under the worker
 
     async def _step(self) -> None:
         """One pass: new weights? → reclaim idle tasks → read new tasks → start them."""
@@ -248,6 +252,8 @@ class Worker:
         task = entry.value
         stage = "rollout"
         try:
+            if self.faults.fires_for("rollout.poison_task", task.task_id):  # the fault suite's hook
+                raise RuntimeError(f"task {task.task_id} is poison (fault point rollout.poison_task)")
             group = await self.sampler.sample_group(task, self.loader.version, self.worker_id, prefix)
             stage = "publish"
             group.timings["total"] = time.perf_counter() - t0

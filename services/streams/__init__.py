@@ -20,7 +20,9 @@ What the contract guarantees, to both ends:
 - Nothing malformed reaches a consumer, nothing is lost silently. An entry that does not decode, or that
   was delivered `max_deliveries` times without an ack, goes to the dead stream with its reason and is
   acked in the same atomic step (`dead_letters`: `read_dead`, `redrive`); a consumer may refuse a valid
-  entry the same way (`dead_letter`). `TypedStream.buried` counts what a stream buried on its own.
+  entry the same way (`dead_letter`). `TypedStream.buried` counts what a stream buried on its own;
+  `TypedStream.burials()` reads back what any process buried of it, so its producer can replace it (the
+  learner's dispatcher replaces the tasks the rollout workers dead-letter).
 - One learner per run. The learner holds the run's `Lease`; its acks and dead letters are checked
   against the lease's fencing token inside Redis, in the script that writes them, so a stale learner's
   writes are refused (`LeaseLost`), not applied.
@@ -37,6 +39,7 @@ from searchr1.streams.dead_letters import (
     DEAD_MAXLEN,
     DEAD_PAYLOAD_MAX_BYTES,
     PAYLOAD_FIELD,
+    Burials,
     DeadLetter,
     read_dead,
     redrive,
@@ -57,7 +60,7 @@ __all__ = [
     # the consumer's held entries
     "Held",
     # the dead stream
-    "DeadLetter", "read_dead", "redrive", "DEAD_MAXLEN", "DEAD_PAYLOAD_MAX_BYTES",
+    "DeadLetter", "read_dead", "redrive", "DEAD_MAXLEN", "DEAD_PAYLOAD_MAX_BYTES", "Burials",
     # trimming
     "trim_acked", "safe_min_id", "group_views", "GroupView",
     # one learner per run

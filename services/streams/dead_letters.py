@@ -13,6 +13,9 @@ its consumer (`searchr1.streams.delivery` and `searchr1.streams.redelivery` call
   consumer that took it back meanwhile keeps it; with a `fence`, the same script checks the token first,
   as `bury` does (the re-delivery paths of a stale learner cannot ack through it).
 
+`Burials` reads one source stream's dead letters back as they arrive (the learner's dispatcher, which must
+replace the tasks the rollout workers buried).
+
 `redrive` puts dead letters back on the stream they came from (a new entry with the same payload, the
 dead letter deleted in the same transaction), selected by source stream and a substring of the reason:
 after a fix, or a rolling upgrade that refused entries an older or newer version wrote, the work is
@@ -28,7 +31,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
+from typing import Any
 
 from redis import asyncio as aioredis
 
@@ -133,6 +138,40 @@ class DeadLetter:
 def _letter(rid: bytes | str, f: dict[bytes, bytes]) -> DeadLetter:
     return DeadLetter(id=text(rid), source=text(f[b"source"]), source_id=text(f[b"source_id"]),
                       reason=text(f[b"reason"]), payload=f[b"payload"])
+
+
+@dataclass
+class Burials:
+    """The dead letters of one source stream, read back as they arrive by a process that did not bury them
+    (the learner's dispatcher learns which tasks the rollout workers dead-lettered: a step counting on such
+    a task would otherwise wait for its group for good). `poll` returns those buried since the last poll,
+    the first poll everything the dead stream still holds; the cursor is this object's, in memory (the dead
+    stream is bounded, so a new reader reads it whole once)."""
+
+    redis: aioredis.Redis
+    call: Call
+    dead_key: str
+    source: str
+    after: str = "0-0"
+    """The last dead-stream id read (any source)."""
+
+    async def poll(self, count: int = 100) -> list[DeadLetter]:
+        """The dead letters of `source` after `after`, oldest first; moves `after` past every entry read."""
+        out: list[DeadLetter] = []
+        while True:
+            start = f"({self.after}"
+
+            def page(s: str = start) -> Awaitable[Any]:
+                return self.redis.xrange(self.dead_key, min=s, max="+", count=count)
+
+            rows = await self.call(page, "xrange dead")
+            for rid, f in rows:
+                self.after = text(rid)
+                d = _letter(rid, f)
+                if d.source == self.source:
+                    out.append(d)
+            if len(rows) < count:
+                return out
 
 
 async def read_dead(redis: aioredis.Redis, dead_key: str, count: int = 100) -> list[DeadLetter]:

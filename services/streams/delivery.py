@@ -14,6 +14,8 @@ TypedStream` adds the paths that deliver an entry again). Each entry carries one
   consumer group of the stream has acked are deleted (`searchr1.streams.trim`, never a pending or
   unread one); the dead stream is capped at about `dead_maxlen` entries (XADD MAXLEN ~, oldest first);
 - `dead_letter(id, reason)` → a valid entry the consumer refuses goes to the dead stream, acked;
+- `burials()` → the stream's dead letters read back as they arrive (its producer replaces what its
+  consumers buried); `get(id)` → one entry's value;
 - `length()`, `pending()`, `lag()` and `in_flight()` for backpressure and metrics.
 
 Redis going away: with a `RedisLink` (`searchr1.streams.link`), every command waits for Redis to come
@@ -37,7 +39,7 @@ from redis import asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from searchr1.core.schemas import SchemaError, decode, encode
-from searchr1.streams.dead_letters import DEAD_MAXLEN, PAYLOAD_FIELD, Burial
+from searchr1.streams.dead_letters import DEAD_MAXLEN, PAYLOAD_FIELD, Burial, Burials
 from searchr1.streams.keys import text
 from searchr1.streams.lease import Lease
 from searchr1.streams.link import RedisLink, direct
@@ -180,6 +182,22 @@ class StreamBase(Generic[T]):
         """Move a delivered entry the consumer will not process to the dead stream with `reason`, and
         ack it (the same record a malformed entry gets)."""
         await self._burial().bury_by_id(entry_id, reason)
+
+    def burials(self) -> Burials:
+        """This stream's dead letters, read back as they arrive (`dead_letters.Burials`): what its
+        consumers buried, for its producer to replace."""
+        return Burials(self.redis, self._call, self.dead_key, self.key)
+
+    async def get(self, entry_id: str) -> T | None:
+        """The value of one entry still in the stream (None: trimmed, deleted or malformed)."""
+        rows = await self._call(lambda: self.redis.xrange(self.key, min=entry_id, max=entry_id), "xrange")
+        payload = rows[0][1].get(PAYLOAD_FIELD) if rows else None
+        if payload is None:
+            return None
+        try:
+            return decode(self.model, payload)
+        except SchemaError:
+            return None
 
     async def length(self) -> int:
         """Entries in the stream (acked or not; the stream is trimmed separately)."""

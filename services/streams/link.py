@@ -47,6 +47,8 @@ async def direct(fn: Callable[[], Awaitable[R]], what: str = "") -> R:
     return await fn()
 
 _REFUSALS = {"OOM": "oom", "MISCONF": "misconf", "READONLY": "readonly", "MASTERDOWN": "masterdown"}
+_IN_PIPELINE = "of pipeline caused error: "
+"""How redis-py prefixes the error of a command in a pipeline (`Command # n (…) of pipeline caused error:`)."""
 
 
 def refusal_kind(exc: BaseException) -> str | None:
@@ -60,7 +62,10 @@ def refusal_kind(exc: BaseException) -> str | None:
         return "masterdown"
     if not isinstance(exc, ResponseError):
         return None
-    head = str(exc).split(" ", 1)[0].upper()
+    text = str(exc)
+    if _IN_PIPELINE in text:  # redis-py names the pipeline's command first: the reply's code follows
+        text = text.split(_IN_PIPELINE, 1)[1].lstrip("('\" ")
+    head = text.split(" ", 1)[0].upper()
     return _REFUSALS.get(head)
 
 

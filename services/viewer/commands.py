@@ -71,6 +71,7 @@ def view(
     With --model, the ask page puts your questions to that policy (greedy, through the agent loop)."""
     import asyncio
 
+    from searchr1.core.supervise import TaskDied
     from searchr1.viewer.app import TokenizerError, create_app
     from searchr1.viewer.settings import ViewerSettings
     from searchr1.viewer.store import ArchiveNotFound
@@ -88,6 +89,8 @@ def view(
         fail(str(exc))
     try:
         asyncio.run(_serve(settings, generated, run_dir, step_log, ask))
+    except TaskDied as exc:  # the server stopped serving on its own
+        fail(str(exc), 1)
     except OSError as exc:  # the port is taken, the address cannot be bound
         fail(f"cannot serve on {settings.host}:{settings.port}: {exc}", 1)
     except ValueError as exc:  # the policy or its search cannot start
@@ -122,6 +125,7 @@ async def _serve(settings: ViewerSettings, generated: bool, run_dir: Path | None
     import contextlib
 
     from searchr1.core.servers import HttpServer, install_shutdown_signals
+    from searchr1.core.supervise import Supervisor
     from searchr1.viewer.app import create_app
 
     async with contextlib.AsyncExitStack() as stack:
@@ -140,8 +144,13 @@ async def _serve(settings: ViewerSettings, generated: bool, run_dir: Path | None
             f"?token={settings.token}" if generated else "?token=…" if settings.token else ""))
         stop = asyncio.Event()
         install_shutdown_signals(stop)
-        await stop.wait()
-        await server.stop()
+        supervisor = Supervisor("viewer")
+        supervisor.watch("http server", server.task)  # type: ignore[arg-type]  # started above
+        try:
+            await supervisor.wait(stop)
+        finally:
+            await supervisor.close()
+            await server.stop()
 
 
 def register(groups: Groups) -> None:

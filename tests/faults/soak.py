@@ -28,23 +28,25 @@ run itself died.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import random
 import shutil
 import signal
 import sys
-import threading
 import time
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import redis
+
 from tests.faults import soak_curves as curves
-from tests.faults import soak_report
+from tests.faults import soak_faults, soak_report
 from tests.faults.chaos_proxy import ChaosProxy, LinkShape
 from tests.faults.harness import FaultRun, build_world, run_config
+from tests.faults.soak_links import Link, Links, Sampler, disk_used, rss_of
+from tests.faults.soak_signals import Signals, scrape
 from tests.faults.windows import free_port, free_port_block, redis_password
 
 KILL_TARGETS = ("rollout-0", "rollout-1", "learner", "retriever", "reward", "redis")
@@ -79,6 +81,19 @@ class SoakSettings:
     """A process's RSS slope is judged against the bound only when fitted on this many seconds of samples
     after warm-up: over a few minutes RSS moves by ±10 MiB with the allocator and caches alone."""
     settle_s: float = 900.0
+    stall_bound_s: float = 300.0
+    """A span longer than this with no training step and no signal is a silent stall (`soak_signals`)."""
+    reward_outage_s: tuple[float, float] = (90.0, 150.0)
+    disk_full_s: tuple[float, float] = (20.0, 60.0)
+    slow_checkpoint_s: tuple[float, float] = (60.0, 150.0)
+    """How long checkpoints are slow: every checkpoint started in it pauses before each of its files …"""
+    slow_checkpoint_pause_s: float = 50.0
+    """… this long (less than the learner's stall bound, three of them more)."""
+    idle_flood_s: tuple[float, float] = (20.0, 60.0)
+    idle_flood_connections: int = 300
+    """Idle connections to the reward service and the retriever each (64 to each metrics port)."""
+    checkpoint_volume_mib: int = 64
+    """The tmpfs the checkpoints are on (as root), which `disk_full` fills."""
     env: dict[str, str] = field(default_factory=dict)
     """Environment of `searchr1 up` (and so of every service): the run's sizing for a shared machine."""
 
@@ -88,99 +103,13 @@ class SoakSettings:
         unknown = set(table) - set(cls.__dataclass_fields__)
         if unknown:
             raise SystemExit(f"{path}: unknown [soak] keys {sorted(unknown)}")
-        for key in ("partition_s", "slow_s"):
+        for key in ("partition_s", "slow_s", *soak_faults.WINDOWS.values()):
             if key in table:
                 table[key] = tuple(table[key])
+        strange = set(table.get("kinds", {})) - {"kill", "partition", "slow", *soak_faults.KINDS}
+        if strange:
+            raise SystemExit(f"{path}: unknown fault kinds {sorted(strange)}")
         return cls(**table)
-
-
-@dataclass
-class Link:
-    """One client→server path: the proxy every connection of that client goes through."""
-
-    name: str
-    proxy: ChaosProxy
-    veth: str | None = None
-    """The veth the link crosses (netns mode): a partition takes it down."""
-
-
-class Links:
-    """The proxies, run by one event loop in a thread; shaped, paused and resumed from the main thread."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="soak-links")
-        self.thread.start()
-        self.links: dict[str, Link] = {}
-
-    def call(self, fn, *args):
-        async def run():
-            return fn(*args)
-        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(10)
-
-    def add(self, name: str, proxy: ChaosProxy, veth: str | None = None) -> Link:
-        asyncio.run_coroutine_threadsafe(proxy.start(), self.loop).result(10)
-        self.links[name] = Link(name, proxy, veth)
-        return self.links[name]
-
-    def close(self) -> None:
-        for link in self.links.values():
-            asyncio.run_coroutine_threadsafe(link.proxy.close(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-
-
-@dataclass
-class Sampler:
-    """What the soak records while it runs (times in seconds since its start)."""
-
-    t0: float
-    step_times: list[float] = field(default_factory=list)
-    steps: list[tuple[float, int]] = field(default_factory=list)
-    redis: list[tuple[float, int]] = field(default_factory=list)
-    disk: list[tuple[float, int]] = field(default_factory=list)
-    rss: list[curves.RssSample] = field(default_factory=list)
-    _offset: int = 0
-
-    def now(self) -> float:
-        return time.time() - self.t0
-
-    def poll_steps(self, jsonl: Path) -> None:
-        """New lines of the learner's step log, each one a step logged (a resumed learner logs the steps it
-        retrains again: the count is of steps done, not of the step number)."""
-        if not jsonl.is_file():
-            return
-        with jsonl.open("rb") as f:
-            f.seek(self._offset)
-            data = f.read()
-        lines = data.count(b"\n")
-        if lines:
-            self._offset += data.rfind(b"\n") + 1
-            t = self.now()
-            self.step_times += [t] * lines
-            self.steps.append((t, len(self.step_times)))
-
-
-def disk_used(root: Path) -> int:
-    total = 0
-    for dirpath, _, files in os.walk(root):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
-            except OSError:
-                pass
-    return total
-
-
-def rss_of(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
 
 
 class Soak:
@@ -197,6 +126,11 @@ class Soak:
         self.password: str | None = None
         self.chaos_t0: float | None = None
         """When faults began (the first step): `duration_s` counts from here."""
+        self.liveness: soak_faults.LivenessFaults | None = None
+        self.signals = Signals()
+        self.env: dict[str, str] = {}
+        self.bad_row_at: float | None = None
+        """When a bad dataset row was put in: `up` must stop with exit 2 naming it."""
 
     # -- set-up -------------------------------------------------------------------------------------------
     def _link(self, name: str, target_port: int, port: int = 0) -> int:
@@ -243,19 +177,28 @@ class Soak:
         run = FaultRun(self.out, cfg, 1_000_000)
         run_dir = self.out / "run"
         if run_dir.exists():
+            soak_faults.unmount(run_dir / "checkpoints")
             shutil.rmtree(run_dir)
-        env = {**self.s.env, "LAUNCHER_RETRIEVER__GRPC_PORT": str(grpc), "LAUNCHER_REWARD__PORT": str(reward)}
-        run.start(env=env)
+        self.liveness = soak_faults.LivenessFaults(self.s, self.out, world / "train.parquet")
+        armed = self.liveness.setup(run_dir, reward, grpc)
+        print(f"soak: {self.liveness.volume_note}", flush=True)
+        self.env = {**self.s.env, **armed, "LAUNCHER_RETRIEVER__GRPC_PORT": str(grpc),
+                    "LAUNCHER_REWARD__PORT": str(reward)}
+        run.start(env=self.env)
         return run
 
     # -- faults -------------------------------------------------------------------------------------------
     def _pick(self) -> tuple[str, str]:
-        kinds = list(self.s.kinds)
+        kinds = [k for k in self.s.kinds if self.liveness is None or self.liveness.unavailable(k) is None]
         kind = self.rng.choices(kinds, weights=[self.s.kinds[k] for k in kinds])[0]
         if kind == "kill":
             return kind, self.rng.choice(self.s.kill_targets)
+        if kind in soak_faults.KINDS:  # one window of each liveness kind at a time
+            if any(target == kind for _, target, _ in self.windows):
+                return "kill", self.rng.choice(self.s.kill_targets)
+            return kind, kind
         # one window at a time per link, and per host's veth (a partition takes all of a host's links down)
-        busy = {name for _, name, _ in self.windows}
+        busy = {name for _, name, _ in self.windows if name in self.links.links}
         busy_veths = {self.links.links[n].veth for n in busy} - {None}
         free = [n for n, link in self.links.links.items() if n not in busy and link.veth not in busy_veths]
         if not free:
@@ -274,6 +217,18 @@ class Soak:
                 record["pid"] = pid
             except (ProcessLookupError, KeyError, FileNotFoundError, json.JSONDecodeError) as exc:
                 record["skipped"] = f"no process to kill: {exc!r}"
+        elif kind in soak_faults.KINDS:
+            assert self.liveness is not None
+            try:
+                undo = self.liveness.begin(kind, run, record)
+            except (OSError, KeyError, ValueError, json.JSONDecodeError, redis.RedisError) as exc:
+                undo, record["skipped"] = None, f"could not inject it: {exc!r}"
+            if undo is not None:
+                hold = self.rng.uniform(*getattr(self.s, soak_faults.WINDOWS[kind]))
+                record["hold_s"] = hold
+                self.windows.append((time.time() + hold, target, undo))
+            if kind == "bad_row" and "skipped" not in record:
+                self.bad_row_at = time.time()
         else:
             link = self.links.links[target]
             span = self.s.partition_s if kind == "partition" else self.s.slow_s
@@ -327,6 +282,10 @@ class Soak:
         for name, pid in procs.items():
             if (rss := rss_of(pid)) is not None:
                 self.sampler.rss.append(curves.RssSample(t, name, pid, rss))
+        for name in procs:
+            argv = table.get(name, {}).get("argv", []) if isinstance(table.get(name), dict) else []
+            if "--metrics-port" in argv and (name == "learner" or name.startswith("rollout")):
+                self.signals.add(t, name, scrape(int(argv[argv.index("--metrics-port") + 1])))
         if self.password is None:
             self.password = redis_password(run)
         try:
@@ -359,7 +318,11 @@ class Soak:
         next_fault: float | None = None
         while self.chaos_t0 is None or time.time() - self.chaos_t0 < self.s.duration_s:
             if run.proc.poll() is not None:
-                return f"searchr1 up exited with {run.proc.returncode}"
+                if self.bad_row_at is None:
+                    return f"searchr1 up exited with {run.proc.returncode}"
+                problem = self._restart_after_bad_row(run)
+                if problem:
+                    return problem
             self.sampler.poll_steps(jsonl)
             if next_fault is None and len(self.sampler.step_times) >= self.s.first_fault_after_steps:
                 self.chaos_t0 = time.time()
@@ -372,6 +335,30 @@ class Soak:
                 self.sample(run)
                 next_sample = time.time() + self.s.sample_s
             time.sleep(0.5)
+        return None
+
+    def _restart_after_bad_row(self, run: FaultRun) -> str | None:
+        """`up` stopped after the bad row went in: it must have stopped with exit 2 and the row named. The
+        dataset is put back and `up` started again on the same run directory (it resumes)."""
+        assert self.liveness is not None and self.bad_row_at is not None
+        stopped, code = time.time(), run.proc.returncode
+        said = run.output()[-20_000:]
+        record = next(f for f in reversed(self.faults) if f["kind"] == "bad_row")
+        record.update(stopped_after_s=stopped - self.bad_row_at, exit=code,
+                      named="question: String should have at most 16384 characters" in said
+                            and "a usage or configuration error" in said)
+        self.bad_row_at = None
+        if code != 2 or not record["named"]:
+            return f"searchr1 up stopped with {code} after the bad dataset row, not 2 naming it"
+        self.liveness.bad_row.restore()
+        self.end_windows(all_of_them=True)
+        (self.out / f"launcher-{int(stopped)}.out").write_text(run.output())
+        run.start(env=self.env)
+        self.password = None
+        self.signals.stops.append((stopped - self.sampler.t0, time.time() - self.sampler.t0,
+                                   "searchr1 up stopped: a dataset row refused (exit 2)"))
+        print(f"soak: searchr1 up stopped with exit 2 naming the bad row after {record['stopped_after_s']:.0f} s; "
+              "dataset restored, started again", flush=True)
         return None
 
     def _interval(self) -> float:
@@ -387,7 +374,11 @@ class Soak:
             if len(self.sampler.step_times) > before:
                 return None
             if run.proc.poll() is not None:
-                return f"searchr1 up exited with {run.proc.returncode}"
+                if self.bad_row_at is None:
+                    return f"searchr1 up exited with {run.proc.returncode}"
+                problem = self._restart_after_bad_row(run)
+                if problem:
+                    return problem
             time.sleep(0.5)
         return f"no step within {self.s.settle_s:.0f} s after the last fault"
 
@@ -399,8 +390,9 @@ class Soak:
         """Write OUT/soak.json and OUT/soak.png, print the summary; 0 when the soak passed."""
         sm = self.sampler
         chaos_s = time.time() - self.chaos_t0 if self.chaos_t0 else 0.0
+        signals = self.signals.intervals(run.run_dir / "restarts.jsonl", sm.t0, self.s.sample_s)
         result = soak_report.build(self.s, sm, self.faults, run, audit, died, network=self.netns_note,
-                                   config=self.config_path, chaos_s=chaos_s)
+                                   config=self.config_path, chaos_s=chaos_s, signals=signals)
         (self.out / "soak.json").write_text(json.dumps(result, indent=1))
         curves.plot(self.out / "soak.png", steps=sm.steps, faults=self.faults, redis=sm.redis, disk=sm.disk,
                     rss=sm.rss, title=f"soak: seed {self.s.seed}, {chaos_s / 60:.0f} min of faults, "
@@ -412,6 +404,8 @@ class Soak:
         if self.hosts is not None:
             self.hosts.destroy()
         self.links.close()
+        if self.liveness is not None:
+            self.liveness.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,5 @@
 """The soak's figures from what it sampled: times from each fault to the next training step (p50/p99/max),
+the silent stalls (no step for longer than a bound while nothing says why),
 slopes of Redis `used_memory`, of the disk used under the run directory and of each process's RSS after
 warm-up, and the plot. Pure functions over lists of samples, except `plot` (matplotlib, to a PNG).
 
@@ -50,6 +51,32 @@ def next_step_after(fault_t: float, step_times: Sequence[float]) -> float | None
         if t > fault_t:
             return t - fault_t
     return None
+
+
+def silent_stalls(step_times: Sequence[float], start: float, end: float, bound_s: float,
+                  signals: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The silent stalls of a run: spans longer than `bound_s`, between `start` and `end`, with no training
+    step and no signal (an alert firing, a process restarted or stopped with its cause: `signals` as
+    (from, to) intervals). A stall during which a signal fired counts only for its silent stretches: a
+    restart early in a long wait does not excuse the rest of it. `step_times` ascending."""
+    gaps, last = [], start
+    for t in [*(t for t in step_times if start < t <= end), end]:
+        if t - last > bound_s:
+            gaps.append((last, t))
+        last = max(last, t)
+    spans = sorted((a, b) for a, b in signals if b >= a)
+    out = []
+    for a, b in gaps:
+        cursor = a
+        for sa, sb in spans:
+            if sb < cursor or sa > b:
+                continue
+            if sa - cursor > bound_s:
+                out.append((cursor, sa))
+            cursor = max(cursor, sb)
+        if b - cursor > bound_s:
+            out.append((cursor, b))
+    return out
 
 
 def slope(points: Sequence[tuple[float, float]]) -> float | None:
@@ -114,7 +141,9 @@ def plot(path, *, steps: Sequence[tuple[float, int]], faults: Sequence[dict], re
     fig, axes = plt.subplots(4, 1, figsize=(11, 12), sharex=True)
     ax = axes[0]
     ax.plot([t / 60 for t, _ in steps], [n for _, n in steps], color="black", lw=1.2, label="steps logged")
-    colors = {"kill": "tab:red", "partition": "tab:blue", "slow": "tab:orange"}
+    colors = {"kill": "tab:red", "partition": "tab:blue", "slow": "tab:orange", "poison": "tab:brown",
+              "reward_outage": "tab:pink", "bad_row": "black", "disk_full": "tab:gray", "slow_checkpoint": "tab:olive",
+              "redis_loss": "tab:purple", "idle_flood": "tab:cyan"}
     for kind, color in colors.items():
         ts = [f["t"] / 60 for f in faults if f["kind"] == kind]
         if ts:

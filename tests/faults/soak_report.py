@@ -27,9 +27,13 @@ def recoveries(faults: list[dict], step_times: list[float]) -> dict[str, list[fl
     return out
 
 
-def problems_of(s: Any, audit: dict, rss: dict[str, dict], died: str | None) -> list[str]:
+def problems_of(s: Any, audit: dict, rss: dict[str, dict], died: str | None,
+                silent: list[dict] | None = None) -> list[str]:
     """Why the soak fails (empty: it passed)."""
     problems = [died] if died else []
+    if silent:
+        problems.append(f"{len(silent)} silent stall(s): no step for longer than {s.stall_bound_s:.0f} s while no "
+                        "alert fired and no process was restarted or stopped")
     if audit["lost"]:
         problems.append(f"{audit['lost']} task(s) lost")
     if audit["trained_twice"]:
@@ -45,16 +49,32 @@ def problems_of(s: Any, audit: dict, rss: dict[str, dict], died: str | None) -> 
     return problems
 
 
+def stalls(s: Any, sm: Any, signals: list[tuple[float, float, str]]) -> dict:
+    """The silent stalls (`soak_curves.silent_stalls`) from the first step to the end, and the signals by
+    kind (an alert's name, `restart of X`, `searchr1 up stopped`)."""
+    start = sm.step_times[0] if sm.step_times else 0.0
+    silent = curves.silent_stalls(sm.step_times, start, sm.now(), s.stall_bound_s, [(a, b) for a, b, _ in signals])
+    kinds: dict[str, int] = {}
+    for _, _, why in signals:
+        key = why.split(" (")[0]
+        kinds[key] = kinds.get(key, 0) + 1
+    longest = max((b - a for a, b in zip([start, *sm.step_times], [*sm.step_times, sm.now()], strict=True)),
+                  default=None)
+    return {"bound_s": s.stall_bound_s, "silent": [{"from_s": a, "to_s": b, "s": b - a} for a, b in silent],
+            "longest_without_a_step_s": longest, "signals": dict(sorted(kinds.items()))}
+
+
 def build(s: Any, sm: Any, faults: list[dict], run: FaultRun, audit: dict, died: str | None, *, network: str,
-          config: Path | None, chaos_s: float) -> dict:
+          config: Path | None, chaos_s: float, signals: list[tuple[float, float, str]] | None = None) -> dict:
     """The report (`OUT/soak.json`): settings, machine, faults, recovery summaries, curves and slopes, the
-    audit, the restarts, and `ok` with the `problems` when not."""
+    audit, the restarts, the silent stalls, and `ok` with the `problems` when not."""
     by_kind = recoveries(faults, sm.step_times)
     healthy = _healthy_after(run, faults)
     rss = curves.rss_slopes(sm.rss, s.rss_warmup_s)
     for r in rss.values():
         r["judged"] = r["fitted_s"] >= s.rss_min_fit_s
-    problems = problems_of(s, audit, rss, died)
+    stalled = stalls(s, sm, signals or [])
+    problems = problems_of(s, audit, rss, died, stalled["silent"])
     counts: dict[str, int] = {}
     for f in faults:
         key = f"{f['kind']} {f['target']}"
@@ -75,7 +95,8 @@ def build(s: Any, sm: Any, faults: list[dict], run: FaultRun, audit: dict, died:
                               "slope_mib_per_h": _per_h(curves.slope(redis_warm))},
         "disk": {"last_mib": sm.disk[-1][1] / curves.MIB if sm.disk else None,
                  "slope_mib_per_h": _per_h(curves.slope(disk_warm))},
-        "rss": rss, "audit": audit, "restarts": _restarts(run), "problems": problems, "ok": not problems,
+        "rss": rss, "audit": audit, "restarts": _restarts(run), "stalls": stalled,
+        "problems": problems, "ok": not problems,
         "curves": {"steps": sm.steps, "redis": sm.redis, "disk": sm.disk, "rss": [asdict(r) for r in sm.rss]},
     }
 
@@ -123,6 +144,11 @@ def summary_text(r: dict) -> str:
     for kind, s in r["recovery_s"].items():
         lines.append(f"  to the next step after {kind}: n={s['n']} p50 {f(s['p50'])} s, p99 {f(s['p99'])} s, "
                      f"max {f(s['max'])} s")
+    st = r.get("stalls")
+    if st:
+        lines.append(f"silent stalls (no step for > {st['bound_s']:.0f} s with no alert, restart or stop): "
+                     f"{len(st['silent'])}; longest span without a step {f(st['longest_without_a_step_s'])} s; "
+                     "signals: " + ", ".join(f"{k} ×{v}" for k, v in st["signals"].items()))
     a = r["audit"]
     lines.append(f"audit: dispatched {a['dispatched']}, trained once {a['trained_once']}, trained twice "
                  f"{a['trained_twice']}, lost {a['lost']}, dropped {a['dropped']} {a['dropped_reasons']}, "
@@ -160,7 +186,8 @@ def markdown(r: dict) -> str:
                        f"{f(rec.get('p50'), ' s')} / {f(rec.get('p99'), ' s')} / {f(rec.get('max'), ' s')} |")
         else:
             out.append(f"| {key} | {count} | | (all {kind}, below) |")
-    for kind in ("kill", "partition", "slow"):
+    for kind in ("kill", "partition", "slow", "poison", "reward_outage", "bad_row", "disk_full", "slow_checkpoint",
+                 "redis_loss", "idle_flood"):
         if kind in r["recovery_s"]:
             rec = r["recovery_s"][kind]
             out.append(f"| all {kind} | {rec['n']} | | {f(rec['p50'], ' s')} / {f(rec['p99'], ' s')} / "
@@ -174,6 +201,12 @@ def markdown(r: dict) -> str:
         out.append(f"| RSS {name} ({v['incarnations']} incarnation(s), fitted on {v['fitted_s'] / 60:.0f} min"
                    f"{'' if v.get('judged', True) else ', too short to judge'}) | "
                    f"{v['last_mib']:.0f} MiB | {v['peak_mib']:.0f} MiB | {f(v['slope_mib_per_h'], ' MiB/h')} |")
+    st = r.get("stalls")
+    if st:
+        out += ["", f"Silent stalls (no step for longer than {st['bound_s']:.0f} s while no alert fired and no "
+                f"process was restarted or stopped): **{len(st['silent'])}**; the longest span without a step "
+                f"{f(st['longest_without_a_step_s'], ' s')}; signals seen: "
+                + ", ".join(f"{k} ×{v}" for k, v in st["signals"].items()) + "."]
     out += ["", f"Audit: {a['dispatched']} tasks dispatched, {a['trained_once']} trained once, **{a['lost']} lost, "
             f"{a['trained_twice']} trained twice**, {a['dropped']} dropped {a['dropped_reasons'] or ''}, "
             f"{a['dead_lettered']} dead-lettered {a['dead_reasons'] or ''}, {a['in_flight']} in flight at the stop; "

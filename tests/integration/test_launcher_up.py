@@ -418,6 +418,20 @@ def test_restarts_beyond_the_budget_end_the_run(tmp_path):
     assert len((run_dir / "restarts.jsonl").read_text().splitlines()) == 2
 
 
+def test_a_learner_exiting_2_is_not_restarted(tmp_path):
+    # exit 2 is a usage or configuration error (a dataset row the wire refuses): a restart meets it again
+    cfg = write_config(tmp_path, workers=1, learner=["--fake-exit-after", "0.5", "--fake-exit-code", "2"],
+                       extra='restart = { max_restarts = 5, backoff_initial_s = 0.1, jitter_s = 0.0 }')
+    proc, records, run_dir = launch(tmp_path, cfg)
+    code, out = finish(proc)
+    assert code == 2, out
+    assert "restarting learner" not in out, out
+    assert "learner exited with code 2, a usage or configuration error (its log says which): a restart " \
+           "would meet it again; stopping everything" in out, out
+    assert not (run_dir / "restarts.jsonl").exists()
+    assert not [p for p in all_pids(records_of(records)) if pid_alive(p)]
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_stops_everything_without_orphans(tmp_path, sig):
     cfg = write_config(tmp_path, workers=1, retriever=["--fake-child"], rollout=["--fake-child"],

@@ -1,7 +1,8 @@
 """`searchr1 train` with a dataset row the wire `Task` refuses — a question over 16,384 characters, the
 500th row of 600 — stops at start with exit 2 and one line naming the file, the row and the field; nothing
 is dispatched (real Redis, a tiny model). The dispatcher would otherwise have stopped on that row the
-first time it came up, with the learner waiting on its tasks."""
+first time it came up, with the learner waiting on its tasks. The dataset is read before the model loads:
+the model directory here has a config.json and nothing to load, and the refusal is still the dataset's."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ import subprocess
 import sys
 
 from searchr1.streams import StreamKeys
-from tests.support.synthetic import tiny_qwen2
 
 
 def test_train_refuses_a_dataset_with_a_row_the_wire_refuses(tmp_path, redis_server):
-    model = tiny_qwen2(tmp_path / "model", vocab=256, hidden=64)
+    model = tmp_path / "model"  # passes the command's check (a config.json), never loaded: the dataset is refused first
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "qwen2"}')
     rows = [{"task_id": f"q{i}", "question": f"question {i}?", "golden_answers": ["a"]} for i in range(600)]
     rows[499]["question"] = "x" * 16_385
     dataset = tmp_path / "tasks.jsonl"

@@ -58,6 +58,7 @@ class _Dispatcher:
     """Stands in for the dispatcher and a worker: each granted task comes back as a good group."""
 
     exhausted = False
+    budget = None  # not paced: never unfillable
 
     def __init__(self, publish) -> None:
         self.publish = publish

@@ -444,6 +444,7 @@ async def test_replays_are_not_granted_a_replacement_task(tmp_path, redis, redis
         """Stands in for the dispatcher: records the grants (its budget is tested on its own above)."""
 
         exhausted = False
+        budget = None
 
         def grant(self, n: int, version: int) -> None:
             if n:

@@ -113,6 +113,39 @@ async def test_misconf_is_waited_through(redis):
     assert calls == 3 and m.errors.labels("misconf")._value.get() == 2 and link.up
 
 
+async def test_a_refusal_inside_a_pipeline_is_waited_through(redis):
+    """A real MISCONF (a background save that cannot write, `stop-writes-on-bgsave-error`) met by a pipelined
+    publish (the dispatcher's `publish_many`): redis-py reports it as `Command # 1 (XADD …) of pipeline caused
+    error: …`, which is the same refusal and is waited through, not raised (it ended the dispatcher)."""
+    link, m = _link()
+    keys = StreamKeys("misconf")
+    stream = tasks_stream(redis, keys, link=link)
+    await stream.ensure_group()
+    saved = (await redis.config_get("dir"))["dir"]
+    await redis.config_set("stop-writes-on-bgsave-error", "yes")
+    await redis.config_set("save", "3600 1")
+    await redis.config_set("dir", "/proc")  # no file can be created there, not even by root
+    try:
+        await redis.bgsave()
+        for _ in range(300):
+            if (await redis.info("persistence"))["rdb_last_bgsave_status"] == "err":
+                break
+            await asyncio.sleep(0.1)
+        publishing = asyncio.create_task(stream.publish_many([_task(1), _task(2)]))
+        await _until(lambda: not link.up, "link down")
+        assert m.errors.labels("misconf")._value.get() >= 1 and not publishing.done()
+    finally:
+        await redis.config_set("dir", saved)
+        await redis.config_set("save", "")
+    async with asyncio.timeout(30):
+        assert len(await publishing) == 2
+    assert link.up and await stream.length() == 2
+    annotated = ResponseError("Command # 1 (XADD searchr1:x:tasks * m ...) of pipeline caused error: "
+                              "MISCONF Redis is configured to save RDB snapshots")
+    assert refusal_kind(annotated) == "misconf"
+    assert refusal_kind(ResponseError("Command # 1 (XADD k * m v) of pipeline caused error: ('NOGROUP x',)")) is None
+
+
 async def test_wrong_command_is_still_raised(redis):
     link, _ = _link()
     stream = tasks_stream(redis, StreamKeys("nog"), link=link)

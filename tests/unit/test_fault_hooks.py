@@ -45,3 +45,21 @@ def test_poisoned_group_passes_the_schema_with_one_token_changed():
     bad = decode(TrajectoryGroup, encode(FaultPoints("rollout.poison_group").poisoned(group)))  # valid on the wire
     assert bad.trajectories[0].response_ids == [POISON_TOKEN_ID, *group.trajectories[0].response_ids[1:]]
     assert bad.trajectories[1] == group.trajectories[1] and bad.task == group.task
+
+
+def test_switches_are_turned_on_and_off_from_outside(tmp_path):
+    from searchr1.core.faults import FaultSwitches
+
+    armed = faults_from_env({"SEARCHR1_FAULT_SWITCHES": str(tmp_path)})
+    assert isinstance(armed, FaultSwitches) and armed.directory == tmp_path
+    assert not armed.fires("checkpoint.slow_write") and armed.pause_s("checkpoint.slow_write") == 0.0
+    (tmp_path / "checkpoint.slow_write").write_text("0.05\n")
+    assert armed.fires("checkpoint.slow_write") and armed.pause_s("checkpoint.slow_write") == 0.05
+    (tmp_path / "checkpoint.slow_write").write_text("not a number")
+    assert armed.pause_s("checkpoint.slow_write") == 0.0
+    (tmp_path / "checkpoint.slow_write").unlink()
+    assert not armed.fires("checkpoint.slow_write")
+    assert not armed.fires_for("rollout.poison_task", "q1@e0")
+    (tmp_path / "rollout.poison_task").write_text("q1@e0\nq7@e2\n")
+    assert armed.fires_for("rollout.poison_task", "q1@e0") and not armed.fires_for("rollout.poison_task", "q1@e1")
+    assert not NO_FAULTS.fires_for("rollout.poison_task", "q1@e0") and NO_FAULTS.pause_s("x") == 0.0

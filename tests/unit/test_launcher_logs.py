@@ -69,6 +69,26 @@ async def test_pump_prefixes_lines_and_writes_the_file(tmp_path):
         b"hello\npartial line\nprogress 1%\rprogress 100%\n\x1b[32mgreen\x1b[0m\nno newline at end\n")
 
 
+@pytest.mark.skipif(not __import__("os").path.exists("/dev/full"), reason="needs /dev/full")
+async def test_a_log_that_cannot_be_written_drops_its_lines_and_the_pipe_is_still_drained(tmp_path):
+    # /dev/full answers every write with ENOSPC, as a full disk does: the pump says so once and reads on,
+    # so the process behind the pipe never blocks on a full pipe
+    console, buf = _console()
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "learner.log").symlink_to("/dev/full")
+    mux = LogMux(console, tmp_path / "logs", ["learner"])
+    reader = asyncio.StreamReader()
+    for i in range(200):
+        reader.feed_data(f"line {i}\n".encode() * 100)
+    reader.feed_eof()
+    await asyncio.wait_for(mux.pump("learner", reader), 10)
+    assert reader.at_eof()
+    said = buf.getvalue()
+    assert said.count("cannot write the log of learner (No space left on device): its lines are dropped") == 1
+    assert mux._dropping["learner"] == 200 * 100
+    mux.close_all()  # the buffer a full disk kept is dropped, not raised
+
+
 async def test_say_prefixes_every_line(tmp_path):
     console, buf = _console()
     mux = LogMux(console, tmp_path, ["a"])

@@ -79,3 +79,21 @@ def test_an_rss_slope_is_judged_only_when_fitted_long_enough():
     assert problems_of(settings, audit, short, None) == []  # two minutes: reported, not judged
     assert problems_of(settings, audit, long, None) == ["RSS of learner grows 267.9 MiB/h (bound 64)"]
     assert problems_of(settings, audit, within, None) == []
+
+
+def test_silent_stalls_are_long_gaps_without_a_signal():
+    from tests.faults.soak_curves import silent_stalls
+
+    steps = [10.0, 20.0, 30.0, 400.0, 410.0, 900.0]
+    # two gaps past a bound of 100 s: 30 → 400 and 410 → 900, and the end (900 → 950) is short
+    assert silent_stalls(steps, 0.0, 950.0, 100.0, []) == [(30.0, 400.0), (410.0, 900.0)]
+    # a signal inside the first gap leaves no silent stretch longer than the bound in it
+    assert silent_stalls(steps, 0.0, 950.0, 100.0, [(100.0, 105.0), (200.0, 300.0)]) == [(410.0, 900.0)]
+    # a restart early in a long wait does not excuse the rest of it
+    assert silent_stalls(steps, 0.0, 950.0, 100.0, [(100.0, 110.0), (420.0, 430.0)]) == [
+        (110.0, 400.0), (430.0, 900.0)]
+    # signals every 90 s all along: loud throughout
+    assert silent_stalls(steps, 0.0, 950.0, 100.0, [(t, t + 1.0) for t in range(30, 900, 90)]) == []
+    # a run that never steps after its start, and the open end after the last step
+    assert silent_stalls([], 0.0, 250.0, 100.0, [(120.0, 121.0)]) == [(0.0, 120.0), (121.0, 250.0)]
+    assert silent_stalls([10.0], 0.0, 500.0, 100.0, []) == [(10.0, 500.0)]

@@ -55,3 +55,65 @@ def test_a_wait_another_watchdog_bounds_is_no_stall():
         raise RuntimeError("the wait failed")
     clock.t = 200.0
     assert not dog.alive()  # no wait is left open by a failure
+
+
+def test_a_stage_that_keeps_writing_is_progress_one_that_stopped_is_not():
+    # a checkpoint measured by the bytes it has written: every look (at most once a second) beats while
+    # the count grows, and the bound runs from the last growth once it stops
+    clock, written = Clock(), [0]
+    dog = Watchdog("learner", 10.0, clock=clock)
+    with dog.progressing(lambda: written[0]):
+        for t in range(5, 60, 5):  # 55 s of a slow save, 5 s between looks, growing each time
+            clock.t = float(t)
+            written[0] += 1_000_000
+            assert dog.alive(), t
+        clock.t = 64.9  # stopped growing at t=55: alive until the bound from the last growth
+        assert dog.alive()
+        clock.t = 65.0
+        assert not dog.alive()
+    clock.t = 70.0
+    dog.beat()
+    written[0] += 1
+    clock.t = 79.9
+    assert dog.alive()
+    clock.t = 80.0
+    assert not dog.alive()  # the stage's end leaves no measure behind: growth no longer counts
+
+
+def test_a_measure_is_read_at_most_once_per_interval_and_its_errors_are_no_progress():
+    clock, reads = Clock(), []
+
+    def measure() -> int:
+        reads.append(clock.t)
+        if clock.t >= 3.0:
+            raise OSError("the directory went away")
+        return int(clock.t * 10)
+
+    dog = Watchdog("learner", 100.0, clock=clock)
+    with dog.progressing(measure, every_s=1.0):
+        for t in (0.2, 0.5, 0.9, 1.0, 1.5, 2.5, 3.5):
+            clock.t = t
+            dog.alive()
+    assert reads == [0.0, 1.0, 2.5, 3.5]
+
+
+def test_the_guard_stops_with_what_the_service_was_doing():
+    import asyncio
+
+    from searchr1.core.watchdog import Stalled
+
+    clock = Clock()
+    dog = Watchdog("learner", 10.0, clock=clock,
+                   describe=lambda: "waiting for groups of step 13: 1 of 2 read; 0 tasks in flight")
+
+    async def main():
+        task = asyncio.create_task(dog.guard(every_s=0.01))
+        await asyncio.sleep(0.05)
+        assert not task.done()
+        clock.t = 1800.0
+        with pytest.raises(Stalled) as info:
+            await asyncio.wait_for(task, 5)
+        return str(info.value)
+
+    assert asyncio.run(main()) == ("learner: no progress for 1800 s (stall_timeout_s 10): waiting for groups of "
+                                   "step 13: 1 of 2 read; 0 tasks in flight")

@@ -5,7 +5,11 @@ Stages of `next_step`:
 
 1. **read** (`read_groups`) — reclaim groups another (dead) learner left unacked past the visibility
    timeout, re-read entries still pending for this consumer that it does not hold (a read whose reply a
-   Redis outage lost), then read new ones until a step's worth is in hand or the data is exhausted.
+   Redis outage lost), then read new ones until a step's worth is in hand or the data is exhausted. While
+   it waits it says what for (`waiting_for`: groups read, tasks in flight, groups unread, the dispatcher's
+   budget; the learner's watchdog names it if the wait outlasts its bound: waiting is not progress), and a
+   step that cannot fill — a paced dispatcher with no budget left, nothing in flight, nothing unread, for
+   `UNFILLABLE_AFTER_S` — gets replacements for what it lacks (the tasks were lost: Redis lost data).
 2. **filter** (`filter_groups`) — set aside replays (task ids the checkpoint already holds: acked, not
    trained), groups sampled at another temperature (`algo/temperature.py`: dead-lettered), schema-valid
    poison (`algo/poison.py`: dead-lettered alone, its batch-mates train) and groups too
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -50,12 +55,24 @@ from searchr1.streams import Entry, Held, TypedStream
 log = logging.getLogger("searchr1.learner")
 
 
+UNFILLABLE_AFTER_S = 10.0
+"""How long a step must look unfillable (see `StreamSource.unfillable`) before its missing tasks are
+replaced: a dispatcher's publish, or its replacement of a dead-lettered task, lands within a second or two."""
+LOOK_EVERY_S = 2.0
+"""How often a waiting read looks at the tasks stream (what it waits for, and whether it can fill)."""
+
+
 class Grants(Protocol):
     """The source's view of the dispatcher (`learner/dispatcher.py`)."""
 
     @property
     def exhausted(self) -> bool:
         """The last epoch is published."""
+        ...
+
+    @property
+    def budget(self) -> int | None:
+        """Tasks still granted (None: not paced)."""
         ...
 
     def grant(self, n: int, version: int) -> None:
@@ -111,10 +128,14 @@ class StreamSource:
     def __init__(self, settings: LearnerSettings, trajectories: TypedStream[TrajectoryGroup],
                  tasks: TypedStream[Any], staleness: StalenessPolicy, metrics: LearnerMetrics, *,
                  vocab_size: int | None = None, dispatcher: Grants | None = None,
-                 beat: Callable[[], None] = lambda: None) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.s = settings
-        self.beat = beat
-        """Called on each pass of a read: waiting for groups is progress (the learner's watchdog)."""
+        self.clock = clock
+        self.waiting_for = ""
+        """What a read waits for, said in a line (the learner's watchdog names it when the wait outlasts its
+        bound); empty while no read waits."""
+        self._unfillable_since: float | None = None
+        self._looked_at = float("-inf")
         self.trajectories = trajectories
         self.tasks = tasks
         self.staleness = staleness
@@ -176,8 +197,9 @@ class StreamSource:
         await self.heartbeat()
         reclaimed = await self.trajectories.reclaim(self.s.consumer, count=want, held=self.holding)
         got.entries.extend(e for e in reclaimed if e.id not in self.holding)  # held: in a step already
+        self._unfillable_since, self._looked_at = None, float("-inf")
         while len(got.entries) < want and not stop.is_set():
-            self.beat()
+            await self.look(len(got.entries), want)
             self.holding.update(e.id for e in got.entries)
             got.entries.extend(await self.trajectories.reread_own(self.s.consumer, self.holding,
                                                                   want - len(got.entries)))
@@ -190,7 +212,47 @@ class StreamSource:
             buried = self.replace_buried(buried)
         self.holding.update(e.id for e in got.entries)
         self.replace_buried(buried)
+        self.waiting_for = ""
         return got
+
+    async def look(self, have: int, want: int) -> None:
+        """Between the passes of a waiting read, every `LOOK_EVERY_S`: say what the read waits for, and
+        replace what the step lacks once it has looked unfillable for `UNFILLABLE_AFTER_S`."""
+        now = self.clock()
+        if now - self._looked_at < LOOK_EVERY_S:
+            return
+        self._looked_at = now
+        in_flight, unread = await self.tasks.in_flight(), await self.trajectories.lag()
+        d = self.dispatcher
+        budget = d.budget if d is not None else None
+        self.waiting_for = (f"waiting for the groups of step {self._state.step + 1}: {have} of {want} read; "
+                            f"{in_flight} task(s) queued or in rollout, {unread} group(s) unread"
+                            + ("" if d is None else "; the dispatcher has published its last epoch" if d.exhausted
+                               else f"; dispatcher budget {budget}" if budget is not None else ""))
+        missing = self.unfillable(have, want, in_flight, unread)
+        if not missing:
+            self._unfillable_since = None
+            return
+        if self._unfillable_since is None:
+            self._unfillable_since = now
+            return
+        if now - self._unfillable_since < UNFILLABLE_AFTER_S:
+            return
+        log.error("step %d cannot fill: %s, and no task is left to publish that would fill it (the tasks it "
+                  "waits for were lost: Redis lost data, or a replacement was missed); publishing %d "
+                  "replacement task(s)", self._state.step + 1, self.waiting_for, missing)
+        self.metrics.tasks_replaced.labels("unfillable").inc(missing)
+        self.grant(missing, self._state.version)
+        self._unfillable_since = None
+
+    def unfillable(self, have: int, want: int, in_flight: int, unread: int) -> int:
+        """Groups the step in hand lacks that nothing can bring: a paced dispatcher with no task left to
+        publish before this step trains (budget 0, epochs not done), no task queued or in rollout, no group
+        unread. 0 otherwise (something is on its way, or the dispatcher will publish it)."""
+        d = self.dispatcher
+        if d is None or d.exhausted or d.budget is None or d.budget > 0 or in_flight or unread:
+            return 0
+        return max(0, want - have)
 
     def replace_buried(self, before: int) -> int:
         """Grant a replacement task for each group the stream dead-lettered on its own since its count
@@ -200,6 +262,7 @@ class StreamSource:
         if now > before:
             log.warning("%d group(s) dead-lettered by the trajectories stream (malformed, or delivered "
                         "max_deliveries times): their tasks are replaced", now - before)
+            self.metrics.tasks_replaced.labels("group_dead_lettered").inc(now - before)
             self.grant(now - before, self._state.version)
         return now
 
@@ -332,6 +395,11 @@ class StreamSource:
 
     async def finished(self) -> bool:
         return await self.data_exhausted() and await self.trajectories.pending() == 0
+
+    def settled(self, task_id: str) -> bool:
+        """Whether a group of `task_id` was trained or is kept for the step in hand (the dispatcher asks
+        before it replaces a dead-lettered task)."""
+        return task_id in self._state.consumed or task_id in self._step_tasks
 
     async def lag(self) -> int:
         """Groups published on the trajectories stream and not yet read (the dispatcher's backpressure)."""

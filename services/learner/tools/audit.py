@@ -19,7 +19,8 @@ A task id (`{dataset id}@e{epoch}`) falls in the first of these that holds:
   archived again by a restarted learner (killed after archiving it, before checkpointing it) keeps only
   the rows of its latest part: the earlier copy's groups were never checkpointed, so they were not trained
   as far as the run is concerned (they are re-read and trained again, possibly in another step);
-- **dead-lettered**: in the dead stream (a task or a group), with the reason recorded there;
+- **dead-lettered**: in the dead stream (a task or a group), with the reason recorded there, or in the
+  dispatcher's record of dead-lettered tasks (`dead_tasks.py`; it outlives a Redis that lost the stream);
 - **dropped**: a group for it was acked by the learner without being trained (the staleness policy or a
   sampling filter set it aside): an acked group in the trajectories stream, or the learner's log line
   (which gives the reason, and is all that is left of a trimmed group);

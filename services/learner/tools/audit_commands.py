@@ -36,7 +36,7 @@ def audit_command(
 
     import redis as redis_py
 
-    from searchr1.learner.tools.audit import audit, table_rows
+    from searchr1.learner.tools.audit import DeadRecord, audit, table_rows
     from searchr1.learner.tools.audit_sources import (
         aof_redis,
         read_archive,
@@ -45,7 +45,9 @@ def audit_command(
         read_streams,
         run_identity,
     )
+    from searchr1.learner.tools.dead_tasks import dead_tasks_path, read_dead_tasks
     from searchr1.learner.tools.dispatch_log import dispatch_log_path, read_dispatched
+    from searchr1.streams import StreamKeys
 
     if not run_dir.is_dir():
         fail(f"{run_dir} is not a directory")
@@ -64,6 +66,9 @@ def audit_command(
             tasks, groups, dead, announced = read_streams(url, run)
         except redis_py.RedisError as exc:
             fail(f"Redis at {url} did not answer: {exc}")
+    # the dispatcher's record of dead-lettered tasks: what the dead stream held, even where Redis lost it
+    recorded = read_dead_tasks(dead_tasks_path(run_dir / "learner", run))
+    dead = [*dead, *(DeadRecord(StreamKeys(run).tasks, tid, reason) for tid, reason in recorded.items())]
     resumes, drops, workers = read_logs(run_dir / "logs")
     report = audit(tasks, groups, dead, read_archive(archive or run_dir / "archive"),
                    read_checkpoint(checkpoints or run_dir / "checkpoints"), drop_reasons=drops,

@@ -32,7 +32,12 @@ class DispatchLog:
         self._file.flush()
 
     def close(self) -> None:
-        self._file.close()
+        """Close the file; what a failed write left in its buffer (a full disk) is dropped, not raised over
+        the error that ended the run."""
+        try:
+            self._file.close()
+        except OSError:
+            pass
 
 
 def read_dispatched(path: Path) -> list[str]:

@@ -19,8 +19,10 @@ gathered to rank 0, which alone writes).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import random
 import shutil
 from dataclasses import dataclass, field
@@ -130,6 +132,24 @@ class Checkpointer:
         checkpoint and names the temporary directory it is written in."""
         self.faults = faults
         """The fault suite's hook (`checkpoint.before_seal`); never fires outside it."""
+        self.writing: Path | None = None
+        """The temporary directory of the save in progress (rank 0), for `bytes_written`."""
+
+    def bytes_written(self) -> int:
+        """Bytes in the files of the save in progress (0: none): the progress the learner's watchdog counts
+        while a checkpoint is written (`searchr1.core.watchdog.Watchdog.progressing`); any thread."""
+        tmp = self.writing
+        if tmp is None:
+            return 0
+        total = 0
+        try:
+            with os.scandir(tmp) as entries:
+                for e in entries:
+                    with contextlib.suppress(OSError):
+                        total += e.stat(follow_symlinks=False).st_size
+        except OSError:  # not made yet, or sealed and renamed away
+            return 0
+        return total
 
     @property
     def fence(self) -> int:
@@ -193,6 +213,7 @@ class Checkpointer:
         final = self.root / f"{_PREFIX}{state.step:08d}"
         tmp = self.root / (f".tmp-t{self.fence}-{final.name}" if self.fence else f".tmp-{final.name}")
         shutil.rmtree(tmp, ignore_errors=True)
+        self.writing = tmp
         try:
             self._write(state, gathered, tmp, final)
         except BaseException as exc:  # a full disk, a lost lease: the partial copy goes now, not at the next save
@@ -200,6 +221,8 @@ class Checkpointer:
             log.error("checkpoint of step %d failed (%s: %s); its temporary directory %s was removed",
                       state.step, type(exc).__name__, exc, tmp)
             raise
+        finally:
+            self.writing = None
         self._prune()
         return final
 
@@ -212,13 +235,16 @@ class Checkpointer:
             "components": {},
         }
         for c, model_sd, optim_sd in gathered:
+            self.faults.pause_at("checkpoint.slow_write")  # the fault suite's hook: a slow disk
             save_file(_tensors(model_sd), str(tmp / f"{c.name}.safetensors"))
             if optim_sd is None:
                 meta["components"][c.name] = {"optimizer": None, "scheduler": None}
                 continue
             opt_tensors, opt_meta = _flatten_optimizer(optim_sd)
+            self.faults.pause_at("checkpoint.slow_write")
             save_file(opt_tensors, str(tmp / f"{c.name}.optimizer.safetensors"))
             meta["components"][c.name] = {"optimizer": opt_meta, "scheduler": _jsonable(c.scheduler.state_dict())}
+        self.faults.pause_at("checkpoint.slow_write")
         save_file({"cpu": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
         (tmp / "state.json").write_text(json.dumps(meta))
         self.faults.kill_at("checkpoint.before_seal")  # the fault suite's hook: a torn checkpoint
