@@ -252,6 +252,9 @@ def describe_unexpected(exc: BaseException) -> tuple[str, int]:
     detail = " ".join(str(exc).split()) or type(exc).__name__
     if isinstance(exc, OSError) and exc.filename and exc.strerror:
         detail = f"{exc.filename}: {exc.strerror}"
+    if type(exc).__name__ == "SafetensorError" and "while serializing" in detail:
+        # a write that failed (a full disk): a fault to ride out by a restart, not a bad input
+        return f"cannot write a safetensors file: {detail}", EXIT_FAILED
     for klass in type(exc).__mro__:
         for name, module, meaning, code in _KNOWN_ERRORS:
             if klass.__name__ == name and (klass.__module__ or "").split(".")[0] == module:

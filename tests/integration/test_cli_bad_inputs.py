@@ -177,3 +177,23 @@ def test_no_case_may_hide_a_traceback_behind_the_guard():
     message, code = describe_unexpected(KeyError("x"))
     assert message.startswith("unexpected KeyError") and "SEARCHR1_TRACEBACK=1" in message and code == 1
     assert describe_unexpected(FileExistsError(17, "File exists", "/x")) == ("already exists: /x: File exists", 2)
+
+
+def test_a_safetensors_write_that_fails_is_a_failure_and_a_corrupt_file_a_bad_input(tmp_path):
+    """A full disk while a checkpoint is written exits 1 (the launcher restarts the learner), not 2 (which
+    stops the run as a configuration error); a file safetensors cannot read stays a bad input (2)."""
+    from safetensors import SafetensorError
+
+    from searchr1.core.commandline import describe_unexpected
+
+    full = SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+    message, code = describe_unexpected(full)
+    assert code == 1 and message.startswith("cannot write a safetensors file") and "No space left" in message
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\x08" + b"\x00" * 7 + b"notjson!")
+    from safetensors.numpy import load_file
+
+    with pytest.raises(SafetensorError) as read_error:
+        load_file(bad)
+    message, code = describe_unexpected(read_error.value)
+    assert code == 2 and message.startswith("not a readable safetensors file")
