@@ -12,8 +12,10 @@ Inside the engine (`WeightReceiverExtension`):
   into the model's `load_weights` through the runner's in-place `reload_weights` (no file, no second
   copy of the model); returns the digest of the received tensors, checked against the learner's and
   its signature against the run's weight token (`WEIGHTS_KEY_ENV`, set by the rollout process). A
-  failure (timeout, the sender gone, a digest mismatch) leaves the group and raises: the worker then
-  loads the latest snapshot, and joins the next generation when one is announced.
+  version sent as a delta is applied to the receiver's host copy of the version before (`receiver.py`),
+  every resulting tensor checked, and every tensor of the version handed to the reload. A failure
+  (timeout, the sender gone) leaves the group and raises; a refused digest or delta raises too: the worker
+  then loads the latest snapshot (and joins the next generation when it left this one).
 - `searchr1_load_snapshot(path, digest)`: the snapshot transport's in-place reload: the snapshot read
   into memory with every chunk checked against the announced digest as it is read
   (`read.read_verified`), the model loaded from those same bytes (`safetensors.snapshot_tensors`), the
@@ -45,10 +47,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from searchr1.weightsync.broadcast import WEIGHTS_KEY_ENV, Receiver, parse_group_uri
+from searchr1.weightsync.broadcast import WEIGHTS_KEY_ENV, parse_group_uri
 from searchr1.weightsync.delta import DELTA_FILE, BaseWeights, Delta, DeltaRefused
 from searchr1.weightsync.manifest import SnapshotError
 from searchr1.weightsync.read import read_verified
+from searchr1.weightsync.receiver import Receiver
 from searchr1.weightsync.safetensors import safetensors_metadata, snapshot_tensors
 
 WORKER_EXTENSION = "searchr1.weightsync.vllm_ext.WeightReceiverExtension"
@@ -87,7 +90,8 @@ class WeightReceiverExtension:
             device = "cpu" if where.type == "cpu" else str(where)
             rx = Receiver(backend="gloo" if device == "cpu" else "nccl",
                           timeout_s=float(os.environ.get(TIMEOUT_ENV, "60")), device=device,
-                          key=os.environ.get(WEIGHTS_KEY_ENV, "").encode())  # the run's weight token
+                          key=os.environ.get(WEIGHTS_KEY_ENV, "").encode(),  # the run's weight token
+                          keep_base=True)  # a host copy of the last version, for the deltas on the wire
             self._searchr1_rx = rx
         return rx
 
