@@ -10,7 +10,7 @@ a generation (`rendezvous.join_generation`), then receives each publication full
   signature, then applied to the copy with the checksum of every resulting tensor verified
   (`BaseWeights.apply`); every tensor of the version is then yielded (vLLM's in-place reload loads a layer
   once all of its tensors arrived). A delta against another version or one whose result fails a checksum
-  is refused (`DeltaRefused`) with the copy as it was.
+  is refused (`DeltaRefused`) and the copy dropped, so the next version comes full.
 
 A refusal after the version's last collective (a digest, a delta) keeps the receiver in the group — it
 holds no newer version, so the next one goes out full — and the worker catches up from the latest
@@ -143,15 +143,21 @@ class Receiver:
         hash_into(data, digest)
         self._check(signed, raw_header, digest, version)
         self.last_form = "delta"
-        if self.base is None or self.base.version != int(header["base"]):
-            held = "none" if self.base is None else self.base.version
-            raise DeltaRefused(f"delta {header['base']}→{version} does not apply to the version held ({held})")
-        delta = Delta.parse(memoryview(data.numpy()))
-        if delta.header.base != self.base.version or delta.header.version != version:
-            raise DeltaRefused(f"delta {delta.header.base}→{delta.header.version} sent as "
-                               f"{header['base']}→{version}: out of order")
-        self.base.apply(delta)  # every resulting tensor checked; undone on any mismatch
-        yield from sorted(self.base.tensors.items())
+        base = self.base
+        try:
+            if base is None or base.version != int(header["base"]):
+                held = "none" if base is None else base.version
+                raise DeltaRefused(f"delta {header['base']}→{version} does not apply to the version held ({held}): "
+                                   f"out of order")
+            delta = Delta.parse(memoryview(data.numpy()))
+            if delta.header.base != base.version or delta.header.version != version:
+                raise DeltaRefused(f"delta {delta.header.base}→{delta.header.version} sent as "
+                                   f"{header['base']}→{version}: out of order")
+            base.apply(delta)  # every resulting tensor checked; undone on any mismatch
+        except DeltaRefused:
+            self.base = None  # the copy is not to be trusted: the next version comes full
+            raise
+        yield from sorted(base.tensors.items())
 
     def _receive_full(self, version: int, header: dict, raw_header: bytes,
                       done: list[bool]) -> Iterator[tuple[str, Any]]:

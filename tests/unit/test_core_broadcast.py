@@ -190,9 +190,9 @@ def test_the_broadcast_transport_announces_public_host_and_binds_host(tmp_path):
 def test_a_delta_on_the_wire_reaches_the_same_weights_and_a_bad_one_is_refused_without_leaving_the_group():
     """Versions 1–6 to a receiver that keeps its copy: 1 full; 2 a delta, bit-equal to the full version
     and a fraction of its bytes; 3 a delta onto a copy whose bits were flipped → refused by the checksum
-    of the resulting tensor, the copy left as it was and the receiver still in the group; 4 then goes out
-    full (the receiver does not hold 3); 5 a delta again; 6 a delta whose file is against another
-    version than announced → refused as out of order."""
+    of the resulting tensor, the copy dropped and the receiver still in the group; 4 then goes out full
+    (the receiver holds no copy); 5 a delta again; 6 a delta whose file is against another version than
+    announced → refused as out of order."""
     import threading
 
     from searchr1.weightsync import DeltaRefused, DeltaSettings, VersionChain, WireDelta
@@ -240,5 +240,5 @@ def test_a_delta_on_the_wire_reaches_the_same_weights_and_a_bad_one_is_refused_w
                                         for n in states[v])
     assert isinstance(got[3], DeltaRefused) and "checksum" in str(got[3])
     assert isinstance(got[6], DeltaRefused) and "out of order" in str(got[6])
-    assert rx.rank == 1 and rx.base.version == 5  # never left the group; the copy still version 5
+    assert rx.rank == 1 and rx.base is None  # never left the group; the refused copy dropped
     assert wire[2] < wire[1] / 4
