@@ -144,7 +144,8 @@ class BroadcastTransport:
             await asyncio.to_thread(self.broadcaster.send, version, named, sums=plan.sums, delta=wire)
             self.figures.update(broadcast_delta=float(self.broadcaster.last_form == "delta"),
                                 broadcast_wire_bytes=float(self.broadcaster.last_bytes),
-                                broadcast_receivers=float(self.broadcaster.members))
+                                broadcast_receivers=float(self.broadcaster.members),
+                                published_bytes=float(self.broadcaster.last_bytes))  # what the workers got
         except BroadcastFailed as exc:
             self.failures += 1
             log.warning("broadcast of version %d failed (%s); group re-formed as generation %d", version, exc,

@@ -242,3 +242,33 @@ def test_a_delta_on_the_wire_reaches_the_same_weights_and_a_bad_one_is_refused_w
     assert isinstance(got[6], DeltaRefused) and "out of order" in str(got[6])
     assert rx.rank == 1 and rx.base is None  # never left the group; the refused copy dropped
     assert wire[2] < wire[1] / 4
+
+
+def test_the_rendezvous_counts_members_closes_atomically_and_counts_the_refused():
+    """`rendezvous` on a real TCPStore: two of three configured receivers join, the learner's wait ends
+    and the generation closes with two (world 3); a third is told it is closed and counted as waiting;
+    a generation that every receiver joins closes at once, and one more is told it is full."""
+    import time
+
+    from searchr1.weightsync import rendezvous
+    from searchr1.weightsync.broadcast import _store
+
+    master = _store("127.0.0.1", 0, 5, is_master=True)
+    client = _store("127.0.0.1", master.port, 5, is_master=False)
+    assert [int(client.add("searchr1/weights/0/next_rank", 1)) for _ in range(2)] == [1, 2]
+    t0 = time.perf_counter()
+    members, seen = rendezvous.close_generation(master, 0, 3, wait_s=0.3)
+    assert (members, seen) == (2, 0) and time.perf_counter() - t0 >= 0.3
+    assert int(client.get("searchr1/weights/0/world")) == 3
+    with pytest.raises(rendezvous.Refused, match="closed"):
+        rendezvous.join_generation(client, 0, 3)
+    assert rendezvous.someone_waits(master, seen) and not rendezvous.someone_waits(master, 1)
+
+    assert int(client.add("searchr1/weights/1/next_rank", 1)) == 1
+    t0 = time.perf_counter()
+    assert rendezvous.close_generation(master, 1, 1, wait_s=30) == (1, 1)  # everyone in: no waiting
+    assert time.perf_counter() - t0 < 5
+    assert int(client.add("searchr1/weights/2/next_rank", 1)) == 1  # the one receiver of generation 2
+    with pytest.raises(rendezvous.Refused, match="full"):
+        rendezvous.join_generation(client, 2, 1)
+    assert rendezvous.someone_waits(master, 1)
