@@ -20,8 +20,10 @@ by the learner's `weights.transport` (`PublishSettings`; the worker's section is
   full snapshot for what reads a run's weights afterwards.
 - broadcast: tensors sent in buckets from rank 0 over a torch.distributed group the learner forms with
   the engines (`Broadcaster` ↔ `Receiver`), an in-band xxh3 digest signed with the run's weight token;
-  a recovery snapshot every `snapshot_every` versions and after any failed broadcast (`record_snapshot`),
-  from which a worker that missed one catches up (`latest_snapshot_fenced`), acknowledging what it runs.
+  a version goes out as a delta (`WireDelta`: the same encoding) when every receiver holds the version
+  before. Each generation of the group forms from the receivers that join it (`rendezvous`); a recovery
+  snapshot every `snapshot_every` versions and after any failed broadcast (`record_snapshot`), from which
+  a worker that missed one catches up (`latest_snapshot_fenced`), acknowledging what it runs.
 
 What the protocol guarantees:
 

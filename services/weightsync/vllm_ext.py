@@ -29,7 +29,8 @@ Inside the engine (`WeightReceiverExtension`):
 - `searchr1_last_load_times()`: where the last load (snapshot, delta or broadcast) spent its time (`LoadTimes`).
 
 The copy of the published version costs one copy of the weights in the engine worker's host memory (in
-the published dtype). vLLM's in-place reload reloads a layer only once every tensor of it has arrived
+the published dtype): the one kept from the last snapshot load, or the broadcast receiver's from the last
+version it received (`receiver.py`), never both — loading one drops the other. vLLM's in-place reload reloads a layer only once every tensor of it has arrived
 (its layerwise reload), so each delta hands it every tensor of the version, not only the changed values:
 the engine's own load costs what a full load from memory does; the read, the verification and the bytes
 on the disk and the wire are the delta's.
@@ -139,8 +140,12 @@ class WeightReceiverExtension:
         t0 = time.perf_counter()
         refresh_cpu_gemm(runner.get_model())
         times.gemm_repack = time.perf_counter() - t0
-        # the verified bytes stay as the engine's copy of this version, for the deltas that follow
+        # the verified bytes stay as the engine's copy of this version, for the deltas that follow; a
+        # broadcast receiver's copy is of other weights now (one copy held at a time)
         self._searchr1_base = base_of(files, tensors)
+        rx = getattr(self, "_searchr1_rx", None)
+        if rx is not None:
+            rx.drop_base()
         self._searchr1_times = times.as_dict()
         return self._searchr1_times
 
