@@ -210,8 +210,6 @@ def _group(store: Any, addr: GroupAddress, rank: int, world: int, backend: str, 
     raise ValueError(f"unknown backend {backend!r} (gloo or nccl)")
 
 
-
-
 @dataclass(frozen=True, slots=True)
 class WireDelta:
     """A version's delta form for the wire: the delta file's bytes (`delta.py`'s encoding, the same a
