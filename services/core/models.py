@@ -9,6 +9,7 @@ No torch or transformers here; loading is the caller's job.
 from __future__ import annotations
 
 import importlib
+import json
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -52,3 +53,17 @@ def require_model_dir(path: str | Path, what: str = "model") -> Path:
         raise ModelDirError(f"{what} directory {p} has no config.json: not a Hugging Face model directory "
                             "(save_pretrained output)")
     return p
+
+
+def model_context_length(path: str | Path) -> int | None:
+    """The context length a local model directory declares (`max_position_embeddings` of its config.json,
+    or of its `text_config`); None when there is no readable config or it declares none."""
+    try:
+        config = json.loads((Path(path).expanduser() / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for table in (config, config.get("text_config") or {}):
+        value = table.get("max_position_embeddings") if isinstance(table, dict) else None
+        if isinstance(value, int | float) and value > 0:
+            return int(value)
+    return None

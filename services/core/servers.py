@@ -150,7 +150,11 @@ class GrpcServer:
         await self._server.stop(grace)
 
     async def wait(self) -> None:
-        await self._server.wait_for_termination()
+        """Until the server terminates. Waited with a timeout, so gRPC waits through a shield: without one it
+        awaits the server's own shutdown future, a cancelled wait cancels that future, and `stop` then
+        raises CancelledError."""
+        while await self._server.wait_for_termination(timeout=3600.0):
+            pass
 
 
 ACCEPT_BACKLOG = 128

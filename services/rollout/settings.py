@@ -8,6 +8,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from searchr1.core.models import model_context_length
 from searchr1.core.protocol import SEARCH_R1
 from searchr1.core.settings import (
     RedisSettings,
@@ -26,7 +27,8 @@ class EngineSettings(Section):
     gpu_memory_utilization: float = Field(default=0.08, gt=0.0, le=1.0)
     """Fraction of accelerator memory vLLM reserves (on the CPU build: of CPU memory)."""
     max_model_len: int = Field(default=4096, ge=64)
-    """Context length (prompt + response) the engine allows."""
+    """Context length (prompt + response) the engine allows; left unset, 4096 or the model's own
+    (`max_position_embeddings`) if shorter."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Model dtype of the vLLM engine (`auto` = the checkpoint's; vLLM refuses one its device lacks, e.g.
     bfloat16 on a GPU before Ampere). Match the learner's `model.dtype` (float16 on both sides mismatches
@@ -201,6 +203,17 @@ class RolloutSettings(ServiceSettings):
     `weights.token`."""
     metrics_open: bool = True
     """False: /metrics answers only requests carrying `token` (401 otherwise); needs `token`."""
+
+    @model_validator(mode="after")
+    def _context_fits_the_model(self) -> RolloutSettings:
+        """`engine.max_model_len` left at its default is capped at the context the model declares
+        (`max_position_embeddings`), so a model with a shorter one starts without a setting; a value set
+        explicitly is kept (vLLM refuses one longer than the model's, naming both)."""
+        if "max_model_len" not in self.engine.model_fields_set and self.model:
+            limit = model_context_length(self.model)
+            if limit is not None and limit < self.engine.max_model_len:
+                self.engine = self.engine.model_copy(update={"max_model_len": max(limit, 64)})
+        return self
 
     @model_validator(mode="after")
     def _closed_metrics_need_a_token(self) -> RolloutSettings:

@@ -8,7 +8,8 @@ in-flight groups finish under the old version, the engine reloads, admission res
 is tagged with the one version that generated all of it; with `weights.partial_rollouts`, in-flight
 turns are interrupted instead and resume under the new weights, each token tagged with its version:
 `partial.py`). The move happens every `weight_poll_s`, and
-at once when a newly read task needs a newer version than the engine runs (`Task.min_policy_version`).
+at once when newly read tasks find newer weights announced (always so when a task needs a newer version
+than the engine runs: `Task.min_policy_version`), so that every task starts under the newest weights.
 That catch-up is the worker's whole part in staleness, and a mechanical one: the learner decides what
 `min_policy_version` a task carries and which groups are too stale to train on (`learner/algo/staleness.py`;
 docs/learner.md, "Staleness").
@@ -171,9 +172,11 @@ class Worker:
             entries = await self.tasks.read(self.worker_id, count=slots, block_ms=block)
         self._held.hold(e.id for e in entries)  # heartbeaten from here, through a load for them
         try:
-            if entries and max(e.value.min_policy_version for e in entries) > self.loader.version:
-                # load the announced weights now, not at the next poll: these tasks' groups would otherwise
-                # be dropped as stale by the learner (in synchronous training, every step's first tasks)
+            if entries and (max(e.value.min_policy_version for e in entries) > self.loader.version
+                            or await self.loader.newer() is not None):
+                # start new tasks under the newest announced weights, not the ones until the next poll: a
+                # group sampled with the previous version arrives a version staler still, and past
+                # `max_staleness` the learner drops it (in synchronous training, every step's first tasks)
                 await self._move_to_announced_weights()
         except BaseException:
             self._held.drop(e.id for e in entries)  # not started: left for redelivery

@@ -46,9 +46,9 @@ class Pipeline:
     """Groups one worker rolls out at once (`rollout.tasks.max_concurrent`)."""
     weight_poll_s: float = 2.0
     """How often a worker checks for newer weights (`rollout.weights.poll_interval_s`)."""
-    newest_on_read: bool = False
-    """A what-if: the worker moves to the newest announced weights before starting tasks it reads (the
-    code moves only at its poll, or when a task's minimum version requires it)."""
+    newest_on_read: bool = True
+    """The worker's rule: it moves to the newest announced weights before starting tasks it reads. False:
+    a what-if in which it moves only at its poll, or when a task's minimum version requires it."""
 
 
 @dataclass(frozen=True)

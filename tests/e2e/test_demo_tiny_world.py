@@ -8,7 +8,8 @@ The assertion that matters: the mean training reward of the last 20 of STEPS = 6
 20 by MARGIN. Sizing (docs/world.md, "The e2e test's margin"): the learning rate is constant, so these 60
 steps are the first 60 of a run of that config with the same seeds; over its seeds 0, 1, 2 the gain was
 0.139, 0.123 and 0.174 (per-step reward sd ~0.095, so the difference of two 20-step means has
-sd ~0.03). MARGIN 0.04 is 2.8 of those sd below the smallest gain, and 1.3 above zero. Only the step
+sd ~0.03). MARGIN 0.04 is 2.8 of those sd below the smallest gain, and 1.3 above zero. In bf16 (bf16
+compute over fp32 masters, a bf16 engine) the same sizing gave 0.110, 0.157 and 0.230: 2.3 sd above MARGIN. Only the step
 count, the paths and the evaluation size differ from the committed config (seeds stay 0), and each
 substitution is checked so that a change to the config cannot silently detach this test from it.
 
@@ -34,8 +35,9 @@ MARGIN = 0.04
 SHORT_STEPS = 4
 
 
-def shortened_config(root: Path, steps: int = STEPS) -> str:
-    """configs/tiny-cpu-no-cost.toml with paths under `root`, `steps` GRPO steps and a small evaluation."""
+def shortened_config(root: Path, steps: int = STEPS, dtype: str = "float32") -> str:
+    """configs/tiny-cpu-no-cost.toml with paths under `root`, `steps` GRPO steps and a small evaluation; with
+    `dtype` bfloat16, the learner computes in bf16 over its fp32 masters and the engine runs in bf16."""
     text = CONFIG.read_text()
     swaps = [
         ('run = "tiny-cpu-no-cost"', 'run = "e2e"'),
@@ -45,6 +47,9 @@ def shortened_config(root: Path, steps: int = STEPS) -> str:
         ("total_steps = 150", f"total_steps = {steps}"),
         ('eval_args = ["--samples", "4"]', 'eval_args = ["--samples", "1", "--limit", "6"]'),
     ]
+    if dtype != "float32":
+        swaps += [('dtype = "float32"', f'dtype = "{dtype}"'),
+                  ('[learner.model]\n', f'[learner.model]\ndtype = "{dtype}"\n')]
     for old, new in swaps:
         assert old in text, f"configs/tiny-cpu-no-cost.toml no longer holds {old!r}: update this test with it"
         text = text.replace(old, new)
@@ -53,9 +58,12 @@ def shortened_config(root: Path, steps: int = STEPS) -> str:
 
 @pytest.mark.release
 @pytest.mark.timeout(2400)  # 10 min on 2 cores (5.9 s/step); shared cores can double it
-def test_demo_learns_through_the_real_services(tmp_path):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_demo_learns_through_the_real_services(tmp_path, dtype):
+    """`dtype` float32 as `make demo` runs; bfloat16 as the recipe runs (bf16 compute over fp32 masters, a
+    bf16 engine), sized the same way (docs/world.md, "The e2e test's margin")."""
     cfg = tmp_path / "e2e.toml"
-    cfg.write_text(shortened_config(tmp_path))
+    cfg.write_text(shortened_config(tmp_path, dtype=dtype))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run([sys.executable, "-m", "searchr1.cli", "demo", "--config", str(cfg)],
                           capture_output=True, text=True, timeout=2300, env=env)
@@ -81,6 +89,11 @@ def test_demo_learns_through_the_real_services(tmp_path):
     assert all(s["trajectories"] > 0 and s["by_source"] for s in steps), steps
     assert (run / "weights" / f"v{STEPS:08d}").is_dir()
     assert (run / "final-model" / "tokenizer.json").is_file()
+    # versions in the engine's dtype, every one of them moving what the engine loads
+    header = (run / "weights" / f"v{STEPS:08d}" / "model.safetensors").read_bytes()
+    meta = json.loads(header[8:8 + int.from_bytes(header[:8], "little")])
+    assert {v["dtype"] for k, v in meta.items() if k != "__metadata__"} == {"F32" if dtype == "float32" else "BF16"}
+    assert all(s["published_changed_frac"] > 0 for s in steps[1:]), [s.get("published_changed_frac") for s in steps]
 
     # the learning claim
     rewards = [s["reward_mean"] for s in steps]

@@ -136,7 +136,9 @@ class OkScorer:
 async def test_a_task_needing_newer_weights_is_sampled_after_loading_them(redis, tmp_path):
     """Synchronous training: the learner announces version 1 and only then publishes the next tasks, stamped
     `min_policy_version=1`. The worker must not sample them with version 0 while waiting for its next weight
-    poll (the learner would drop those groups as stale); a task without the stamp does not force a reload."""
+    poll (the learner would drop those groups as stale). A task read after an announcement starts under the
+    announced weights whether or not it carries the stamp; one read before it keeps the version it started
+    with."""
     from searchr1.weightsync import snapshot_digest
 
     keys = StreamKeys("mv")
@@ -160,14 +162,22 @@ async def test_a_task_needing_newer_weights_is_sampled_after_loading_them(redis,
         snap = tmp_path / "v1"
         snap.mkdir()
         (snap / "model.safetensors").write_bytes(b"weights v1")
+        await tasks.publish(Task(task_id="before", question="q", golden_answers=["Paris"], group_size=2))
+        assert (await one_group()).policy_version == 0 and gen.reloads == []  # nothing newer announced
         await announce(redis, keys, WeightVersion(version=1, uri=str(snap), sha256=snapshot_digest(snap)))
-        await tasks.publish(Task(task_id="old-ok", question="q", golden_answers=["Paris"], group_size=2))
-        assert (await one_group()).policy_version == 0 and gen.reloads == []  # no stamp: no forced reload
-        await tasks.publish(Task(task_id="fresh", question="q", golden_answers=["Paris"], group_size=2,
-                                 min_policy_version=1))
+        await tasks.publish(Task(task_id="unstamped", question="q", golden_answers=["Paris"], group_size=2))
         group = await one_group()
-        assert group.task.task_id == "fresh" and group.policy_version == 1
+        assert group.task.task_id == "unstamped" and group.policy_version == 1  # not at the poll, an hour away
         assert len(gen.reloads) == 1 and loader.version == 1
+        snap2 = tmp_path / "v2"
+        snap2.mkdir()
+        (snap2 / "model.safetensors").write_bytes(b"weights v2")
+        await announce(redis, keys, WeightVersion(version=2, uri=str(snap2), sha256=snapshot_digest(snap2)))
+        await tasks.publish(Task(task_id="fresh", question="q", golden_answers=["Paris"], group_size=2,
+                                 min_policy_version=2))
+        group = await one_group()
+        assert group.task.task_id == "fresh" and group.policy_version == 2
+        assert len(gen.reloads) == 2 and loader.version == 2
     finally:
         stop.set()
         await asyncio.wait_for(run, 10)

@@ -98,3 +98,18 @@ async def test_a_metrics_server_whose_thread_dies_stops_the_service():
         await asyncio.wait_for(sup.wait(asyncio.Event()), 10)
     ms.closing.set()
     ms.thread.join(5)
+
+
+async def test_a_supervised_grpc_server_stops_cleanly_after_its_supervisor():
+    """The retriever's order at SIGTERM: the supervisor closes (cancelling its wait on the gRPC server),
+    then the server stops with its grace — without CancelledError, and without a death recorded."""
+    from searchr1.core.servers import GrpcServer
+
+    server = GrpcServer("127.0.0.1", 0)
+    await server.start()
+    sup = Supervisor("retriever")
+    sup.spawn("grpc server", server.wait())
+    await asyncio.sleep(0.1)
+    await sup.close()
+    await server.stop(1.0)
+    assert sup.failure is None

@@ -85,13 +85,25 @@ def test_lockstep_one_worker_exact_step_times():
 
 
 def test_one_step_of_staleness_overlaps_and_drops_a_group_sampled_two_versions_back():
-    p = Pipeline(workers=1, groups_per_step=1, group_size=1, max_staleness=1, max_concurrent=1, weight_poll_s=100)
+    """A worker that moves only at its poll (the what-if): a task read just after a step starts on the
+    previous weights."""
+    p = Pipeline(workers=1, groups_per_step=1, group_size=1, max_staleness=1, max_concurrent=1, weight_poll_s=100,
+                 newest_on_read=False)
     r = simulate(p, _times(), ONE_TURN, steps=4)
     # A [0,1] v0 → step 1 [1,4]; B [1,2] v0 → step 2 [4,7] (lag 1); C read at 4 with min version 0 runs
     # [4,5] on v0 and is dropped at 7 (lag 2); D (min 1) waits for a reload [7,7.5] and runs [7.5,8.5] → step 3
     # [8.5,11.5]; E, the replacement for C, runs [8.5,9.5] on v2 → step 4 [11.5,14.5]
     assert r.step_end_s == pytest.approx([4.0, 7.0, 11.5, 14.5])
     assert r.dropped == 1 and r.staleness == [0, 1, 0, 1]
+
+
+def test_a_worker_moving_to_the_newest_weights_on_read_drops_nothing():
+    """The worker's rule: C, read at 4 when version 1 is announced, waits for the reload [4,4.5] and runs
+    [4.5,5.5] on v1 (lag 1 at step 3, not 2); D runs on v2 after its reload [7,7.5]."""
+    p = Pipeline(workers=1, groups_per_step=1, group_size=1, max_staleness=1, max_concurrent=1, weight_poll_s=100)
+    r = simulate(p, _times(), ONE_TURN, steps=4)
+    assert r.step_end_s == pytest.approx([4.0, 7.0, 10.0, 13.0])
+    assert r.dropped == 0 and r.staleness == [0, 1, 1, 1]
 
 
 def test_searches_between_turns_hold_no_engine_time():
