@@ -13,8 +13,9 @@ masters, published in bf16 — so each version changes a few percent of the publ
   the snapshot of version 4;
 - version 6 full again; at the end both receivers hold exactly the learner's tensors of version 6.
 
-Bytes on the wire per version (full and delta) and the share of published values changed are printed
-(`-s`) with the load average."""
+Bytes on the wire per version (full and delta), the share of published values changed, the learner's
+publish seconds and receiver A's receive seconds (with the delta applied and checked) are printed (`-s`)
+with the load average."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pytest
 import torch
@@ -45,7 +47,7 @@ pytestmark = pytest.mark.asyncio
 TIMEOUT_S = 20.0
 
 _RECEIVER = textwrap.dedent("""
-    import asyncio, json, sys
+    import asyncio, json, sys, time
     from searchr1.streams import StreamKeys, connect
     from searchr1.weightsync import (Receiver, checksums, latest, latest_snapshot, parse_group_uri,
                                      read_verified, snapshot_tensors)
@@ -73,8 +75,9 @@ _RECEIVER = textwrap.dedent("""
             try:
                 if rx.address != addr:
                     await asyncio.to_thread(rx.join, addr)
+                t0 = time.perf_counter()
                 engine = await asyncio.to_thread(lambda: {n: t.clone() for n, t in rx.receive(v)})
-                out = {"version": v, "form": rx.last_form}
+                out = {"version": v, "form": rx.last_form, "seconds": time.perf_counter() - t0}
             except Exception as exc:
                 snap = await latest_snapshot(redis, keys)
                 files = await asyncio.to_thread(read_verified, snap.uri, snap.sha256)
@@ -142,8 +145,9 @@ async def test_deltas_on_the_wire_reach_the_learners_bits_and_a_bad_one_is_refus
                 opt.step()
                 opt.zero_grad()
             published = {k: t.detach().to(torch.bfloat16) for k, t in model.state_dict().items()}
+            t0 = time.perf_counter()
             await asyncio.wait_for(transport.publish(v, model, published), 4 * TIMEOUT_S)
-            figures[v] = dict(transport.figures)
+            figures[v] = {**transport.figures, "seconds": time.perf_counter() - t0}
             sent = checksums({k: published[k] for k in transport.figures_sums})
             ra, rb = await a.outcome(v), await b.outcome(v)
             assert ra.get("refused") is None and ra["sums"] == sent, (v, ra.get("why"))
@@ -162,6 +166,8 @@ async def test_deltas_on_the_wire_reach_the_learners_bits_and_a_bad_one_is_refus
               f"average {os.getloadavg()[0]:.1f}): "
               + "; ".join(f"v{v} {forms[v]} {f['broadcast_wire_bytes'] / 1e6:.2f} MB"
                           + (f" ({f['published_changed_frac']:.1%} changed)" if "published_changed_frac" in f else "")
+                          + f", learner {f['seconds']:.2f} s (snapshot included: {v % 2 == 0}), receiver A "
+                            f"{a.lines[[d.get('version') for d in a.lines].index(v)]['seconds']:.2f} s"
                           for v, f in figures.items())
               + f"; full / delta {full / max(deltas):.1f}–{full / min(deltas):.1f}×")
         assert max(deltas) * 4 <= full
