@@ -35,7 +35,8 @@ Every collective waits at most `timeout_s`: a dead or stopped member makes the s
 `BroadcastFailed` instead of hanging, and the group is then unusable — the sender forms a fresh
 generation (`generation` + 1, its own key prefix in the store) for the next version. Receivers that
 missed a version catch up from the latest snapshot, which the learner still writes every N versions and
-after a failed send; one refused by a closed generation is let into the next (`Broadcaster.refresh`).
+after a failed send; one refused by a closed generation is let into the next (`Broadcaster.refresh`; after
+a re-formation that still left the group short, the next waits 1, 2, 4 … 64 versions).
 
 The group URI (`broadcast://host:port/generation/world`) travels in `WeightVersion.uri`, so the
 announcement stays the contract.
@@ -249,6 +250,12 @@ class Broadcaster:
         """Bytes the last version put on the wire (header, payload and digest)."""
         self._formed_once = False
         self._waiting_seen = 0
+        self._backoff = 0
+        """Versions to skip before the next re-formation for waiting receivers (doubles each time one
+        ends short of receivers, so a receiver that keeps missing the join window costs the window at
+        ever longer intervals, not every version)."""
+        self._skip = 0
+        self._reforming = False
         self._pg: Any = None
 
     @property
@@ -262,10 +269,15 @@ class Broadcaster:
         """Before a version is announced: when the current generation has fewer members than configured
         receivers and a receiver was refused since it formed (one that came back, or a new one), start
         the next generation so that receiver joins it. Blocking (a store round trip)."""
-        if self._pg is not None and self.members < self.world_size - 1 \
-                and rendezvous.someone_waits(self._store, self._waiting_seen):
+        if self._pg is None or self.members >= self.world_size - 1:
+            return
+        if self._skip > 0:
+            self._skip -= 1
+            return
+        if rendezvous.someone_waits(self._store, self._waiting_seen):
             self._pg, self.members = None, 0
             self.generation += 1
+            self._reforming = True
 
     def send(self, version: int, named: Sequence[tuple[str, Any]], *, sums: dict[str, str] | None = None,
              delta: WireDelta | None = None) -> str:
@@ -291,6 +303,12 @@ class Broadcaster:
         except (RuntimeError, OSError) as exc:
             raise BroadcastFailed(f"closing weight group generation {self.generation} failed: {exc}") from exc
         self._formed_once = True
+        if members == self.world_size - 1:
+            self._backoff = 0
+        elif self._reforming:  # re-formed for a waiting receiver, still short: wait longer before the next
+            self._backoff = min(2 * self._backoff or 1, 64)
+            self._skip = self._backoff
+        self._reforming = False
         if members == 0:
             raise BroadcastFailed(f"no receiver joined weight group generation {self.generation} "
                                   f"within {wait:.1f} s")

@@ -272,3 +272,47 @@ def test_the_rendezvous_counts_members_closes_atomically_and_counts_the_refused(
     with pytest.raises(rendezvous.Refused, match="full"):
         rendezvous.join_generation(client, 2, 1)
     assert rendezvous.someone_waits(master, 1)
+
+
+def test_a_reformation_that_stays_short_backs_off_before_the_next():
+    """A waiting receiver that never joins the generation opened for it: the next re-formation waits one
+    version (then two, four ...), so a receiver that keeps missing the join window does not cost the
+    learner the window every version."""
+    bc = Broadcaster("127.0.0.1", 0, 3, backend="gloo", timeout_s=2, bucket_bytes=1 << 20, join_window_s=0.5)
+    rx = Receiver(backend="gloo", timeout_s=5)
+
+    def send(version: int) -> None:
+        import threading
+
+        got: dict = {}
+
+        def run():
+            try:
+                if rx.address != bc.address:
+                    rx.join(bc.address)
+                got["tensors"] = sum(1 for _ in rx.receive(version))
+            except Exception as exc:  # noqa: BLE001 - reported to the test
+                got["error"] = exc
+
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        bc.send(version, _named(version))
+        t.join(30)
+        assert "error" not in got, got.get("error")
+
+    def refused() -> None:
+        with pytest.raises(BroadcastFailed, match="closed"):
+            Receiver(backend="gloo", timeout_s=2).join(bc.address)
+
+    send(1)  # generation 0 forms with one of two receivers after timeout_s
+    refused()
+    bc.refresh()
+    assert bc.generation == 1  # opened for the waiting receiver, which never comes
+    send(2)
+    assert bc.members == 1
+    refused()
+    bc.refresh()
+    assert bc.generation == 1  # backing off: one version skipped
+    send(3)
+    bc.refresh()
+    assert bc.generation == 2  # then re-formed again
