@@ -252,6 +252,23 @@ def install_shutdown_signals(stop: asyncio.Event, signals: Iterable[int] = (sign
             loop.add_signal_handler(sig, _on_signal, sig)
 
 
+def add_signal_handlers(handler: Callable[[int], None],
+                        signals: Iterable[int] = (signal.SIGINT, signal.SIGTERM)) -> None:
+    """Call `handler(sig)` on the running loop for each of `signals` (where the loop can handle them)."""
+    loop = asyncio.get_running_loop()
+    for sig in signals:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, handler, sig)
+
+
+def remove_signal_handlers(signals: Iterable[int] = (signal.SIGINT, signal.SIGTERM)) -> None:
+    """Undo `add_signal_handlers`."""
+    loop = asyncio.get_running_loop()
+    for sig in signals:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.remove_signal_handler(sig)
+
+
 EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 LOWEST_FREE_PORT = 10_000
 """`free_port` draws from [LOWEST_FREE_PORT, 65535] minus the kernel's ephemeral range."""

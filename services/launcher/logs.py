@@ -169,6 +169,15 @@ class LogMux:
         for line in message.splitlines() or [""]:
             self.emit(LAUNCHER, line, style)
 
+    def say_tail(self, name: str, lines: int) -> None:
+        """The last `lines` lines of `name`'s log, as the launcher's own (red) messages."""
+        path = self.path(name)
+        last = tail(path, lines)
+        if last:
+            self.say(f"last {len(last)} lines of {path}:", "red")
+            for line in last:
+                self.say(f"  {line}", "red")
+
     async def pump(self, name: str, stream: asyncio.StreamReader) -> None:
         """Copy one pipe to the process's log file (all of it) and the console (all of it when verbose, else
         what a `ConsoleFilter` keeps) until EOF."""

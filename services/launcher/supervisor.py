@@ -55,8 +55,9 @@ from rich.console import Console
 
 from searchr1.core.commandline import EXIT_USAGE
 from searchr1.core.run_connection import write_connection
+from searchr1.core.servers import add_signal_handlers, remove_signal_handlers
 from searchr1.launcher.health import check_all
-from searchr1.launcher.logs import LogMux, tail
+from searchr1.launcher.logs import LogMux
 from searchr1.launcher.processes import (
     EXIT_FAILED,
     EXIT_REFUSED,
@@ -133,7 +134,7 @@ class Supervisor:
         self.plan.log_dir.mkdir(parents=True, exist_ok=True)
         if self.plan.connection is not None:  # before anything starts: ops commands find the run by it
             write_connection(self.plan.run_dir, self.plan.connection)
-        self._install_signals()
+        add_signal_handlers(self._on_signal)
         code = EXIT_FAILED
         if not self.verbose:
             self.mux.say(f"logs in {self.plan.log_dir} (--verbose streams them here)")
@@ -148,7 +149,7 @@ class Supervisor:
                     self.mux.say(stop.message, "bold" if code == 0 else "bold red")
                 for name in stop.tail_of:
                     await self._drain(name)
-                    self._say_tail(name)
+                    self.mux.say_tail(name, self.s.log_tail_lines)
         finally:  # whatever happened above (even a bug or a cancellation), nothing is left running
             if self.validator is not None:
                 await self.validator.stop()
@@ -156,7 +157,7 @@ class Supervisor:
                 await self.ticker.stop()
             self.view.phase("stopping")
             await asyncio.shield(self._stop_all())
-            self._remove_signals()
+            remove_signal_handlers()
             if self.collector is not None:
                 await self.collector.close()
             self.mux.close_all()
@@ -349,14 +350,6 @@ class Supervisor:
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    def _say_tail(self, name: str) -> None:
-        path = self.mux.path(name)
-        lines = tail(path, self.s.log_tail_lines)
-        if lines:
-            self.mux.say(f"last {len(lines)} lines of {path}:", "red")
-            for line in lines:
-                self.mux.say(f"  {line}", "red")
-
     async def _drain(self, name: str, timeout: float = 2.0) -> None:
         run = self.running.get(name)
         if run is None or not run.pumps:
@@ -370,18 +363,6 @@ class Supervisor:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout):
                 await self._wake.wait()
-
-    def _install_signals(self) -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, self._on_signal, sig)
-
-    def _remove_signals(self) -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.remove_signal_handler(sig)
 
     def _on_signal(self, sig: int) -> None:
         if self._signal is None:

@@ -11,7 +11,8 @@ from searchr1.learner.algo.staleness import StalenessPolicy
 from searchr1.learner.metrics import LearnerMetrics
 from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.sources.archive import ArchiveSource
-from searchr1.learner.sources.stream import StepInput, StreamSource
+from searchr1.learner.sources.step_input import StepInput
+from searchr1.learner.sources.stream import StreamSource
 from searchr1.learner.tools.archive import ArchiveWriter
 from searchr1.learner.train.checkpoint import TrainState
 from searchr1.streams import Entry

@@ -37,7 +37,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from searchr1.core.metrics import in_stage
@@ -49,8 +48,9 @@ from searchr1.learner.algo.temperature import temperature_mismatch
 from searchr1.learner.metrics import LearnerMetrics
 from searchr1.learner.settings import LearnerSettings
 from searchr1.learner.sources.base import StepGroups
+from searchr1.learner.sources.step_input import StepInput
 from searchr1.learner.train.checkpoint import TrainState
-from searchr1.streams import Entry, Held, TypedStream
+from searchr1.streams import Held, TypedStream
 
 log = logging.getLogger("searchr1.learner")
 
@@ -77,49 +77,6 @@ class Grants(Protocol):
 
     def grant(self, n: int, version: int) -> None:
         """Allow `n` more tasks, stamped for `version`."""
-
-
-@dataclass
-class StepInput:
-    """The stream entries of one step and what the filter decided for each."""
-
-    entries: list[Entry[TrajectoryGroup]] = field(default_factory=list)
-    """Every entry read (reclaimed first)."""
-    groups: list[TrajectoryGroup] = field(default_factory=list)
-    """The groups to train on."""
-    replays: list[Entry[TrajectoryGroup]] = field(default_factory=list)
-    """Task ids already trained on (acked, not trained)."""
-    stale: list[Dropped[Entry[TrajectoryGroup]]] = field(default_factory=list)
-    """Too stale under the staleness policy (acked, not trained)."""
-    wrong_temperature: list[Dropped[Entry[TrajectoryGroup]]] = field(default_factory=list)
-    """Sampled at another temperature than the learner's (dead-lettered)."""
-    poison: list[Dropped[Entry[TrajectoryGroup]]] = field(default_factory=list)
-    """Schema-valid and untrainable (`algo/poison.py`: dead-lettered alone, with the reason)."""
-
-    @property
-    def skipped(self) -> int:
-        """Entries read and not trained on."""
-        return len(self.replays) + len(self.stale) + len(self.wrong_temperature) + len(self.poison)
-
-    @property
-    def untrained_tasks(self) -> int:
-        """Entries whose task is not trained on: stale or at the wrong temperature. A replay is not one:
-        its task was trained, and granted its replacement, when its first group was."""
-        return len(self.stale) + len(self.wrong_temperature) + len(self.poison)
-
-    def merge(self, more: StepInput) -> None:
-        """Add another read's entries and decisions to this one."""
-        self.entries += more.entries
-        self.groups += more.groups
-        self.replays += more.replays
-        self.stale += more.stale
-        self.wrong_temperature += more.wrong_temperature
-        self.poison += more.poison
-
-    def group_entry_ids(self) -> list[str]:
-        """The stream entry id of each group to train on, in the order of `groups`."""
-        by_value = {id(e.value): e.id for e in self.entries}
-        return [by_value[id(g)] for g in self.groups]
 
 
 class StreamSource:
