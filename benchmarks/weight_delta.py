@@ -89,6 +89,12 @@ def model_dir(args, work: Path) -> Path:
     return build_tiny_lm(work / "model")
 
 
+def _copy_of(base):
+    from searchr1.weightsync import BaseWeights
+
+    return BaseWeights({k: t.clone() for k, t in base.tensors.items()}, base.version, dict(base.sums))
+
+
 def copy_in(params, tensors) -> None:
     import torch
 
@@ -154,6 +160,7 @@ async def amain(args) -> dict:
     await delta_tx.publish(0, model, dict(state))
     files = read_verified(delta_pub.path(0), delta_pub.digest(0))
     worker = base_of(files, list(snapshot_tensors(files)))
+    pooled = _copy_of(worker)  # the same version, applied with `--apply-threads` threads
     engine = await start_vllm(path) if args.vllm else None
     if engine is not None:
         await engine.reload(str(delta_pub.path(0)), delta_pub.digest(0))
@@ -173,22 +180,27 @@ async def amain(args) -> dict:
         if f.get("published_delta"):
             got = c.run("delta_read_verify", read_verified, delta_pub.delta_path(step),
                         delta_pub.digest(step, delta=True))
-            c.run("delta_apply_verify", worker.apply, Delta.parse(got[DELTA_FILE]))
+            parsed = Delta.parse(got[DELTA_FILE])
+            runs = [("delta_apply_verify", worker, 1), ("apply_pool", pooled, args.apply_threads)]
+            for phase, copy, threads in runs if step % 2 else runs[::-1]:  # taking turns
+                c.run(phase, copy.apply, parsed, threads)
         else:  # published full only (the size bound): the worker loads it as a full
             got = c.run("delta_read_verify", read_verified, delta_pub.path(step), delta_pub.digest(step))
             worker = base_of(got, list(snapshot_tensors(got)))
+            pooled = _copy_of(worker)
         c.run("delta_reload", copy_in, params, worker.tensors.items())
         # full: the same version as a full snapshot
         await c.arun("full_publish", full_tx.publish(step, model, dict(state)))
         got = c.run("full_read_verify", read_verified, full_pub.path(step), full_pub.digest(step))
         c.run("full_reload", copy_in, params, snapshot_tensors(got))
         del got
-        exact = all(torch.equal(worker.tensors[k], state[k]) for k in worker.tensors)
+        exact = all(torch.equal(worker.tensors[k], state[k]) and torch.equal(pooled.tensors[k], state[k])
+                    for k in worker.tensors)
         row = {"step": step, "train_s": train_s, "density": f.get("published_changed_frac", 1.0),
                "delta_bytes": f.get("published_delta_bytes", f["published_full_bytes"]),
                "published_bytes": f["published_bytes"], "full_bytes": f["published_full_bytes"],
                "delta": f.get("published_delta", 0.0), "exact": exact, "wall": c.wall, "cpu": c.cpu,
-               "load": os.getloadavg()[0]}
+               "load": os.getloadavg()[0], "apply_threads": args.apply_threads}
         if engine is not None:
             await engine.apply_delta(str(delta_pub.delta_path(step)), delta_pub.digest(step, delta=True)) \
                 if row["delta"] else await engine.reload(str(delta_pub.path(step)), delta_pub.digest(step))
@@ -219,7 +231,9 @@ def line(r: dict) -> str:
            f"({r['full_bytes'] / max(r['delta_bytes'], 1):.1f}x fewer than full {r['full_bytes'] / 1e6:.1f} MB; "
            f"written this step {r['published_bytes'] / 1e6:.2f} MB) | delta: publish {dp:.2f} s, worker "
            f"{dw:.2f} s (read+verify {w.get('delta_read_verify', 0):.2f}, apply+checksums "
-           f"{w.get('delta_apply_verify', 0):.2f}, reload {w['delta_reload']:.2f}), CPU {_sum(c, *c) - _sum(c, 'full_publish', 'full_read_verify', 'full_reload'):.2f} s | "
+           f"{w.get('delta_apply_verify', 0):.2f} [pool of {r['apply_threads']}: {w.get('apply_pool', 0):.2f}, CPU "
+           f"{c.get('delta_apply_verify', 0):.2f} vs {c.get('apply_pool', 0):.2f}], reload {w['delta_reload']:.2f}), "
+           f"CPU {_sum(c, *c) - _sum(c, 'full_publish', 'full_read_verify', 'full_reload', 'apply_pool'):.2f} s | "
            f"full (floor path): publish {fp:.2f} s, worker {fw:.2f} s, CPU "
            f"{_sum(c, 'full_publish', 'full_read_verify', 'full_reload'):.2f} s | exact {r['exact']} | "
            f"load {r['load']:.1f}")
@@ -245,7 +259,8 @@ def summary(rows: list[dict], args) -> dict:
     first = deltas[0]["delta_bytes"] / deltas[0]["full_bytes"]
     per = {}  # CPU seconds per GB: of the full version for passes over it, of the delta for its bytes
     for kind, phase, basis in (("learner", "delta_publish", "full"), ("worker", "delta_read_verify", "delta"),
-                               ("worker", "delta_apply_verify", "full"), ("worker", "delta_reload", "full"),
+                               ("worker", "delta_apply_verify", "full"), ("worker", "apply_pool", "full"),
+                               ("worker", "delta_reload", "full"),
                                ("floor", "full_publish", "full"), ("floor", "full_read_verify", "full"),
                                ("floor", "full_reload", "full")):
         gb = [(r["delta_bytes"] if basis == "delta" else r["full_bytes"]) / GB for r in deltas]
@@ -268,6 +283,12 @@ def summary(rows: list[dict], args) -> dict:
           f"({1 / share:.1f}x fewer); learner publish {model7['delta_publish'][0]:.2f} CPU s against the full "
           f"snapshot's {model7['full_publish'][0]:.2f}; per worker verify + apply + reload {worker:.2f} CPU s "
           f"(of which reload {model7['delta_reload'][0]:.2f}) against the full path's read + reload {floor:.2f}")
+    pool = [(r["wall"]["apply_pool"] / r["wall"]["delta_apply_verify"],
+             r["cpu"]["apply_pool"] / max(r["cpu"]["delta_apply_verify"], 1e-9)) for r in deltas]
+    print(f"apply + checksums with {args.apply_threads} threads against one, same steps, taking turns: wall "
+          f"{med(p[0] for p in pool):.2f}x, CPU {med(p[1] for p in pool):.2f}x (medians); 7B per worker with the "
+          f"pool: {worker - model7['delta_apply_verify'][0] + model7['apply_pool'][0]:.2f} CPU s, apply wall "
+          f"{model7['apply_pool'][1]:.2f} s against {model7['delta_apply_verify'][1]:.2f} s")
     out.update(share=share, first_share=first, per_gb=per, model_7b=model7, worker_7b_cpu=worker,
                floor_7b_cpu=floor)
     return out
@@ -281,8 +302,14 @@ def main() -> None:
     ap.add_argument("--full-every", type=int, default=10)
     ap.add_argument("--threads", type=int, default=2, help="torch threads")
     ap.add_argument("--vllm", action="store_true", help="also into a real vLLM CPU engine")
+    ap.add_argument("--apply-threads", type=int, default=None,
+                    help="threads of the pooled apply compared with one thread (default: the worker's own)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    if args.apply_threads is None:
+        from searchr1.weightsync.delta import default_threads
+
+        args.apply_threads = default_threads()
 
     out = asyncio.run(amain(args))
     if args.json:

@@ -52,7 +52,7 @@ STEP_GAUGES = {
                               "version's: the density of its delta (0 while the loss moves: updates are not "
                               "reaching the engine).",
     "published_bytes": "Bytes the latest version wrote for the workers: its delta, its full snapshot, or both "
-                       "(every weights.delta.full_every versions).",
+                       "(every weights.delta.full_every versions); broadcast transport: the bytes on the wire.",
     **HEALTH_GAUGES,
 }
 

@@ -20,8 +20,10 @@ by the learner's `weights.transport` (`PublishSettings`; the worker's section is
   full snapshot for what reads a run's weights afterwards.
 - broadcast: tensors sent in buckets from rank 0 over a torch.distributed group the learner forms with
   the engines (`Broadcaster` ↔ `Receiver`), an in-band xxh3 digest signed with the run's weight token;
-  a recovery snapshot every `snapshot_every` versions and after any failed broadcast (`record_snapshot`),
-  from which a worker that missed one catches up (`latest_snapshot_fenced`), acknowledging what it runs.
+  a version goes out as a delta (`WireDelta`: the same encoding) when every receiver holds the version
+  before. Each generation of the group forms from the receivers that join it (`rendezvous`); a recovery
+  snapshot every `snapshot_every` versions and after any failed broadcast (`record_snapshot`), from which
+  a worker that missed one catches up (`latest_snapshot_fenced`), acknowledging what it runs.
 
 What the protocol guarantees:
 
@@ -38,8 +40,9 @@ What the protocol guarantees:
   (`is_published`). Versions never go backwards except by `rollback` to a published one.
 - No worker blocks the learner. Snapshots and deltas are pulled: the learner writes and announces, and
   waits for no worker. A broadcast receiver that is dead, late or slow fails that version (`BroadcastFailed`,
-  after at most `timeout_s`): training goes on, the group is re-formed, the worker catches up from a
-  snapshot; while a receiver stays stopped, each version costs the learner `timeout_s` again.
+  after at most `timeout_s`): training goes on, the next generation forms from the receivers that join it
+  within `join_window_s`, the worker catches up from a snapshot and joins a later generation; a receiver
+  that stays stopped costs the learner the timeout of the version in flight only.
 - A worker the learner finds out of sync reloads on request (`request_resync` → `take_resync`).
 
 Metrics come in as callbacks (the loader's `on_loaded`, `on_refused`, `on_form`, `stages`; the Redis
@@ -67,7 +70,7 @@ from searchr1.weightsync.broadcast import (
     WEIGHTS_KEY_ENV,
     Broadcaster,
     BroadcastFailed,
-    Receiver,
+    WireDelta,
     parse_group_uri,
 )
 from searchr1.weightsync.buckets import DigestMismatch
@@ -101,6 +104,7 @@ from searchr1.weightsync.manifest import (
 from searchr1.weightsync.publish import WEIGHTS_FILE, WeightPublisher, drop_shared, weights_app
 from searchr1.weightsync.read import read_verified
 from searchr1.weightsync.rebuild import materialize, newest_version, version_tensors
+from searchr1.weightsync.receiver import Receiver
 from searchr1.weightsync.safetensors import snapshot_tensors, write_safetensors
 from searchr1.weightsync.settings import BroadcastSettings, DeltaSettings, LoadSettings, PublishSettings
 from searchr1.weightsync.transport import (
@@ -142,6 +146,6 @@ __all__ = [
     "MANIFEST", "manifest_digest",
     "write_safetensors", "snapshot_tensors", "SnapshotError",
     # the broadcast wire and its catch-up
-    "Broadcaster", "Receiver", "parse_group_uri", "BroadcastFailed", "DigestMismatch", "record_snapshot",
+    "Broadcaster", "WireDelta", "Receiver", "parse_group_uri", "BroadcastFailed", "DigestMismatch", "record_snapshot",
     "latest_snapshot", "latest_snapshot_fenced", "acknowledge", "acknowledgements",
 ]

@@ -76,6 +76,15 @@ def write_safetensors(f: BinaryIO, tensors: dict[str, Any], feed: Callable[[memo
     return written
 
 
+def safetensors_bytes(tensors: dict[str, Any], metadata: dict[str, str] | None = None) -> bytes:
+    """`tensors` as one safetensors file in memory (`write_safetensors` into a buffer). Blocking."""
+    import io
+
+    buf = io.BytesIO()
+    write_safetensors(buf, tensors, metadata=metadata)
+    return buf.getvalue()
+
+
 def safetensors_metadata(buf: memoryview) -> dict[str, str]:
     """The `__metadata__` of the safetensors file in `buf` ({} when it has none or is malformed: the
     tensors are checked by `safetensors_tensors`)."""

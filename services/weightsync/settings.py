@@ -19,7 +19,8 @@ class BroadcastSettings(Section):
     group whose other ranks are the rollout engines."""
 
     receivers: int = Field(default=1, ge=1, le=4096)
-    """Rollout engines in the group (one per worker); a generation forms once all of them have joined."""
+    """Rollout engines in the group (one per worker); a generation forms once all of them have joined,
+    or with those that joined when its wait ends (`timeout_s` for the first, `join_window_s` after)."""
     host: str = "127.0.0.1"
     """Address the group's store listens on (only this one) and announces to the workers. Each version
     is signed with `weights.token` (HMAC-SHA256) and the workers reject one their token does not verify;
@@ -31,8 +32,12 @@ class BroadcastSettings(Section):
     backend: Literal["gloo", "nccl"] = "gloo"
     """gloo (CPU tensors) or NCCL (GPU tensors)."""
     timeout_s: float = Field(default=120.0, gt=0, le=3600)
-    """How long a broadcast waits for every receiver; past it the group is re-formed and the version
-    written as a snapshot for the late ones to catch up from."""
+    """How long each collective of a broadcast waits (and the first generation for every receiver to join);
+    past it the group is re-formed and the version written as a snapshot for the late ones to catch up from."""
+    join_window_s: float = Field(default=10.0, gt=0, le=3600)
+    """How long every generation after the first waits for the receivers to join before it forms with
+    those that did (at most `timeout_s`): a receiver that stopped costs the next version this, not
+    `timeout_s`. Receivers that join later catch up from a snapshot and join the next generation."""
     bucket_mb: int = Field(default=64, ge=1, le=4096)
     """Bucket size: tensors are packed into buckets of about this many MiB per collective."""
     snapshot_every: int = Field(default=10, ge=1)
@@ -41,7 +46,9 @@ class BroadcastSettings(Section):
 
 class DeltaSettings(Section):
     """Versions published as deltas against the version before (`versions.VersionChain`,
-    `[learner.weights.delta]`; the snapshot transport)."""
+    `[learner.weights.delta]`): on disk for the snapshot transport; on the wire for the broadcast transport
+    when every receiver holds the version before (`full_every` does not apply there: its catch-up point
+    is `broadcast.snapshot_every`)."""
 
     enabled: bool = True
     """Publish a version as the values that changed since the previous one (positions and new values,
@@ -66,7 +73,7 @@ class PublishSettings(Section):
     broadcast: BroadcastSettings = Field(default_factory=BroadcastSettings)
     """The broadcast transport (used when `transport = "broadcast"`)."""
     delta: DeltaSettings = Field(default_factory=DeltaSettings)
-    """Deltas between versions (the snapshot transport)."""
+    """Deltas between versions (both transports)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """The dtype versions are published in, cast from the fp32 master weights: auto = the learner's compute
     dtype (`model.dtype`), which is the engine's `engine.dtype` in every shipped config. Publishing fp32 to

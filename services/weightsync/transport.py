@@ -11,8 +11,10 @@ sync"): one `WeightTransport` interface, two implementations, chosen by `weights
   failed broadcast, and recorded as the catch-up point (`catchup.py`): a worker that missed a
   broadcast loads it, then joins the next generation. A failed broadcast (a receiver dead, late or slow
   beyond `timeout_s`) never stops training: the version still counts, the group is re-formed for the
-  next one. Every broadcast sends the whole version (the wire has no delta form); the figures of each
-  version (the share of values changed) are computed all the same.
+  next one, formed from the receivers that join it (`broadcast.py`, "Membership"). A version goes out as
+  the delta against the version before when `weights.delta` yields one (under `max_share` of the full
+  bytes) and every receiver holds that version, else whole (`figures`: `broadcast_delta`,
+  `broadcast_wire_bytes`).
 
 The announcement's `sha256` for a broadcast URI is the digest of the publication's header (version,
 tensor names, dtypes, shapes); the digest of the tensors themselves travels in-band after the last
@@ -30,9 +32,10 @@ from typing import Any, Protocol
 from searchr1.core.schemas import WeightVersion
 from searchr1.streams import Lease, RedisLink, StreamKeys
 from searchr1.weightsync.announce import announce
-from searchr1.weightsync.broadcast import Broadcaster, BroadcastFailed
+from searchr1.weightsync.broadcast import Broadcaster, BroadcastFailed, WireDelta
 from searchr1.weightsync.catchup import record_snapshot
 from searchr1.weightsync.publish import WeightPublisher, drop_shared
+from searchr1.weightsync.safetensors import safetensors_bytes
 from searchr1.weightsync.settings import DeltaSettings, PublishSettings
 from searchr1.weightsync.versions import VersionChain
 
@@ -108,7 +111,7 @@ class BroadcastTransport:
     lease: Lease | None = None
     """The learner's lease: the recovery-snapshot record is fenced by its token inside Redis."""
     chain: VersionChain = field(default_factory=lambda: VersionChain(DeltaSettings(enabled=False)))
-    """Computes each version's figures (the share of values changed); every broadcast sends the whole version."""
+    """Plans each version (the share of values changed; the delta the wire may carry)."""
     figures: dict[str, float] = field(default_factory=dict)
     figures_sums: dict[str, str] | None = None
     """The checksums of the version being published (written into its recovery snapshot)."""
@@ -124,16 +127,25 @@ class BroadcastTransport:
     async def publish(self, version: int, model: Any, state: dict) -> WeightVersion:
         plan = await asyncio.to_thread(self.chain.plan, version, drop_shared(model, state))
         self.figures, self.figures_sums = dict(plan.figures), plan.sums
+        wire = None
+        if plan.delta is not None and plan.base is not None:
+            data = await asyncio.to_thread(safetensors_bytes, plan.delta, plan.delta_metadata)
+            wire = WireDelta(plan.base, data)
         snapshot = version % self.snapshot_every == 0
         if snapshot:
             await self._snapshot(version, model, state)
         named = sorted(drop_shared(model, state).items())
+        await asyncio.to_thread(self.broadcaster.refresh)  # a receiver back from a closed generation
         wv = WeightVersion(version=version, uri=self.broadcaster.uri(version),
                            sha256=self.broadcaster.header_digest(version, named))
         await _call(self.link, lambda: announce(self.redis, self.keys, wv, fence=self.publisher.fence),
                     "announce weights")
         try:
-            await asyncio.to_thread(self.broadcaster.send, version, named)
+            await asyncio.to_thread(self.broadcaster.send, version, named, sums=plan.sums, delta=wire)
+            self.figures.update(broadcast_delta=float(self.broadcaster.last_form == "delta"),
+                                broadcast_wire_bytes=float(self.broadcaster.last_bytes),
+                                broadcast_receivers=float(self.broadcaster.members),
+                                published_bytes=float(self.broadcaster.last_bytes))  # what the workers got
         except BroadcastFailed as exc:
             self.failures += 1
             log.warning("broadcast of version %d failed (%s); group re-formed as generation %d", version, exc,
@@ -155,6 +167,6 @@ def build_transport(weights: PublishSettings, publisher: WeightPublisher, redis:
     b = weights.broadcast
     bc = Broadcaster(b.host, b.port, b.receivers + 1, backend=b.backend, timeout_s=b.timeout_s,
                      bucket_bytes=b.bucket_mb << 20, key=(weights.token or "").encode(),  # signs each version
-                     public_host=b.public_host)
+                     public_host=b.public_host, join_window_s=b.join_window_s)
     return BroadcastTransport(publisher, bc, redis, keys, link, snapshot_every=b.snapshot_every, lease=lease,
-                              chain=VersionChain(DeltaSettings(enabled=False)))
+                              chain=VersionChain(weights.delta))

@@ -12,8 +12,10 @@ Inside the engine (`WeightReceiverExtension`):
   into the model's `load_weights` through the runner's in-place `reload_weights` (no file, no second
   copy of the model); returns the digest of the received tensors, checked against the learner's and
   its signature against the run's weight token (`WEIGHTS_KEY_ENV`, set by the rollout process). A
-  failure (timeout, the sender gone, a digest mismatch) leaves the group and raises: the worker then
-  loads the latest snapshot, and joins the next generation when one is announced.
+  version sent as a delta is applied to the receiver's host copy of the version before (`receiver.py`),
+  every resulting tensor checked, and every tensor of the version handed to the reload. A failure
+  (timeout, the sender gone) leaves the group and raises; a refused digest or delta raises too: the worker
+  then loads the latest snapshot (and joins the next generation when it left this one).
 - `searchr1_load_snapshot(path, digest)`: the snapshot transport's in-place reload: the snapshot read
   into memory with every chunk checked against the announced digest as it is read
   (`read.read_verified`), the model loaded from those same bytes (`safetensors.snapshot_tensors`), the
@@ -27,7 +29,8 @@ Inside the engine (`WeightReceiverExtension`):
 - `searchr1_last_load_times()`: where the last load (snapshot, delta or broadcast) spent its time (`LoadTimes`).
 
 The copy of the published version costs one copy of the weights in the engine worker's host memory (in
-the published dtype). vLLM's in-place reload reloads a layer only once every tensor of it has arrived
+the published dtype): the one kept from the last snapshot load, or the broadcast receiver's from the last
+version it received (`receiver.py`), never both — loading one drops the other. vLLM's in-place reload reloads a layer only once every tensor of it has arrived
 (its layerwise reload), so each delta hands it every tensor of the version, not only the changed values:
 the engine's own load costs what a full load from memory does; the read, the verification and the bytes
 on the disk and the wire are the delta's.
@@ -45,10 +48,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from searchr1.weightsync.broadcast import WEIGHTS_KEY_ENV, Receiver, parse_group_uri
+from searchr1.weightsync.broadcast import WEIGHTS_KEY_ENV, parse_group_uri
 from searchr1.weightsync.delta import DELTA_FILE, BaseWeights, Delta, DeltaRefused
 from searchr1.weightsync.manifest import SnapshotError
 from searchr1.weightsync.read import read_verified
+from searchr1.weightsync.receiver import Receiver
 from searchr1.weightsync.safetensors import safetensors_metadata, snapshot_tensors
 
 WORKER_EXTENSION = "searchr1.weightsync.vllm_ext.WeightReceiverExtension"
@@ -87,7 +91,8 @@ class WeightReceiverExtension:
             device = "cpu" if where.type == "cpu" else str(where)
             rx = Receiver(backend="gloo" if device == "cpu" else "nccl",
                           timeout_s=float(os.environ.get(TIMEOUT_ENV, "60")), device=device,
-                          key=os.environ.get(WEIGHTS_KEY_ENV, "").encode())  # the run's weight token
+                          key=os.environ.get(WEIGHTS_KEY_ENV, "").encode(),  # the run's weight token
+                          keep_base=True)  # a host copy of the last version, for the deltas on the wire
             self._searchr1_rx = rx
         return rx
 
@@ -135,8 +140,12 @@ class WeightReceiverExtension:
         t0 = time.perf_counter()
         refresh_cpu_gemm(runner.get_model())
         times.gemm_repack = time.perf_counter() - t0
-        # the verified bytes stay as the engine's copy of this version, for the deltas that follow
+        # the verified bytes stay as the engine's copy of this version, for the deltas that follow; a
+        # broadcast receiver's copy is of other weights now (one copy held at a time)
         self._searchr1_base = base_of(files, tensors)
+        rx = getattr(self, "_searchr1_rx", None)
+        if rx is not None:
+            rx.drop_base()
         self._searchr1_times = times.as_dict()
         return self._searchr1_times
 

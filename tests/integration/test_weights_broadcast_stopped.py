@@ -1,19 +1,25 @@
-"""A receiver SIGSTOPped during a broadcast (the `broadcast` transport, gloo, a real Redis; the receivers are
-processes that follow the announcements as a rollout engine's worker does, and catch up from the recovery
-snapshot when a receive fails):
+"""A receiver SIGSTOPped during a broadcast, resumed, then killed, and a late one (the `broadcast`
+transport, gloo, a real Redis; the receivers are processes that follow the announcements as a rollout
+engine's worker does, and catch up from the latest recovery snapshot when a receive fails):
 
 - version 1 reaches both receivers;
-- version 2: one receiver joins the group and is SIGSTOPped before the tensors flow. The learner's send
+- version 2: receiver B is SIGSTOPped inside the group before the tensors flow. The learner's send
   fails within its timeout (it does not hang), the version is written as a recovery snapshot and training
-  goes on; the other receiver's receive fails and it catches up from that snapshot;
-- version 3, the stopped receiver still stopped: the group cannot form (a generation waits for every
-  receiver), so this version too costs the learner the timeout and the live receiver a catch-up;
-- the stopped receiver is killed and a new one joins late: version 4 reaches both.
+  goes on; receiver A's receive fails and it catches up from that snapshot;
+- version 3, B still stopped: the next generation forms with the receiver that joined within the join
+  window (A), and the version reaches it; version 4: a healthy send to A;
+- B is resumed (SIGCONT): its receive of version 2 fails, it catches up from the snapshot, finds the
+  generation of version 4 closed and waits; version 5 opens a generation both join, version 6 reaches both;
+- B is killed and a new receiver starts: the generation is full, so the newcomer catches up from the
+  snapshot and waits; version 7 fails on the dead member (at once: its connection is closed, where a
+  stopped one holds it open until the timeout) and version 8 forms with A and the newcomer within the
+  join window.
 
-The learner's publish seconds per version and each receiver's outcome are printed (`-s`). The figure this
-test pins: a stopped receiver costs the learner at most `timeout_s` (+ the recovery snapshot) per version
-while it stays stopped — the pull path (snapshots and deltas) costs it nothing
-(`test_weights_no_block.py`)."""
+The learner's publish seconds per version and each receiver's outcome are printed (`-s`). The figures this
+test pins: a receiver that stops costs the learner `timeout_s` (+ the recovery snapshot) for the version
+in flight only (one that dies, less), the next one the join window and a send, the ones after a healthy
+send — the
+pull path (snapshots and deltas) costs it nothing (`test_weights_no_block.py`)."""
 
 from __future__ import annotations
 
@@ -36,6 +42,7 @@ from tests.support.tiny_lm import build_tiny_lm
 
 pytestmark = pytest.mark.asyncio
 TIMEOUT_S = 4.0
+JOIN_WINDOW_S = 1.0
 
 _RECEIVER = textwrap.dedent("""
     import asyncio, sys, time
@@ -62,10 +69,11 @@ _RECEIVER = textwrap.dedent("""
                 await asyncio.to_thread(lambda: sum(t.numel() for _, t in rx.receive(v)))
                 print(f"received {v} {time.perf_counter() - t0:.2f}", flush=True)
             except Exception as exc:
-                snap = None
-                while snap is None or snap.version < v:  # the learner writes it once its send failed
-                    snap = await latest_snapshot(redis, keys)
+                refused = "weight group generation" in str(exc)  # closed or full: the latest snapshot
+                snap = await latest_snapshot(redis, keys)
+                while not refused and (snap is None or snap.version < v):  # written once the send failed
                     await asyncio.sleep(0.02)
+                    snap = await latest_snapshot(redis, keys)
                 await asyncio.to_thread(read_verified, snap.uri, snap.sha256)
                 print(f"caught_up {snap.version} {time.perf_counter() - t0:.2f} {type(exc).__name__}", flush=True)
 
@@ -100,13 +108,21 @@ class Receiver:
             await asyncio.sleep(0.05)
         raise AssertionError(f"no outcome for version {version}: {self.lines}")
 
+    async def new_lines(self, since: int, count: int) -> list[str]:
+        """The `count` lines printed after the first `since` (waits for them)."""
+        for _ in range(int(60 / 0.05)):
+            if len(self.lines) >= since + count:
+                return self.lines[since:since + count]
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"fewer than {count} lines after line {since}: {self.lines}")
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
 
 
-async def test_a_stopped_receiver_costs_the_learner_its_timeout_and_nobody_hangs(redis, redis_server, tmp_path):
+async def test_a_stopped_or_dead_receiver_costs_the_learner_one_timeout_and_nobody_hangs(redis, redis_server, tmp_path):
     from transformers import AutoModelForCausalLM
 
     shape = ModelSettings(hidden_size=512, intermediate_size=1024, num_layers=2, num_heads=8, num_kv_heads=2)
@@ -114,7 +130,7 @@ async def test_a_stopped_receiver_costs_the_learner_its_timeout_and_nobody_hangs
                                                  dtype=torch.float32)  # ~40 MB: more than sockets buffer
     state = model.state_dict()
     keys = StreamKeys("bstop")
-    bc = Broadcaster("127.0.0.1", 0, 3, backend="gloo", timeout_s=TIMEOUT_S)
+    bc = Broadcaster("127.0.0.1", 0, 3, backend="gloo", timeout_s=TIMEOUT_S, join_window_s=JOIN_WINDOW_S)
     transport = BroadcastTransport(WeightPublisher(tmp_path / "weights", keep=2), bc, redis, keys,
                                    snapshot_every=1000)
     a, b = Receiver(redis_server.url, "bstop"), Receiver(redis_server.url, "bstop")
@@ -137,19 +153,37 @@ async def test_a_stopped_receiver_costs_the_learner_its_timeout_and_nobody_hangs
         await task
         assert transport.failures == 1 and seconds[2] >= TIMEOUT_S
         assert (await a.outcome(2)).startswith("caught_up 2")
-        await publish(3)  # still stopped: the generation cannot form
-        assert transport.failures == 2 and (await a.outcome(3)).startswith("caught_up 3")
-        b.stop()
+        await publish(3)  # still stopped: the next generation forms with the receiver that joined
+        assert transport.failures == 1 and bc.members == 1 and (await a.outcome(3)).startswith("received 3")
+        await publish(4)  # still stopped: a healthy send
+        assert transport.failures == 1 and (await a.outcome(4)).startswith("received 4")
+
+        seen = len(b.lines)
+        os.kill(b.proc.pid, signal.SIGCONT)  # back: catches up, is refused by the closed generation, waits
+        back = await b.new_lines(seen, 2)  # version 2's receive failed; version 4's generation was closed
+        assert all(ln.startswith("caught_up 2") for ln in back), back
+        await publish(5)
+        await publish(6)
+        assert transport.failures == 1 and bc.members == 2
+        for v in (5, 6):
+            for r in (a, b):
+                assert (await r.outcome(v)).startswith(f"received {v}")
+
+        b.stop()  # dies between versions; a newcomer finds the generation full, catches up and waits
         late = Receiver(redis_server.url, "bstop")
         assert await asyncio.to_thread(late.ready.wait, 120)
-        # the late receiver finds version 3 announced for a group gone: it catches up from its snapshot
-        assert (await late.outcome(3)).startswith("caught_up 3")
-        await publish(4)
-        assert transport.failures == 2
-        assert (await a.outcome(4)).startswith("received 4") and (await late.outcome(4)).startswith("received 4")
-        print(f"\nbroadcast, a receiver SIGSTOPped (timeout_s {TIMEOUT_S}; load average {os.getloadavg()[0]:.1f}): "
-              f"learner publish s {', '.join(f'v{v} {s:.2f}' for v, s in sorted(seconds.items()))}; live receiver "
-              f"{a.lines}; late receiver {late.lines}")
+        assert (await late.new_lines(1, 1))[0].startswith("caught_up 2")  # after its "ready"
+        await publish(7)  # the dead member fails the version in flight: at once, its connection closed
+        assert transport.failures == 2 and seconds[7] < TIMEOUT_S + 2
+        await publish(8)
+        assert transport.failures == 2 and bc.members == 2
+        assert (await a.outcome(8)).startswith("received 8") and (await late.outcome(8)).startswith("received 8")
+        print(f"\nbroadcast, a receiver SIGSTOPped, resumed, killed, a late one (timeout_s {TIMEOUT_S}, join_window_s "
+              f"{JOIN_WINDOW_S}; load average {os.getloadavg()[0]:.1f}): learner publish s "
+              f"{', '.join(f'v{v} {s:.2f}' for v, s in sorted(seconds.items()))}; receiver A {a.lines}; "
+              f"receiver B {b.lines}; late receiver {late.lines}")
+        assert seconds[3] < TIMEOUT_S and seconds[8] < TIMEOUT_S  # the join window and a send, not a timeout
+        assert max(seconds[4], seconds[6]) < TIMEOUT_S / 2  # healthy sends
     finally:
         for r in (a, b, late):
             if r is not None:

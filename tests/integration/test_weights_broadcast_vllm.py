@@ -3,7 +3,8 @@
 One broadcast of a perturbed model reaches both, each receiver's digest equals the sender's, and their
 greedy tokens and log-probs equal those of an engine that loaded the same weights from the snapshot
 directory. A receiver that dies mid-group fails the learner's send within its timeout (no hang); the next
-generation re-forms with the survivor and a restarted receiver."""
+generation re-forms with the survivor and a restarted receiver. A version sent as a delta on the wire
+leaves both engines equal to the same version loaded whole."""
 
 from __future__ import annotations
 
@@ -189,3 +190,54 @@ async def test_the_worker_loader_receives_a_broadcast_version_and_catches_up_fro
         transport.close()
     finally:
         await redis.aclose()
+
+
+async def test_a_delta_broadcast_into_the_engines_equals_the_same_version_loaded_whole(engines, models, tmp_path):
+    """Version 11 whole to both engines, then version 12 (3% of the values changed) as a delta on the
+    wire: each engine's receiver applies it to its host copy, checks every resulting tensor and hands the
+    engine every tensor; the greedy tokens and log-probs equal those of the same version 12 loaded from a
+    snapshot directory."""
+    import shutil
+
+    import torch
+    from safetensors.torch import save_file
+
+    from searchr1.weightsync import DeltaSettings, VersionChain, WireDelta
+    from searchr1.weightsync.safetensors import safetensors_bytes
+
+    a, b = engines
+    _, v1 = models
+    v11 = dict(_snapshot_tensors(v1))
+    g = torch.Generator().manual_seed(11)
+    v12 = {}
+    for name, t in v11.items():
+        nxt = t.clone()
+        flat = nxt.view(-1)
+        flat[torch.randperm(flat.numel(), generator=g)[: max(1, flat.numel() * 3 // 100)]] += 0.05
+        v12[name] = nxt
+    chain = VersionChain(DeltaSettings(max_share=0.9))
+    bc = Broadcaster("127.0.0.1", 0, 3, backend="gloo", timeout_s=TIMEOUT_S)
+    bc.generation = 20  # a fresh group, apart from the other tests'
+    plan = chain.plan(11, v11)
+    sent, got_a, got_b = await _broadcast_with(bc, 11, sorted(v11.items()), plan.sums, None, [a, b])
+    assert not isinstance(sent, BaseException) and got_a == got_b == sent and bc.last_form == "full"
+    plan = chain.plan(12, v12)
+    delta = WireDelta(11, safetensors_bytes(plan.delta, plan.delta_metadata))
+    sent, got_a, got_b = await _broadcast_with(bc, 12, sorted(v12.items()), plan.sums, delta, [a, b])
+    assert not isinstance(sent, BaseException), sent
+    assert got_a == got_b == sent and bc.last_form == "delta" and bc.last_bytes * 4 < sum(
+        t.numel() * t.element_size() for t in v12.values())
+    ids_a, lps_a = await _greedy(a, "a-delta")
+    whole = tmp_path / "v12"
+    shutil.copytree(v1, whole)
+    save_file(v12, str(whole / "model.safetensors"), metadata={"format": "pt"})
+    await b.reload(str(whole))
+    ids_s, lps_s = await _greedy(b, "b-v12-whole")
+    assert ids_a == ids_s and lps_a == pytest.approx(lps_s, abs=1e-5)
+    bc.close()
+
+
+async def _broadcast_with(bc: Broadcaster, version: int, named, sums, delta, receivers):
+    uri = bc.uri(version)
+    return await asyncio.gather(asyncio.to_thread(lambda: bc.send(version, named, sums=sums, delta=delta)),
+                                *[receive_broadcast(g, uri) for g in receivers], return_exceptions=True)

@@ -134,6 +134,28 @@ def test_tampered_values_fail_the_resulting_checksum():
     assert torch.equal(worker.tensors["a"], prev["a"])
 
 
+@pytest.mark.parametrize("threads", [1, 4])
+def test_patches_applied_by_a_pool_reach_the_same_bits_and_a_refusal_undoes_every_tensor(threads):
+    """Eight tensors patched one at a time or four at once: the same resulting bits; a delta onto a copy
+    that differs in two of them is refused and every tensor, the ones that passed included, put back."""
+    g = torch.Generator().manual_seed(5)
+    prev = {f"t{i}": torch.randn(4096, generator=g).to(torch.bfloat16) for i in range(8)}
+    cur = _copy(prev)
+    for i, t in enumerate(cur.values()):
+        t[torch.randint(0, 4096, (50 + i,), generator=g)] += 1.0
+    worker = BaseWeights.of(_copy(prev).items(), 0)
+    assert sorted(worker.apply(_delta(prev, cur), threads=threads)) == sorted(cur)
+    assert all(torch.equal(worker.tensors[k].view(torch.int16), cur[k].view(torch.int16)) for k in cur)
+    other = _copy(prev)
+    other["t2"][4095] = 9.0
+    other["t6"][4095] = 9.0  # where the delta writes nothing: only the resulting checksums tell
+    worker = BaseWeights.of(_copy(other).items(), 0)
+    with pytest.raises(DeltaRefused, match="checksum"):
+        worker.apply(_delta(prev, cur), threads=threads)
+    assert worker.version == 0
+    assert all(torch.equal(worker.tensors[k].view(torch.int16), other[k].view(torch.int16)) for k in other)
+
+
 def test_a_file_that_is_not_a_delta_is_refused():
     with pytest.raises(DeltaRefused, match="not a delta"):
         Delta.parse(_file({"x": torch.zeros(2)}, {}))
