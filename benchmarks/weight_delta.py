@@ -307,7 +307,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     if args.apply_threads is None:
-        from searchr1.weightsync.delta import default_threads
+        from searchr1.weightsync.apply import default_threads
 
         args.apply_threads = default_threads()
 

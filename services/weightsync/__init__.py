@@ -66,6 +66,7 @@ from searchr1.weightsync.announce import (
     rollback,
     take_resync,
 )
+from searchr1.weightsync.apply import BaseWeights
 from searchr1.weightsync.broadcast import (
     WEIGHTS_KEY_ENV,
     Broadcaster,
@@ -83,7 +84,6 @@ from searchr1.weightsync.catchup import (
 )
 from searchr1.weightsync.delta import (
     DELTA_FILE,
-    BaseWeights,
     Delta,
     DeltaRefused,
     Diff,

@@ -227,16 +227,16 @@ class Broadcaster:
 
     def __init__(self, host: str, port: int, world_size: int, *, backend: str, timeout_s: float = 60.0,
                  bucket_bytes: int = 64 << 20, key: bytes = b"", public_host: str | None = None,
-                 join_window_s: float = 10.0) -> None:
+                 join_window_s: float | None = None) -> None:
         """Serve the store on `host:port` (port 0: a free one); `public_host` is the address receivers
         dial, announced in the group URI (default: `host`). `world_size`: the learner and every configured
         receiver; the first generation waits at most `timeout_s` for them to join, every later one at
-        most `join_window_s`, then forms with those that joined."""
+        most `join_window_s` (None: `timeout_s` too), then forms with those that joined."""
         if world_size < 2:
             raise ValueError("a weight group needs the learner and at least one receiver")
         self.host = public_host or host
         self.backend, self.timeout_s, self.bucket_bytes = backend, timeout_s, bucket_bytes
-        self.join_window_s = min(join_window_s, timeout_s)
+        self.join_window_s = timeout_s if join_window_s is None else min(join_window_s, timeout_s)
         self._key = key
         self.world_size = world_size
         self._store = _store(host, port, timeout_s, is_master=True)

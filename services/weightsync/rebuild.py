@@ -1,6 +1,6 @@
 """A published version as one full snapshot, rebuilt from a publisher's directory: the newest full at or
 before it and the deltas after it, each read verified against its own manifest and applied with its
-checksums checked (`delta.BaseWeights`). What reads a run's weights after the run — the demo's evaluation,
+checksums checked (`apply.BaseWeights`). What reads a run's weights after the run — the demo's evaluation,
 an export, the rehearsal's round trip — takes the newest version whatever form it was published in,
 never an older full one.
 
@@ -15,7 +15,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from searchr1.weightsync.delta import DELTA_FILE, BaseWeights, Delta, DeltaRefused
+from searchr1.weightsync.apply import BaseWeights
+from searchr1.weightsync.delta import DELTA_FILE, Delta, DeltaRefused
 from searchr1.weightsync.manifest import MANIFEST, SnapshotError, snapshot_digest
 from searchr1.weightsync.publish import WEIGHTS_FILE, WeightPublisher
 from searchr1.weightsync.read import read_verified

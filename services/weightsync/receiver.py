@@ -3,7 +3,7 @@ a generation (`rendezvous.join_generation`), then receives each publication full
 
 - Full: the tensors are yielded bucket by bucket as they arrive (bucket k+1 is on the wire while bucket k
   is hashed and handed out), the in-band digest and signature checked after the last one.
-- Delta (`keep_base=True` only): a receiver that keeps a copy of the version it holds (`delta.BaseWeights`,
+- Delta (`keep_base=True` only): a receiver that keeps a copy of the version it holds (`apply.BaseWeights`,
   host memory, kept from the last full version it received) tells the learner which version that is (the
   all-reduce that opens every version); when every member holds the delta's base the learner sends the
   delta file's bytes (the encoding snapshot deltas use), which are checked against the digest and the
@@ -27,6 +27,7 @@ from typing import Any
 import xxhash
 
 from searchr1.weightsync import rendezvous
+from searchr1.weightsync.apply import BaseWeights
 from searchr1.weightsync.broadcast import (
     _DIGEST_BYTES,
     _MAC_BYTES,
@@ -42,17 +43,18 @@ from searchr1.weightsync.broadcast import (
     min_of,
 )
 from searchr1.weightsync.buckets import DigestMismatch, bucket_bytes_of, hash_into, unpack_bucket
-from searchr1.weightsync.delta import BaseWeights, Delta, DeltaRefused
+from searchr1.weightsync.delta import Delta, DeltaRefused
 
 
 class Receiver:
     """A receiver rank: joins a generation's group, then yields each publication's tensors. Blocking."""
 
-    def __init__(self, *, backend: str, timeout_s: float = 60.0, device: str = "cpu",
+    def __init__(self, *, backend: str, timeout_s: float = 60.0, device: str | None = None,
                  key: bytes = b"", keep_base: bool = False) -> None:
-        """`keep_base`: keep a host copy of the last full version received (one copy of the weights, in
-        the published dtype) so later versions can come as deltas."""
-        self.backend, self.timeout_s, self.device = backend, timeout_s, device
+        """`device`: where received tensors land (None: host memory). `keep_base`: keep a host copy of the
+        last full version received (one copy of the weights, in the published dtype) so later versions
+        can come as deltas."""
+        self.backend, self.timeout_s, self.device = backend, timeout_s, device or "cpu"
         self._key = key
         self.keep_base = keep_base
         self.base: BaseWeights | None = None

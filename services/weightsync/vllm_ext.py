@@ -21,7 +21,7 @@ Inside the engine (`WeightReceiverExtension`):
   (`read.read_verified`), the model loaded from those same bytes (`safetensors.snapshot_tensors`), the
   CPU GEMMs re-packed; a snapshot refused leaves the model as it was.
 - `searchr1_apply_delta(path, digest)`: a delta version's in-place reload: the delta read verified like a
-  snapshot, applied to the engine's copy of the version it runs (`delta.BaseWeights`: kept from the last
+  snapshot, applied to the engine's copy of the version it runs (`apply.BaseWeights`: kept from the last
   full snapshot load and updated by each delta; a delta against another version is refused before
   anything changes, and one whose resulting tensors fail their checksums is undone), then the resulting
   tensors handed to vLLM's in-place `reload_weights` and the CPU GEMMs re-packed. A refused delta leaves
@@ -48,8 +48,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from searchr1.weightsync.apply import BaseWeights
 from searchr1.weightsync.broadcast import WEIGHTS_KEY_ENV, parse_group_uri
-from searchr1.weightsync.delta import DELTA_FILE, BaseWeights, Delta, DeltaRefused
+from searchr1.weightsync.delta import DELTA_FILE, Delta, DeltaRefused
 from searchr1.weightsync.manifest import SnapshotError
 from searchr1.weightsync.read import read_verified
 from searchr1.weightsync.receiver import Receiver
