@@ -41,6 +41,8 @@ def problems_of(s: Any, audit: dict, rss: dict[str, dict], died: str | None,
     if not audit["ok"]:
         problems.append("the audit is not ok")
     for name, r in rss.items():
+        if name == "soak":
+            continue  # the harness itself: its memory holds the run's record (samples, scrapes); reported only
         if r["fitted_s"] < s.rss_min_fit_s:
             continue  # too short to tell a leak from the allocator's and caches' moves (judged: False)
         if r["slope_mib_per_h"] is not None and r["slope_mib_per_h"] > s.rss_slope_bound_mib_per_h:

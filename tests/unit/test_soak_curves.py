@@ -79,6 +79,8 @@ def test_an_rss_slope_is_judged_only_when_fitted_long_enough():
     assert problems_of(settings, audit, short, None) == []  # two minutes: reported, not judged
     assert problems_of(settings, audit, long, None) == ["RSS of learner grows 267.9 MiB/h (bound 64)"]
     assert problems_of(settings, audit, within, None) == []
+    harness = {"soak": {"slope_mib_per_h": 231.4, "fitted_s": 2100.0}}  # the harness's own record: not judged
+    assert problems_of(settings, audit, harness, None) == []
 
 
 def test_silent_stalls_are_long_gaps_without_a_signal():
