@@ -247,9 +247,7 @@ def install_shutdown_signals(stop: asyncio.Event, signals: Iterable[int] = (sign
         stop.set()
         loop.remove_signal_handler(sig)
 
-    for sig in signals:
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, _on_signal, sig)
+    add_signal_handlers(_on_signal, signals)
 
 
 def add_signal_handlers(handler: Callable[[int], None],

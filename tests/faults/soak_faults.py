@@ -1,5 +1,5 @@
-"""The soak's liveness faults: the ones after which a run used to make no progress while every probe stayed
-green, each something that happens to long runs (docs/reliability.md, "Liveness"):
+"""The soak's liveness faults: the ones after which a run could make no progress while every probe stays
+green unless the run answers them, each something that happens to long runs (docs/reliability.md, "Liveness"):
 
 - `poison`: one task fails on every delivery (`rollout.poison_task` turned on for a task a worker holds,
   through the services' `FaultSwitches` directory), as a question that crashes
